@@ -1,0 +1,1 @@
+//! ejc-codegen (being written)

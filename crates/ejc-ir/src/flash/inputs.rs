@@ -1,0 +1,1 @@
+//! Random inputs (being written).

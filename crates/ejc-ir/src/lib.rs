@@ -1,0 +1,23 @@
+//! # ejc-ir
+//!
+//! The tile IR of ejc and everything that works on it without a back end: types and
+//! ops, the builder, the verifier, the text printer and parser, the passes, the
+//! interpreter, the YAML spec front end and the reference semantics of every
+//! attention variant.
+//!
+//! ```no_run
+//! use ejc_ir::{spec, flash};
+//! let spec = spec::load_file("specs/flash.yaml").unwrap();
+//! let variant = spec.variant("causal").unwrap();
+//! let schedule = spec.schedule.points()[0];
+//! let kernel = flash::build_kernel(&spec, variant, ejc_ir::types::DType::BF16, 128, &schedule).unwrap();
+//! println!("{}", ejc_ir::print::print_kernel(&kernel));
+//! ```
+//!
+//! This crate links no LLVM and no CUDA: the runtime and deployed programs depend on it.
+
+pub mod flash;
+pub mod philox;
+pub mod spec;
+pub mod tensor;
+pub mod types;

@@ -1,0 +1,1 @@
+//! Philox 4x32-10 (placeholder module; being written).

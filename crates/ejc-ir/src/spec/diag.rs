@@ -1,0 +1,5 @@
+//! (being written)
+#[derive(Debug, Clone, PartialEq)]
+pub struct Diagnostic;
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecError;

@@ -1,0 +1,1 @@
+//! ejc-macros (being written)

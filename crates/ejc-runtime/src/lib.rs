@@ -1,0 +1,1 @@
+//! ejc-runtime (being written)
