@@ -1,8 +1,26 @@
-//! The flash-attention forward family: problem description, reference semantics,
-//! random inputs.
+//! The flash-attention forward family: the spec front end (spec → tile IR), the
+//! kernel ABI, the reference semantics and random inputs.
+//!
+//! ```no_run
+//! use ejc_ir::flash::{self, FlashShape};
+//! use ejc_ir::spec::Features;
+//! use ejc_ir::types::DType;
+//! let f = Features { causal: true, ..Default::default() };
+//! let kernel = flash::build_flash_kernel("causal", &f, DType::F32, 64, 16, 16).unwrap();
+//! let shape = FlashShape::parse("2,33,47,4,2,64").unwrap();
+//! let inputs = flash::inputs::random_inputs(&f, DType::F32, &shape, 7);
+//! let rt = flash::inputs::default_runtime(&f, &shape, 7);
+//! let got = flash::abi::run_interp(&kernel, &rt, &inputs).unwrap();
+//! let want = flash::reference::reference(&f, &rt, &inputs).unwrap();
+//! let (rel, _) = ejc_ir::tensor::compare(&got.out.to_vec(), &want.out.to_vec());
+//! assert!(rel <= 1e-6);
+//! ```
 
+pub mod abi;
+pub mod frontend;
 pub mod inputs;
 pub mod problem;
 pub mod reference;
 
+pub use frontend::{build_flash_kernel, build_kernel, kernel_id};
 pub use problem::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};

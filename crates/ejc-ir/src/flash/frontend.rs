@@ -1,0 +1,221 @@
+//! Spec → tile IR for the flash-attention forward family.
+//!
+//! ```no_run
+//! use ejc_ir::{flash, spec, types::DType};
+//! let spec = spec::load_file("specs/flash.yaml").unwrap();
+//! let point = spec.schedule.points()[0];
+//! let k = flash::build_kernel(&spec, spec.variant("gemma2").unwrap(), DType::BF16, 128, &point).unwrap();
+//! assert_eq!(k.name, "flash_gemma2_bf16_d128_m64_n32");
+//! ```
+//!
+//! One kernel computes a `[block_m, head_dim]` block of the output for one query
+//! head of one batch entry (or packed sequence). It is written the way the paper
+//! states the algorithm: load `q`, loop over key blocks carrying `acc`, `m_i`, `l_i`,
+//! compute the scores, mask them, update the online softmax, accumulate `p · v`,
+//! finalize and store the output and the log-sum-exp.
+//!
+//! The front end emits the *naive* loop (every key block, every block masked);
+//! `classify_mask_blocks` then narrows the loop to the visible key range and keeps
+//! the masking only on partial blocks. Keeping the two apart lets each be tested
+//! alone: the interpreter must give the same result before and after the pass.
+
+use std::f64::consts::LOG2_E;
+
+use crate::builder::{Axis, KernelBuilder};
+use crate::ir::{CmpPred, Kernel, MaskTerm, UnOp, Value};
+use crate::spec::{Features, Schedule, SoftCap, Spec, Variant, Window};
+use crate::types::DType;
+use crate::verify::VerifyError;
+
+use super::abi::{abi_params, grid};
+
+/// The kernel id: `<spec>_<variant>_<dtype>_d<head_dim>_m<block_m>_n<block_n>`. It is
+/// also the entry symbol, so it is a C identifier.
+pub fn kernel_id(spec_name: &str, variant: &str, dtype: DType, head_dim: usize, block_m: u32, block_n: u32) -> String {
+    format!("{spec_name}_{variant}_{dtype}_d{head_dim}_m{block_m}_n{block_n}")
+}
+
+/// Build the tile IR of one kernel of a spec.
+pub fn build_kernel(spec: &Spec, variant: &Variant, dtype: DType, head_dim: usize, schedule: &Schedule) -> Result<Kernel, VerifyError> {
+    let name = kernel_id(&spec.name, &variant.name, dtype, head_dim, schedule.block_m, schedule.block_n);
+    let mut k = build_flash_kernel(&name, &variant.features, dtype, head_dim, schedule.block_m as usize, schedule.block_n as usize)?;
+    k.attrs = vec![
+        ("op".into(), spec.op.clone()),
+        ("variant".into(), variant.name.clone()),
+        ("dtype".into(), dtype.to_string()),
+        ("head_dim".into(), head_dim.to_string()),
+        ("block_m".into(), schedule.block_m.to_string()),
+        ("block_n".into(), schedule.block_n.to_string()),
+    ];
+    Ok(k)
+}
+
+/// Build a flash forward kernel for any feature combination, dtype, head dim and
+/// tiling (tests use tilings outside the spec's schedule space, e.g. 16 x 16).
+pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usize, block_m: usize, block_n: usize) -> Result<Kernel, VerifyError> {
+    let (bm, bn, d) = (block_m, block_n, head_dim);
+    let mut b = KernelBuilder::new(name);
+    let params: Vec<(&str, Value)> = abi_params(f, dtype).into_iter().map(|p| (p.name, b.param(p.name, p.ty))).collect();
+    let param = |n: &str| params.iter().find(|(pn, _)| *pn == n).map(|(_, v)| *v).expect("abi_params declares every parameter the body uses");
+    b.set_grid(grid(f, bm));
+
+    // ---- program coordinates ----
+    let pid_m = b.program_id(0);
+    let head = b.program_id(1);
+    let batch = b.program_id(2);
+    let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
+    let (q, k, v) = (param("q"), param("k"), param("v"));
+    let heads_q = b.dim(q, 2);
+    let heads_kv = b.dim(k, 2);
+    let group = b.div(heads_q, heads_kv);
+    // GQA / MQA: query head h reads kv head h / (Hq / Hkv).
+    let kv_head = b.div(head, group);
+
+    // Sequence extents: rows [q_start, q_end) and keys [k_start, k_end) of the
+    // tensors belong to this program's sequence; `seq_q`/`seq_k` are its lengths.
+    let (tensor_batch, q_start, q_end, k_start, k_end, seq_q, seq_k) = if f.varlen {
+        let (cu_q, cu_k) = (param("cu_seqlens_q"), param("cu_seqlens_k"));
+        let next = b.add(batch, c1);
+        let q_start = b.load(cu_q, vec![Axis::Index(batch)], 0.0);
+        let q_end = b.load(cu_q, vec![Axis::Index(next)], 0.0);
+        let k_start = b.load(cu_k, vec![Axis::Index(batch)], 0.0);
+        let k_end = b.load(cu_k, vec![Axis::Index(next)], 0.0);
+        let seq_q = b.sub(q_end, q_start);
+        let seq_k = b.sub(k_end, k_start);
+        (c0, q_start, Some(q_end), k_start, Some(k_end), seq_q, seq_k)
+    } else {
+        let seq_q = b.dim(q, 1);
+        let seq_k = b.dim(k, 1);
+        (batch, c0, None, c0, None, seq_q, seq_k)
+    };
+    let block_m_c = b.const_i32(bm as i64);
+    let i0 = b.mul(pid_m, block_m_c); // first query row of the block, local to the sequence
+    let q_row0 = b.add(q_start, i0);
+
+    let q_tile = b.load(q, vec![Axis::Index(tensor_batch), Axis::Range { start: q_row0, size: bm, limit: q_end }, Axis::Index(head), Axis::Range { start: c0, size: d, limit: None }], 0.0);
+
+    // ---- online-softmax state; sinks enter it once, before any key ----
+    let mut m_i = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
+    let mut l_i = b.full(0.0, DType::F32, &[bm]);
+    let acc = b.full(0.0, DType::F32, &[bm, d]);
+    let log2e = b.const_f32(LOG2_E);
+    if f.sinks {
+        let sinks = param("sinks");
+        let n_sinks = b.dim(sinks, 1);
+        let r = b.for_loop(c0, n_sinks, c1, &[m_i, l_i], |b, t, carried| {
+            let sink = b.load(sinks, vec![Axis::Index(head), Axis::Index(t)], 0.0);
+            let sink2 = b.mul(sink, log2e);
+            let s = b.splat(sink2, &[bm, 1]);
+            let (_p, _alpha, m_new, l_new) = b.softmax_update(s, carried[0], carried[1]);
+            vec![m_new, l_new]
+        });
+        m_i = r[0];
+        l_i = r[1];
+    }
+
+    // ---- the scores' transform: scale, bias, soft cap, into the exp2 domain ----
+    let scale = param("softmax_scale");
+    let softcap = match f.logits_soft_cap {
+        None => None,
+        Some(SoftCap::Runtime) => Some(param("logits_soft_cap")),
+        Some(SoftCap::Fixed(c)) => Some(b.const_f32(c)),
+    };
+    // Without bias or soft cap, log2(e) folds into the scale (one multiply per score).
+    let fold_log2e = !f.bias && softcap.is_none();
+    let qk_scale = if fold_log2e { b.mul(scale, log2e) } else { scale };
+
+    // ---- analysable mask terms (bottom-right aligned) ----
+    let shift = b.sub(seq_k, seq_q);
+    let mut terms: Vec<(MaskTerm, Value)> = vec![(MaskTerm::KvLt, seq_k), (MaskTerm::QLt, seq_q)];
+    if f.causal {
+        terms.push((MaskTerm::KvLe, shift));
+    }
+    if let Some(w) = f.sliding_window {
+        let (left, right) = match w {
+            Window::Runtime => (param("window_left"), param("window_right")),
+            Window::Fixed { left, right } => (b.const_i32(left as i64), b.const_i32(right as i64)),
+        };
+        let lo = b.sub(shift, left);
+        let hi = b.add(shift, right);
+        terms.push((MaskTerm::KvGe, lo));
+        terms.push((MaskTerm::KvLe, hi));
+    }
+
+    // Loop invariants of the data-dependent masks and of dropout.
+    let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
+    let q_seg = if f.segment_ids {
+        let ids = b.load(param("q_segment_ids"), vec![Axis::Index(batch), Axis::Range { start: i0, size: bm, limit: None }], -1.0);
+        let ids = b.expand_dims(ids, 1);
+        let pad = b.const_i32(-1);
+        let valid = b.cmp(CmpPred::Ne, ids, pad);
+        Some((ids, valid))
+    } else {
+        None
+    };
+    let dropout = if f.dropout {
+        let p = param("dropout_p");
+        let one = b.const_f32(1.0);
+        let keep = b.sub(one, p);
+        let inv_keep = b.div(one, keep);
+        Some((p, inv_keep))
+    } else {
+        None
+    };
+    let zero_s = b.full(0.0, DType::F32, &[bm, bn]);
+    let block_n_c = b.const_i32(bn as i64);
+
+    // ---- the key loop ----
+    let finals = b.for_loop(c0, seq_k, block_n_c, &[acc, m_i, l_i], |b, j0, carried| {
+        let (acc, m_i, l_i) = (carried[0], carried[1], carried[2]);
+        let k_row0 = b.add(k_start, j0);
+        let kv_rows = Axis::Range { start: k_row0, size: bn, limit: k_end };
+        let k_tile = b.load(k, vec![Axis::Index(tensor_batch), kv_rows, Axis::Index(kv_head), Axis::Range { start: c0, size: d, limit: None }], 0.0);
+        let qk = b.dot(q_tile, k_tile, zero_s, false, true);
+        let mut s = b.mul(qk, qk_scale);
+        if f.bias {
+            let bias = b.load(param("bias"), vec![Axis::Index(batch), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: None }, Axis::Range { start: j0, size: bn, limit: None }], 0.0);
+            let bias = b.cast(bias, DType::F32);
+            s = b.add(s, bias);
+        }
+        if let Some(c) = softcap {
+            let x = b.div(s, c);
+            let t = b.unary(UnOp::Tanh, x);
+            s = b.mul(t, c);
+        }
+        if !fold_log2e {
+            s = b.mul(s, log2e);
+        }
+        s = b.mask_apply(s, i0, j0, &terms);
+        if f.mask {
+            let m = b.load(param("mask"), vec![Axis::Index(batch), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: None }, Axis::Range { start: j0, size: bn, limit: None }], 0.0);
+            s = b.select(m, s, neg_inf);
+        }
+        if let Some((q_ids, q_valid)) = q_seg {
+            let kv_ids = b.load(param("kv_segment_ids"), vec![Axis::Index(batch), Axis::Range { start: j0, size: bn, limit: None }], -1.0);
+            let kv_ids = b.expand_dims(kv_ids, 0);
+            let same = b.cmp(CmpPred::Eq, q_ids, kv_ids);
+            let visible = b.and(same, q_valid);
+            s = b.select(visible, s, neg_inf);
+        }
+        let (mut p, alpha, m_new, l_new) = b.softmax_update(s, m_i, l_i);
+        let acc = b.softmax_rescale(acc, alpha);
+        if let Some((drop_p, inv_keep)) = dropout {
+            let u = b.rand_uniform(param("seed_lo"), param("seed_hi"), batch, head, i0, j0, &[bm, bn]);
+            let kept = b.cmp(CmpPred::Ge, u, drop_p);
+            let scaled = b.mul(p, inv_keep);
+            p = b.select(kept, scaled, zero_s);
+        }
+        let p = b.cast(p, dtype);
+        let v_tile = b.load(v, vec![Axis::Index(tensor_batch), kv_rows, Axis::Index(kv_head), Axis::Range { start: c0, size: d, limit: None }], 0.0);
+        let acc = b.dot(p, v_tile, acc, false, false);
+        vec![acc, m_new, l_new]
+    });
+
+    // ---- epilogue ----
+    let (o, lse) = b.softmax_finalize(finals[0], finals[1], finals[2]);
+    let o = b.cast(o, dtype);
+    b.store(param("out"), vec![Axis::Index(tensor_batch), Axis::Range { start: q_row0, size: bm, limit: q_end }, Axis::Index(head), Axis::Range { start: c0, size: d, limit: None }], o);
+    b.store(param("lse"), vec![Axis::Index(tensor_batch), Axis::Index(head), Axis::Range { start: q_row0, size: bm, limit: q_end }], lse);
+    b.finish()
+}
