@@ -1,1 +1,46 @@
-//! ejc-codegen (being written)
+//! # ejc-codegen
+//!
+//! The back ends of ejc and the artifact writer: `ejc build` expands a spec into its
+//! kernels, runs the pass pipeline on each, hands the result to every requested
+//! target, and records what it wrote in `manifest.json`.
+//!
+//! ```no_run
+//! use ejc_codegen::{build, BuildOptions};
+//! use ejc_ir::spec::{self, Target};
+//! let spec = spec::load_file("specs/flash.yaml").unwrap();
+//! let opts = BuildOptions { out_dir: "out".into(), targets: vec![Target::Ir], ..Default::default() };
+//! let report = build(&spec, &opts, &mut |_| {}).unwrap();
+//! println!("{} artifacts", report.manifest.artifacts.len());
+//! ```
+//!
+//! | target | module | status |
+//! |---|---|---|
+//! | `ir` | [`ir`] | tile IR text after the pass pipeline |
+//! | `cpu[:isa]` | [`targets`] | not built yet (issue 3) |
+//! | `ptx:<arch>` | [`targets`] | not built yet (issue 4) |
+//! | `mlir:<form>` | [`targets`] | not built yet (issue 6) |
+
+pub mod build;
+pub mod ir;
+pub mod targets;
+
+pub use build::{build, BuildOptions, BuildReport, Progress};
+
+use std::path::PathBuf;
+
+/// Errors of code generation. A target that is not implemented is an error, never a
+/// silent skip.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    #[error("target `{target}` is not built yet: {why}")]
+    NotImplemented { target: String, why: String },
+    #[error("kernel `{kernel}`: {message}")]
+    Kernel { kernel: String, message: String },
+    #[error("cannot write {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error("nothing to build: {0}")]
+    Empty(String),
+}
+
+/// The compiler version recorded in manifests and cache keys.
+pub const COMPILER_VERSION: &str = env!("CARGO_PKG_VERSION");

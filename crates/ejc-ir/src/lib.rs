@@ -21,6 +21,7 @@ pub mod flash;
 pub mod infer;
 pub mod interp;
 pub mod ir;
+pub mod manifest;
 pub mod parse;
 pub mod passes;
 pub mod philox;

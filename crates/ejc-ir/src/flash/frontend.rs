@@ -219,3 +219,41 @@ pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usiz
     b.store(param("lse"), vec![Axis::Index(tensor_batch), Axis::Index(head), Axis::Range { start: q_row0, size: bm, limit: q_end }], lse);
     b.finish()
 }
+
+/// One tile program a spec expands to: variant × dtype × head_dim × (block_m, block_n).
+/// `num_warps` / `num_stages` do not change the tile program; they multiply it into
+/// candidate configurations for the back ends that use them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelInstance<'s> {
+    pub id: String,
+    pub variant: &'s Variant,
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub block_m: u32,
+    pub block_n: u32,
+}
+
+impl KernelInstance<'_> {
+    /// Build (and verify) this instance's tile IR, before any pass.
+    pub fn build(&self, spec: &Spec) -> Result<Kernel, VerifyError> {
+        let schedule = Schedule { block_m: self.block_m, block_n: self.block_n, num_warps: 0, num_stages: 0 };
+        build_kernel(spec, self.variant, self.dtype, self.head_dim, &schedule)
+    }
+}
+
+/// Every tile program of a spec, in the order variants, dtypes, head dims, block_m,
+/// block_n (the file's order within each).
+pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
+    let mut out = Vec::new();
+    for variant in &spec.variants {
+        for &dtype in &spec.dtypes {
+            for &head_dim in &spec.head_dims {
+                for (block_m, block_n) in spec.schedule.tilings() {
+                    let id = kernel_id(&spec.name, &variant.name, dtype, head_dim, block_m, block_n);
+                    out.push(KernelInstance { id, variant, dtype, head_dim, block_m, block_n });
+                }
+            }
+        }
+    }
+    out
+}

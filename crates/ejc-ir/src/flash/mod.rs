@@ -22,5 +22,5 @@ pub mod inputs;
 pub mod problem;
 pub mod reference;
 
-pub use frontend::{build_flash_kernel, build_kernel, kernel_id};
+pub use frontend::{build_flash_kernel, build_kernel, instances, kernel_id, KernelInstance};
 pub use problem::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};

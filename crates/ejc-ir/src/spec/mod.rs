@@ -198,3 +198,11 @@ impl Spec {
         self.variants.iter().find(|v| v.name == name)
     }
 }
+
+impl std::str::FromStr for Target {
+    type Err = String;
+    /// Parse a target name as specs write it (`ir`, `cpu:avx2`, `ptx:sm_90a`, ...).
+    fn from_str(s: &str) -> Result<Target, String> {
+        decode::parse_target(s).ok_or_else(|| format!("unknown target `{s}` (known: {})", decode::TARGETS.join(", ")))
+    }
+}

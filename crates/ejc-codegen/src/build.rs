@@ -1,0 +1,185 @@
+//! `ejc build`: spec → kernels → pass pipeline → targets → manifest.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ejc_ir::flash::abi::abi_params;
+use ejc_ir::flash::{instances, KernelInstance};
+use ejc_ir::manifest::{AbiParamInfo, Artifact, Compiler, Manifest, SpecInfo, FORMAT};
+use ejc_ir::passes::{default_pipeline, run_pipeline};
+use ejc_ir::spec::{Features, SoftCap, Spec, Target, Window};
+use ejc_ir::types::{DType, Type};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::targets::check_supported;
+use crate::{CodegenError, COMPILER_VERSION};
+
+#[derive(Clone, Debug, Default)]
+pub struct BuildOptions {
+    pub out_dir: PathBuf,
+    /// Targets to generate; each must be supported (see [`check_supported`]).
+    pub targets: Vec<Target>,
+    /// Only these variants (empty = all).
+    pub variants: Vec<String>,
+    /// Only these dtypes (empty = all of the spec's).
+    pub dtypes: Vec<DType>,
+    /// Only these head dims (empty = all of the spec's).
+    pub head_dims: Vec<usize>,
+}
+
+/// Progress events, for a progress bar or log lines.
+#[derive(Clone, Debug)]
+pub enum Progress<'a> {
+    Start { kernels: usize, targets: usize },
+    Kernel { done: usize, total: usize, id: &'a str },
+    Finished,
+}
+
+#[derive(Clone, Debug)]
+pub struct BuildReport {
+    pub manifest: Manifest,
+    pub manifest_path: PathBuf,
+    /// Tile programs built.
+    pub kernels: usize,
+}
+
+/// The instances of `spec` that pass the filters in `opts`; an unknown filter value
+/// is an error naming what exists.
+pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Vec<KernelInstance<'s>>, CodegenError> {
+    for v in &opts.variants {
+        if spec.variant(v).is_none() {
+            let names: Vec<&str> = spec.variants.iter().map(|v| v.name.as_str()).collect();
+            return Err(CodegenError::Empty(format!("spec `{}` has no variant `{v}` (variants: {})", spec.name, names.join(", "))));
+        }
+    }
+    for d in &opts.dtypes {
+        if !spec.dtypes.contains(d) {
+            return Err(CodegenError::Empty(format!("spec `{}` does not declare dtype {d} (dtypes: {})", spec.name, join(&spec.dtypes))));
+        }
+    }
+    for h in &opts.head_dims {
+        if !spec.head_dims.contains(h) {
+            return Err(CodegenError::Empty(format!("spec `{}` does not declare head_dim {h} (head_dims: {})", spec.name, join(&spec.head_dims))));
+        }
+    }
+    Ok(instances(spec)
+        .into_iter()
+        .filter(|i| opts.variants.is_empty() || opts.variants.contains(&i.variant.name))
+        .filter(|i| opts.dtypes.is_empty() || opts.dtypes.contains(&i.dtype))
+        .filter(|i| opts.head_dims.is_empty() || opts.head_dims.contains(&i.head_dim))
+        .collect())
+}
+
+fn join<T: std::fmt::Display>(xs: &[T]) -> String {
+    xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+pub fn build(spec: &Spec, opts: &BuildOptions, progress: &mut dyn FnMut(Progress)) -> Result<BuildReport, CodegenError> {
+    if opts.targets.is_empty() {
+        return Err(CodegenError::Empty("no target given".into()));
+    }
+    // Refuse unsupported targets before writing anything.
+    for t in &opts.targets {
+        check_supported(t)?;
+    }
+    let selected = select(spec, opts)?;
+    std::fs::create_dir_all(&opts.out_dir).map_err(|error| CodegenError::Io { path: opts.out_dir.clone(), error })?;
+    progress(Progress::Start { kernels: selected.len(), targets: opts.targets.len() });
+    let pipeline = default_pipeline();
+    let mut artifacts = Vec::new();
+    for (n, inst) in selected.iter().enumerate() {
+        progress(Progress::Kernel { done: n, total: selected.len(), id: &inst.id });
+        let kernel_err = |message: String| CodegenError::Kernel { kernel: inst.id.clone(), message };
+        let raw = inst.build(spec).map_err(|e| kernel_err(e.to_string()))?;
+        let kernel = run_pipeline(&raw, &pipeline).map_err(|e| kernel_err(e.to_string()))?;
+        for target in &opts.targets {
+            match target {
+                Target::Ir => {
+                    let (file, text) = crate::ir::write(&opts.out_dir, &kernel)?;
+                    let mut config = BTreeMap::new();
+                    config.insert("block_m".to_string(), inst.block_m);
+                    config.insert("block_n".to_string(), inst.block_n);
+                    artifacts.push(Artifact {
+                        kernel_id: inst.id.clone(),
+                        variant: inst.variant.name.clone(),
+                        features: features_json(&inst.variant.features),
+                        dtype: inst.dtype.to_string(),
+                        head_dim: inst.head_dim,
+                        config,
+                        artifact_id: format!("{}@ir", inst.id),
+                        target: "ir".into(),
+                        file,
+                        sha256: sha256_hex(text.as_bytes()),
+                        entry: kernel.name.clone(),
+                        params: params_info(&inst.variant.features, inst.dtype),
+                        grid: kernel.grid.clone().map(|g| g.to_string()),
+                        block: None,
+                        dynamic_shared_memory: 0,
+                    });
+                }
+                other => check_supported(other)?,
+            }
+        }
+    }
+    progress(Progress::Finished);
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        compiler: Compiler { name: "ejc".into(), version: COMPILER_VERSION.into() },
+        spec: SpecInfo { name: spec.name.clone(), file: spec.file.clone(), sha256: spec.hash.clone(), op: spec.op.clone(), version: spec.version },
+        artifacts,
+    };
+    let manifest_path = opts.out_dir.join("manifest.json");
+    write_atomic(&manifest_path, manifest.to_json().as_bytes())?;
+    Ok(BuildReport { manifest, manifest_path, kernels: selected.len() })
+}
+
+/// Write through a temporary file and a rename, so a reader never sees half a file.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CodegenError> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes).map_err(|error| CodegenError::Io { path: tmp.clone(), error })?;
+    std::fs::rename(&tmp, path).map_err(|error| CodegenError::Io { path: path.to_path_buf(), error })
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The variant's features as JSON, with the spec's vocabulary.
+pub fn features_json(f: &Features) -> BTreeMap<String, serde_json::Value> {
+    let mut m = BTreeMap::new();
+    m.insert("causal".into(), json!(f.causal));
+    m.insert(
+        "sliding_window".into(),
+        match f.sliding_window {
+            None => json!(null),
+            Some(Window::Runtime) => json!("runtime"),
+            Some(Window::Fixed { left, right }) => json!([left, right]),
+        },
+    );
+    m.insert(
+        "logits_soft_cap".into(),
+        match f.logits_soft_cap {
+            None => json!(null),
+            Some(SoftCap::Runtime) => json!("runtime"),
+            Some(SoftCap::Fixed(c)) => json!(c),
+        },
+    );
+    for (k, v) in [("sinks", f.sinks), ("bias", f.bias), ("mask", f.mask), ("segment_ids", f.segment_ids), ("varlen", f.varlen), ("dropout", f.dropout)] {
+        m.insert(k.into(), json!(v));
+    }
+    m
+}
+
+pub fn params_info(f: &Features, dtype: DType) -> Vec<AbiParamInfo> {
+    abi_params(f, dtype)
+        .into_iter()
+        .map(|p| {
+            let (kind, rank) = match p.ty {
+                Type::Tensor(_, r) => ("tensor", r),
+                _ => ("scalar", 0),
+            };
+            AbiParamInfo { name: p.name.into(), kind: kind.into(), dtype: p.ty.dtype().to_string(), rank, meaning: p.meaning.into() }
+        })
+        .collect()
+}
