@@ -50,9 +50,11 @@ enum Command {
     },
     /// Compile a spec: write one artifact per kernel x configuration x target, and
     /// DIR/manifest.json describing each (entry symbol, parameter ABI, launch grid).
-    #[command(after_help = "Targets: ir (tile IR text after the pass pipeline) is built; cpu, ptx:<arch> and mlir:<form> \
+    #[command(
+        after_help = "Targets: ir (tile IR text after the pass pipeline) is built; cpu, ptx:<arch> and mlir:<form> \
 are not built yet and are refused with the issue that brings them. Without --target, every target the spec \
-lists that this ejc can build is built, and the others are named on stderr.")]
+lists that this ejc can build is built, and the others are named on stderr."
+    )]
     Build {
         spec: PathBuf,
         /// Output directory (created if missing).
@@ -128,7 +130,7 @@ struct RunArgs {
     block_n: Option<u32>,
     /// Sliding window left,right for variants whose window is a run-time parameter
     /// (default: seq_k/3, seq_k/5).
-    #[arg(long, value_name = "LEFT,RIGHT")]
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
     window: Option<String>,
     /// Soft cap for variants whose cap is a run-time parameter (default 5.0).
     #[arg(long)]

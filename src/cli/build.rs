@@ -55,7 +55,13 @@ pub fn run(req: &Request) -> Outcome {
             Err(e) => return Outcome::Error(format!("error: --dtype: {e}")),
         }
     }
-    let opts = BuildOptions { out_dir: req.out.clone(), targets, variants: req.variants.clone(), dtypes, head_dims: req.head_dims.clone() };
+    let opts = BuildOptions {
+        out_dir: req.out.clone(),
+        targets,
+        variants: req.variants.clone(),
+        dtypes,
+        head_dims: req.head_dims.clone(),
+    };
     let quiet = req.quiet;
     let started = std::time::Instant::now();
     let mut on_progress = |p: Progress| {

@@ -18,7 +18,10 @@ pub fn run(path: &Path) -> Outcome {
     for inst in &all {
         // A front-end or pass failure here is a compiler bug, but it is reported
         // with the kernel's id rather than a panic.
-        let built = inst.build(&spec).map_err(|e| e.to_string()).and_then(|k| run_pipeline(&k, &pipeline).map_err(|e| e.to_string()));
+        let built = inst
+            .build(&spec)
+            .map_err(|e| e.to_string())
+            .and_then(|k| run_pipeline(&k, &pipeline).map_err(|e| e.to_string()));
         if let Err(e) = built {
             return Outcome::Error(format!("error: {}: kernel `{}` does not build: {e}", path.display(), inst.id));
         }

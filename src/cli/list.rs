@@ -49,7 +49,9 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
         }
         match f.sliding_window {
             Some(ejc_ir::spec::Window::Runtime) => parts.push("sliding_window=runtime".into()),
-            Some(ejc_ir::spec::Window::Fixed { left, right }) => parts.push(format!("sliding_window=({left}, {right})")),
+            Some(ejc_ir::spec::Window::Fixed { left, right }) => {
+                parts.push(format!("sliding_window=({left}, {right})"))
+            }
             None => {}
         }
         match f.logits_soft_cap {
@@ -57,7 +59,14 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
             Some(ejc_ir::spec::SoftCap::Fixed(c)) => parts.push(format!("logits_soft_cap={c}")),
             None => {}
         }
-        for (name, on) in [("sinks", f.sinks), ("bias", f.bias), ("mask", f.mask), ("segment_ids", f.segment_ids), ("varlen", f.varlen), ("dropout", f.dropout)] {
+        for (name, on) in [
+            ("sinks", f.sinks),
+            ("bias", f.bias),
+            ("mask", f.mask),
+            ("segment_ids", f.segment_ids),
+            ("varlen", f.varlen),
+            ("dropout", f.dropout),
+        ] {
             if on {
                 parts.push(name.into());
             }

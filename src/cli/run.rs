@@ -44,9 +44,21 @@ const INTERP_MAX_SCORES: usize = 1 << 27;
 pub fn run(req: &Request) -> Outcome {
     match req.backend {
         "interp" => {}
-        "cpu" => return Outcome::Error("error: backend `cpu` is not built yet: the CPU back end is issue #3 (use --backend interp)".into()),
-        "cuda" => return Outcome::Error("error: backend `cuda` is not built yet: the CUDA back end is issue #4 (use --backend interp)".into()),
-        other => return Outcome::Error(format!("error: backend `{other}` is not built yet: the MLIR back end is issue #6 (use --backend interp)")),
+        "cpu" => {
+            return Outcome::Error(
+                "error: backend `cpu` is not built yet: the CPU back end is issue #3 (use --backend interp)".into(),
+            )
+        }
+        "cuda" => {
+            return Outcome::Error(
+                "error: backend `cuda` is not built yet: the CUDA back end is issue #4 (use --backend interp)".into(),
+            )
+        }
+        other => {
+            return Outcome::Error(format!(
+                "error: backend `{other}` is not built yet: the MLIR back end is issue #6 (use --backend interp)"
+            ))
+        }
     }
     let spec = match load_spec(&req.spec) {
         Ok(s) => s,
@@ -54,7 +66,13 @@ pub fn run(req: &Request) -> Outcome {
     };
     let dtype: DType = match req.dtype.parse() {
         Ok(d) if spec.dtypes.contains(&d) => d,
-        Ok(d) => return Outcome::Error(format!("error: --dtype {d}: spec `{}` declares dtypes {}", spec.name, list(&spec.dtypes))),
+        Ok(d) => {
+            return Outcome::Error(format!(
+                "error: --dtype {d}: spec `{}` declares dtypes {}",
+                spec.name,
+                list(&spec.dtypes)
+            ))
+        }
         Err(e) => return Outcome::Error(format!("error: --dtype: {e}")),
     };
     let shape = match FlashShape::parse(&req.shape) {
@@ -111,7 +129,11 @@ pub fn run(req: &Request) -> Outcome {
                 Some(x) => v.push(x),
                 None => {
                     let names: Vec<&str> = spec.variants.iter().map(|v| v.name.as_str()).collect();
-                    return Outcome::Error(format!("error: --variant {name}: spec `{}` has variants {}", spec.name, names.join(", ")));
+                    return Outcome::Error(format!(
+                        "error: --variant {name}: spec `{}` has variants {}",
+                        spec.name,
+                        names.join(", ")
+                    ));
                 }
             }
         }
@@ -119,7 +141,10 @@ pub fn run(req: &Request) -> Outcome {
     };
     let seed = req.seed.unwrap_or_else(|| rand::random::<u64>() >> 11);
     if !req.json {
-        println!("backend=interp dtype={dtype} shape={shape} tiling={block_m}x{block_n} seed={seed} tolerance={:e}", tolerance(dtype));
+        println!(
+            "backend=interp dtype={dtype} shape={shape} tiling={block_m}x{block_n} seed={seed} tolerance={:e}",
+            tolerance(dtype)
+        );
     }
     let schedule = Schedule { block_m, block_n, num_warps: 0, num_stages: 0 };
     let pipeline = default_pipeline();
@@ -136,7 +161,10 @@ pub fn run(req: &Request) -> Outcome {
         if let Some(p) = req.dropout {
             rt.dropout_p = p;
         }
-        let kernel = match build_kernel(&spec, v, dtype, shape.head_dim, &schedule).map_err(|e| e.to_string()).and_then(|k| run_pipeline(&k, &pipeline).map_err(|e| e.to_string())) {
+        let kernel = match build_kernel(&spec, v, dtype, shape.head_dim, &schedule)
+            .map_err(|e| e.to_string())
+            .and_then(|k| run_pipeline(&k, &pipeline).map_err(|e| e.to_string()))
+        {
             Ok(k) => k,
             Err(e) => return Outcome::Error(format!("error: variant `{}`: {e}", v.name)),
         };

@@ -50,17 +50,29 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Vec<KernelInsta
     for v in &opts.variants {
         if spec.variant(v).is_none() {
             let names: Vec<&str> = spec.variants.iter().map(|v| v.name.as_str()).collect();
-            return Err(CodegenError::Empty(format!("spec `{}` has no variant `{v}` (variants: {})", spec.name, names.join(", "))));
+            return Err(CodegenError::Empty(format!(
+                "spec `{}` has no variant `{v}` (variants: {})",
+                spec.name,
+                names.join(", ")
+            )));
         }
     }
     for d in &opts.dtypes {
         if !spec.dtypes.contains(d) {
-            return Err(CodegenError::Empty(format!("spec `{}` does not declare dtype {d} (dtypes: {})", spec.name, join(&spec.dtypes))));
+            return Err(CodegenError::Empty(format!(
+                "spec `{}` does not declare dtype {d} (dtypes: {})",
+                spec.name,
+                join(&spec.dtypes)
+            )));
         }
     }
     for h in &opts.head_dims {
         if !spec.head_dims.contains(h) {
-            return Err(CodegenError::Empty(format!("spec `{}` does not declare head_dim {h} (head_dims: {})", spec.name, join(&spec.head_dims))));
+            return Err(CodegenError::Empty(format!(
+                "spec `{}` does not declare head_dim {h} (head_dims: {})",
+                spec.name,
+                join(&spec.head_dims)
+            )));
         }
     }
     Ok(instances(spec)
@@ -75,7 +87,11 @@ fn join<T: std::fmt::Display>(xs: &[T]) -> String {
     xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-pub fn build(spec: &Spec, opts: &BuildOptions, progress: &mut dyn FnMut(Progress)) -> Result<BuildReport, CodegenError> {
+pub fn build(
+    spec: &Spec,
+    opts: &BuildOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<BuildReport, CodegenError> {
     if opts.targets.is_empty() {
         return Err(CodegenError::Empty("no target given".into()));
     }
@@ -126,7 +142,13 @@ pub fn build(spec: &Spec, opts: &BuildOptions, progress: &mut dyn FnMut(Progress
     let manifest = Manifest {
         format: FORMAT.into(),
         compiler: Compiler { name: "ejc".into(), version: COMPILER_VERSION.into() },
-        spec: SpecInfo { name: spec.name.clone(), file: spec.file.clone(), sha256: spec.hash.clone(), op: spec.op.clone(), version: spec.version },
+        spec: SpecInfo {
+            name: spec.name.clone(),
+            file: spec.file.clone(),
+            sha256: spec.hash.clone(),
+            op: spec.op.clone(),
+            version: spec.version,
+        },
         artifacts,
     };
     let manifest_path = opts.out_dir.join("manifest.json");
@@ -165,7 +187,14 @@ pub fn features_json(f: &Features) -> BTreeMap<String, serde_json::Value> {
             Some(SoftCap::Fixed(c)) => json!(c),
         },
     );
-    for (k, v) in [("sinks", f.sinks), ("bias", f.bias), ("mask", f.mask), ("segment_ids", f.segment_ids), ("varlen", f.varlen), ("dropout", f.dropout)] {
+    for (k, v) in [
+        ("sinks", f.sinks),
+        ("bias", f.bias),
+        ("mask", f.mask),
+        ("segment_ids", f.segment_ids),
+        ("varlen", f.varlen),
+        ("dropout", f.dropout),
+    ] {
         m.insert(k.into(), json!(v));
     }
     m
@@ -179,7 +208,13 @@ pub fn params_info(f: &Features, dtype: DType) -> Vec<AbiParamInfo> {
                 Type::Tensor(_, r) => ("tensor", r),
                 _ => ("scalar", 0),
             };
-            AbiParamInfo { name: p.name.into(), kind: kind.into(), dtype: p.ty.dtype().to_string(), rank, meaning: p.meaning.into() }
+            AbiParamInfo {
+                name: p.name.into(),
+                kind: kind.into(),
+                dtype: p.ty.dtype().to_string(),
+                rank,
+                meaning: p.meaning.into(),
+            }
         })
         .collect()
 }

@@ -26,7 +26,9 @@
 //! whole kernel.
 
 use crate::infer::infer;
-use crate::ir::{AxisIndex, BinOp, Block, CmpPred, GridExpr, Kernel, MaskTerm, Op, OpKind, Param, ReduceOp, UnOp, Value};
+use crate::ir::{
+    AxisIndex, BinOp, Block, CmpPred, GridExpr, Kernel, MaskTerm, Op, OpKind, Param, ReduceOp, UnOp, Value,
+};
 use crate::types::{DType, Type};
 use crate::verify::{verify, VerifyError};
 
@@ -263,7 +265,17 @@ impl KernelBuilder {
         operands.extend(terms.iter().map(|t| t.1));
         self.op1(OpKind::MaskApply { terms: terms.iter().map(|t| t.0).collect() }, operands)
     }
-    pub fn rand_uniform(&mut self, seed_lo: Value, seed_hi: Value, batch: Value, head: Value, row0: Value, col0: Value, shape: &[usize]) -> Value {
+    #[allow(clippy::too_many_arguments)] // one per Philox counter/key word, as the op takes them
+    pub fn rand_uniform(
+        &mut self,
+        seed_lo: Value,
+        seed_hi: Value,
+        batch: Value,
+        head: Value,
+        row0: Value,
+        col0: Value,
+        shape: &[usize],
+    ) -> Value {
         self.op1(OpKind::RandUniform { shape: shape.to_vec() }, vec![seed_lo, seed_hi, batch, head, row0, col0])
     }
 
@@ -279,14 +291,26 @@ impl KernelBuilder {
         body: impl FnOnce(&mut KernelBuilder, Value, &[Value]) -> Vec<Value>,
     ) -> Vec<Value> {
         let iv = self.new_value(Type::Scalar(DType::I32));
-        let carried: Vec<Value> = inits.iter().map(|v| { let t = self.ty(*v).clone(); self.new_value(t) }).collect();
+        let carried: Vec<Value> = inits
+            .iter()
+            .map(|v| {
+                let t = self.ty(*v).clone();
+                self.new_value(t)
+            })
+            .collect();
         let mut args = vec![iv];
         args.extend(&carried);
         self.stack.push(Block { args, ops: vec![] });
         let yields = body(self, iv, &carried);
         self.yield_values(yields);
         let region = self.stack.pop().expect("region pushed above");
-        let results: Vec<Value> = inits.iter().map(|v| { let t = self.ty(*v).clone(); self.new_value(t) }).collect();
+        let results: Vec<Value> = inits
+            .iter()
+            .map(|v| {
+                let t = self.ty(*v).clone();
+                self.new_value(t)
+            })
+            .collect();
         let mut operands = vec![lo, hi, step];
         operands.extend(inits);
         self.push(Op { kind: OpKind::For, operands, results: results.clone(), regions: vec![region] });
@@ -311,7 +335,12 @@ impl KernelBuilder {
         self.yield_values(y);
         let else_block = self.stack.pop().expect("region pushed above");
         let results: Vec<Value> = result_types.iter().map(|t| self.new_value(t.clone())).collect();
-        self.push(Op { kind: OpKind::If, operands: vec![cond], results: results.clone(), regions: vec![then_block, else_block] });
+        self.push(Op {
+            kind: OpKind::If,
+            operands: vec![cond],
+            results: results.clone(),
+            regions: vec![then_block, else_block],
+        });
         results
     }
 
@@ -327,7 +356,14 @@ impl KernelBuilder {
         }
         assert_eq!(self.stack.len(), 1, "unbalanced regions in KernelBuilder");
         let body = self.stack.pop().unwrap_or_default();
-        let kernel = Kernel { name: self.name, params: self.params, grid: self.grid, attrs: self.attrs, body, values: self.values };
+        let kernel = Kernel {
+            name: self.name,
+            params: self.params,
+            grid: self.grid,
+            attrs: self.attrs,
+            body,
+            values: self.values,
+        };
         verify(&kernel)?;
         Ok(kernel)
     }

@@ -67,7 +67,9 @@ pub fn infer(kind: &OpKind, operands: &[&Type]) -> Result<Vec<Type>, String> {
                     shape.insert(*axis as usize, 1);
                     Ok(vec![Type::Tile(*d, shape)])
                 }
-                Type::Tile(_, s) if s.len() != 1 => Err(format!("operand 0 must be a rank-1 tile, found rank {}", s.len())),
+                Type::Tile(_, s) if s.len() != 1 => {
+                    Err(format!("operand 0 must be a rank-1 tile, found rank {}", s.len()))
+                }
                 Type::Tile(..) => Err(format!("axis {axis} out of range (0 or 1)")),
                 t => Err(format!("operand 0 must be a tile, found {t}")),
             }
@@ -90,7 +92,10 @@ pub fn infer(kind: &OpKind, operands: &[&Type]) -> Result<Vec<Type>, String> {
         Load { axes, pad } => {
             let (dtype, shape) = check_access(axes, operands, 0)?;
             if n != 1 + axes.iter().map(|a| a.operand_count()).sum::<usize>() {
-                return Err(format!("expects {} operand(s), got {n}", 1 + axes.iter().map(|a| a.operand_count()).sum::<usize>()));
+                return Err(format!(
+                    "expects {} operand(s), got {n}",
+                    1 + axes.iter().map(|a| a.operand_count()).sum::<usize>()
+                ));
             }
             if dtype.is_int() && pad.fract() != 0.0 {
                 return Err(format!("pad value {pad} is not an integer for an {dtype} tensor"));
@@ -192,8 +197,11 @@ pub fn infer(kind: &OpKind, operands: &[&Type]) -> Result<Vec<Type>, String> {
             let (m, ka) = if *trans_a { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
             let (kb, nn) = if *trans_b { (sb[1], sb[0]) } else { (sb[0], sb[1]) };
             if ka != kb {
-                return Err(format!("contraction sizes differ: {a}{} has K = {ka}, {b}{} has K = {kb}",
-                    if *trans_a { " (transposed)" } else { "" }, if *trans_b { " (transposed)" } else { "" }));
+                return Err(format!(
+                    "contraction sizes differ: {a}{} has K = {ka}, {b}{} has K = {kb}",
+                    if *trans_a { " (transposed)" } else { "" },
+                    if *trans_b { " (transposed)" } else { "" }
+                ));
             }
             if sc != [m, nn] {
                 return Err(format!("accumulator has shape {:?}, expected [{m}, {nn}]", sc));
@@ -245,7 +253,8 @@ pub fn infer(kind: &OpKind, operands: &[&Type]) -> Result<Vec<Type>, String> {
             if shape.len() != 2 {
                 return Err("shape must have rank 2 ([rows, cols])".into());
             }
-            for (i, want) in [DType::U32, DType::U32, DType::I32, DType::I32, DType::I32, DType::I32].iter().enumerate() {
+            for (i, want) in [DType::U32, DType::U32, DType::I32, DType::I32, DType::I32, DType::I32].iter().enumerate()
+            {
                 if *operands[i] != Type::Scalar(*want) {
                     return Err(format!("operand {i} must be {want}, found {}", operands[i]));
                 }
@@ -285,8 +294,8 @@ fn broadcast_pair(a: &Type, b: &Type) -> Result<(DType, Vec<usize>), String> {
     if a.dtype() != b.dtype() {
         return Err(format!("operand dtypes differ: {a} and {b} (insert an arith.cast)"));
     }
-    let shape = broadcast_shapes(a.shape(), b.shape())
-        .map_err(|e| format!("operands {a} and {b} do not broadcast: {e}"))?;
+    let shape =
+        broadcast_shapes(a.shape(), b.shape()).map_err(|e| format!("operands {a} and {b} do not broadcast: {e}"))?;
     Ok((a.dtype(), shape))
 }
 

@@ -135,6 +135,10 @@ pub fn launch_with_stats(kernel: &Kernel, args: &mut [Arg], grid: [usize; 3]) ->
     Ok(m.stats)
 }
 
+/// The tile shape of an access and, per tile element, the tensor index it touches
+/// (None where it falls outside the tensor or past a limit).
+type Access = (Vec<usize>, Vec<Option<Vec<usize>>>);
+
 struct Machine<'a> {
     kernel: &'a Kernel,
     args: &'a mut [Arg],
@@ -149,7 +153,9 @@ impl<'a> Machine<'a> {
     }
 
     fn get(&self, v: Value) -> Result<&RVal, InterpError> {
-        self.env[v.index()].as_ref().ok_or_else(|| InterpError { message: format!("value #{} used before definition", v.0) })
+        self.env[v.index()]
+            .as_ref()
+            .ok_or_else(|| InterpError { message: format!("value #{} used before definition", v.0) })
     }
 
     fn scalar(&self, v: Value) -> Result<f64, InterpError> {
@@ -305,7 +311,8 @@ impl<'a> Machine<'a> {
                 let c = self.elems(op.operands[0], &shape)?;
                 let a = self.elems(op.operands[1], &shape)?;
                 let b = self.elems(op.operands[2], &shape)?;
-                let out = c.iter().zip(a.iter().zip(b.iter())).map(|(c, (a, b))| if *c != 0.0 { *a } else { *b }).collect();
+                let out =
+                    c.iter().zip(a.iter().zip(b.iter())).map(|(c, (a, b))| if *c != 0.0 { *a } else { *b }).collect();
                 self.set_elems(res(0), out);
             }
             Cast { to } => {
@@ -326,8 +333,20 @@ impl<'a> Machine<'a> {
                 };
                 let fold = |acc: f64, x: f64| match r {
                     ReduceOp::Sum => acc + x,
-                    ReduceOp::Max => if x.is_nan() || acc.is_nan() { f64::NAN } else { acc.max(x) },
-                    ReduceOp::Min => if x.is_nan() || acc.is_nan() { f64::NAN } else { acc.min(x) },
+                    ReduceOp::Max => {
+                        if x.is_nan() || acc.is_nan() {
+                            f64::NAN
+                        } else {
+                            acc.max(x)
+                        }
+                    }
+                    ReduceOp::Min => {
+                        if x.is_nan() || acc.is_nan() {
+                            f64::NAN
+                        } else {
+                            acc.min(x)
+                        }
+                    }
                 };
                 let out: Vec<f64> = if in_shape.len() == 1 || *axis == 1 {
                     (0..rows).map(|i| (0..cols).fold(init, |acc, j| fold(acc, a[i * cols + j]))).collect()
@@ -405,9 +424,20 @@ impl<'a> Machine<'a> {
                 let acc = self.elems(op.operands[0], &sa)?;
                 let m = self.elems(op.operands[1], &[sa[0]])?;
                 let l = self.elems(op.operands[2], &[sa[0]])?;
-                let o = (0..acc.len()).map(|e| { let li = l[e / sa[1]]; if li == 0.0 { 0.0 } else { acc[e] / li } }).collect();
+                let o = (0..acc.len())
+                    .map(|e| {
+                        let li = l[e / sa[1]];
+                        if li == 0.0 {
+                            0.0
+                        } else {
+                            acc[e] / li
+                        }
+                    })
+                    .collect();
                 let lse = (0..sa[0])
-                    .map(|i| if l[i] == 0.0 { f64::NEG_INFINITY } else { (m[i] + l[i].log2()) * std::f64::consts::LN_2 })
+                    .map(
+                        |i| if l[i] == 0.0 { f64::NEG_INFINITY } else { (m[i] + l[i].log2()) * std::f64::consts::LN_2 },
+                    )
                     .collect();
                 self.set_elems(res(0), o);
                 self.set_elems(res(1), lse);
@@ -462,7 +492,8 @@ impl<'a> Machine<'a> {
                 if step <= 0 {
                     return err(format!("loop step must be positive, got {step}"));
                 }
-                let mut carried: Vec<RVal> = op.operands[3..].iter().map(|v| self.get(*v).cloned()).collect::<Result<_, _>>()?;
+                let mut carried: Vec<RVal> =
+                    op.operands[3..].iter().map(|v| self.get(*v).cloned()).collect::<Result<_, _>>()?;
                 let body = &op.regions[0];
                 let mut iv = lo;
                 while iv < hi {
@@ -491,14 +522,16 @@ impl<'a> Machine<'a> {
 
     /// For each tile element, the tensor multi-index it touches, or None when it is
     /// outside the tensor or past a range limit.
-    fn access_indices(&self, t: &HostTensor, axes: &[AxisIndex], operands: &[Value]) -> Result<(Vec<usize>, Vec<Option<Vec<usize>>>), InterpError> {
+    fn access_indices(&self, t: &HostTensor, axes: &[AxisIndex], operands: &[Value]) -> Result<Access, InterpError> {
         let mut starts = Vec::new();
         let mut it = operands.iter();
         let mut tile_shape = Vec::new();
         for a in axes {
             let start = self.int(*it.next().ok_or_else(|| InterpError { message: "missing index operand".into() })?)?;
             let limit = match a {
-                AxisIndex::Range { limit: true, .. } => Some(self.int(*it.next().ok_or_else(|| InterpError { message: "missing limit operand".into() })?)?),
+                AxisIndex::Range { limit: true, .. } => {
+                    Some(self.int(*it.next().ok_or_else(|| InterpError { message: "missing limit operand".into() })?)?)
+                }
                 _ => None,
             };
             if let AxisIndex::Range { size, .. } = a {
@@ -584,14 +617,32 @@ fn binary(op: BinOp, dt: DType, x: f64, y: f64) -> Result<f64, InterpError> {
             BinOp::Mul => x * y,
             BinOp::Div => x / y,
             // NaN-propagating, as the device's max/min are for attention's purposes.
-            BinOp::Max => if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) },
-            BinOp::Min => if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) },
+            BinOp::Max => {
+                if x.is_nan() || y.is_nan() {
+                    f64::NAN
+                } else {
+                    x.max(y)
+                }
+            }
+            BinOp::Min => {
+                if x.is_nan() || y.is_nan() {
+                    f64::NAN
+                } else {
+                    x.min(y)
+                }
+            }
             _ => return err(format!("{op:?} on {dt}")),
         });
     }
     // Integers and i1: exact in i64, wrapped by the caller's rounding.
     let (a, b) = (x as i64, y as i64);
-    let bits = |v: i64| -> u64 { if dt == DType::U32 { v as u32 as u64 } else { v as i32 as i64 as u64 } };
+    let bits = |v: i64| -> u64 {
+        if dt == DType::U32 {
+            v as u32 as u64
+        } else {
+            v as i32 as i64 as u64
+        }
+    };
     Ok(match op {
         BinOp::Add => (a + b) as f64,
         BinOp::Sub => (a - b) as f64,
@@ -600,7 +651,11 @@ fn binary(op: BinOp, dt: DType, x: f64, y: f64) -> Result<f64, InterpError> {
             if b == 0 {
                 return err("integer division by zero".into());
             }
-            if op == BinOp::Div { (a / b) as f64 } else { (a % b) as f64 }
+            if op == BinOp::Div {
+                (a / b) as f64
+            } else {
+                (a % b) as f64
+            }
         }
         BinOp::Max => a.max(b) as f64,
         BinOp::Min => a.min(b) as f64,

@@ -136,13 +136,19 @@ impl<'a> Lexer<'a> {
                 if name.is_empty() {
                     return Err(self.err(format!("expected a name after `{}`", c as char)));
                 }
-                if c == b'%' { Tok::Val(name) } else { Tok::Sym(name) }
+                if c == b'%' {
+                    Tok::Val(name)
+                } else {
+                    Tok::Sym(name)
+                }
             } else if c == b'"' {
                 self.bump();
                 let mut s = String::new();
                 loop {
                     match self.peek() {
-                        None | Some(b'\n') => return Err(ParseError { line, column: col, message: "unterminated string".into() }),
+                        None | Some(b'\n') => {
+                            return Err(ParseError { line, column: col, message: "unterminated string".into() })
+                        }
                         Some(b'"') => {
                             self.bump();
                             break;
@@ -170,12 +176,17 @@ impl<'a> Lexer<'a> {
                     }
                 }
                 Tok::Str(s)
-            } else if c.is_ascii_digit() || (c == b'-' && self.src.get(self.pos + 1).is_some_and(|d| d.is_ascii_digit() || *d == b'i')) {
+            } else if c.is_ascii_digit()
+                || (c == b'-' && self.src.get(self.pos + 1).is_some_and(|d| d.is_ascii_digit() || *d == b'i'))
+            {
                 let start = self.pos;
                 self.bump();
                 while let Some(d) = self.peek() {
                     let prev = self.src[self.pos - 1];
-                    if d.is_ascii_alphanumeric() || d == b'.' || ((d == b'-' || d == b'+') && (prev == b'e' || prev == b'E')) {
+                    if d.is_ascii_alphanumeric()
+                        || d == b'.'
+                        || ((d == b'-' || d == b'+') && (prev == b'e' || prev == b'E'))
+                    {
                         self.bump();
                     } else {
                         break;
@@ -191,11 +202,19 @@ impl<'a> Lexer<'a> {
                         self.bump();
                     }
                     if self.peek() != Some(b'>') {
-                        return Err(ParseError { line, column: col, message: format!("unterminated `{word}<...>` type") });
+                        return Err(ParseError {
+                            line,
+                            column: col,
+                            message: format!("unterminated `{word}<...>` type"),
+                        });
                     }
                     let inner = String::from_utf8_lossy(&self.src[start..self.pos]).into_owned();
                     self.bump();
-                    Tok::Ty(parse_shaped_type(&word, &inner).map_err(|m| ParseError { line, column: col, message: m })?)
+                    Tok::Ty(parse_shaped_type(&word, &inner).map_err(|m| ParseError {
+                        line,
+                        column: col,
+                        message: m,
+                    })?)
                 } else {
                     Tok::Ident(word)
                 }
@@ -462,7 +481,14 @@ impl Parser {
         }
         self.expect("{")?;
         let body = self.ops_until_close()?;
-        Ok(Kernel { name, params, grid: [g0, g1, g2], attrs, body: Block { args: vec![], ops: body }, values: std::mem::take(&mut self.values) })
+        Ok(Kernel {
+            name,
+            params,
+            grid: [g0, g1, g2],
+            attrs,
+            body: Block { args: vec![], ops: body },
+            values: std::mem::take(&mut self.values),
+        })
     }
 
     /// Ops up to and including the closing `}`.
@@ -507,7 +533,11 @@ impl Parser {
                 return Err(self.err(format!("expected an op name, found {t}")));
             }
         };
-        let unknown = |p: &Parser| ParseError { line: p.toks[op_pos].1, column: p.toks[op_pos].2, message: format!("unknown op `{name}`") };
+        let unknown = |p: &Parser| ParseError {
+            line: p.toks[op_pos].1,
+            column: p.toks[op_pos].2,
+            message: format!("unknown op `{name}`"),
+        };
         match name.as_str() {
             "scf.for" => return self.for_op(result_names),
             "scf.if" => return self.if_op(result_names),
@@ -567,12 +597,20 @@ impl Parser {
         }
         let kind = self.kind_of(&name, &attrs).map_err(|m| match m {
             None => unknown(self),
-            Some(m) => ParseError { line: self.toks[op_pos].1, column: self.toks[op_pos].2, message: format!("`{name}`: {m}") },
+            Some(m) => {
+                ParseError { line: self.toks[op_pos].1, column: self.toks[op_pos].2, message: format!("`{name}`: {m}") }
+            }
         })?;
         self.finish_generic(kind, operands, result_names, types)
     }
 
-    fn finish_generic(&mut self, kind: OpKind, operands: Vec<Value>, names: Vec<String>, types: Vec<Type>) -> Result<Op, ParseError> {
+    fn finish_generic(
+        &mut self,
+        kind: OpKind,
+        operands: Vec<Value>,
+        names: Vec<String>,
+        types: Vec<Type>,
+    ) -> Result<Op, ParseError> {
         let want = result_count(&kind);
         if names.len() != want || types.len() != want {
             return Err(self.err(format!(
@@ -620,7 +658,10 @@ impl Parser {
         let known = |allowed: &[&str]| -> Result<(), Option<String>> {
             for (k, _) in attrs {
                 if !allowed.contains(&k.as_str()) {
-                    return Err(Some(format!("unknown attribute `{k}` (allowed: {})", if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") })));
+                    return Err(Some(format!(
+                        "unknown attribute `{k}` (allowed: {})",
+                        if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") }
+                    )));
                 }
             }
             Ok(())
@@ -640,7 +681,9 @@ impl Parser {
                 Some(Attr::List(items)) => items
                     .iter()
                     .map(|i| match i {
-                        Attr::Num(n) => n.parse::<usize>().map_err(|_| Some(format!("`{k}` must list non-negative integers"))),
+                        Attr::Num(n) => {
+                            n.parse::<usize>().map_err(|_| Some(format!("`{k}` must list non-negative integers")))
+                        }
                         _ => Err(Some(format!("`{k}` must list integers"))),
                     })
                     .collect(),
@@ -652,7 +695,8 @@ impl Parser {
                 Some(Attr::List(items)) => items
                     .iter()
                     .map(|i| match i {
-                        Attr::Word(w) => MaskTerm::from_name(w).ok_or_else(|| Some(format!("unknown mask term `{w}` (known: kv_le, kv_ge, kv_lt, q_lt)"))),
+                        Attr::Word(w) => MaskTerm::from_name(w)
+                            .ok_or_else(|| Some(format!("unknown mask term `{w}` (known: kv_le, kv_ge, kv_lt, q_lt)"))),
                         _ => Err(Some("`terms` must list mask term names".to_string())),
                     })
                     .collect(),
@@ -880,7 +924,11 @@ impl Parser {
             }
         }
         if types.len() != result_names.len() {
-            return Err(self.err(format!("`scf.if` has {} result name(s) and {} type(s)", result_names.len(), types.len())));
+            return Err(self.err(format!(
+                "`scf.if` has {} result name(s) and {} type(s)",
+                result_names.len(),
+                types.len()
+            )));
         }
         self.expect("{")?;
         let then_block = self.region(vec![])?;

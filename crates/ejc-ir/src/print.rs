@@ -45,7 +45,11 @@ pub fn format_float(x: f64) -> String {
     if x.is_nan() {
         "NaN".into()
     } else if x.is_infinite() {
-        if x > 0.0 { "inf".into() } else { "-inf".into() }
+        if x > 0.0 {
+            "inf".into()
+        } else {
+            "-inf".into()
+        }
     } else {
         format!("{x:?}")
     }
@@ -83,7 +87,15 @@ impl<'k> Printer<'k> {
             self.names.insert(p.value, n.clone());
             params.push(format!("{n}: {}", p.ty));
         }
-        let _ = write!(self.out, "kernel @{}({}) grid({}, {}, {})", k.name, params.join(", "), k.grid[0], k.grid[1], k.grid[2]);
+        let _ = write!(
+            self.out,
+            "kernel @{}({}) grid({}, {}, {})",
+            k.name,
+            params.join(", "),
+            k.grid[0],
+            k.grid[1],
+            k.grid[2]
+        );
         if !k.attrs.is_empty() {
             let mut attrs = k.attrs.clone();
             attrs.sort();
@@ -149,7 +161,8 @@ impl<'k> Printer<'k> {
                     let init = self.name(*init);
                     carried.push(format!("{an} = {init}"));
                 }
-                let iter = if carried.is_empty() { String::new() } else { format!(" iter_args({})", carried.join(", ")) };
+                let iter =
+                    if carried.is_empty() { String::new() } else { format!(" iter_args({})", carried.join(", ")) };
                 let _ = writeln!(self.out, "{indent}{lhs}{name} {iv} = {lo} to {hi} step {step}{iter}{colon_tys} {{");
                 self.block(body, depth + 1);
                 let _ = writeln!(self.out, "{indent}}}");
@@ -165,7 +178,8 @@ impl<'k> Printer<'k> {
             OpKind::Load { axes, pad } => {
                 let t = self.name(op.operands[0]);
                 let acc = self.access(axes, &op.operands[1..]);
-                let _ = writeln!(self.out, "{indent}{lhs}{name} {t}[{acc}] {{pad = {}}}{colon_tys}", format_float(*pad));
+                let _ =
+                    writeln!(self.out, "{indent}{lhs}{name} {t}[{acc}] {{pad = {}}}{colon_tys}", format_float(*pad));
             }
             OpKind::Store { axes } => {
                 let t = self.name(op.operands[0]);
@@ -220,7 +234,9 @@ fn attrs_of(kind: &OpKind) -> Vec<String> {
             }
             v
         }
-        MaskApply { terms } => vec![format!("terms = [{}]", terms.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "))],
+        MaskApply { terms } => {
+            vec![format!("terms = [{}]", terms.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "))]
+        }
         MaskBlockFull { terms, bm, bn } | MaskKvRange { terms, bm, bn } => vec![
             format!("terms = [{}]", terms.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")),
             format!("block = [{bm}, {bn}]"),

@@ -30,8 +30,7 @@ pub enum DType {
 }
 
 impl DType {
-    pub const ALL: [DType; 7] =
-        [DType::I1, DType::I32, DType::U32, DType::F16, DType::BF16, DType::F32, DType::F64];
+    pub const ALL: [DType; 7] = [DType::I1, DType::I32, DType::U32, DType::F16, DType::BF16, DType::F32, DType::F64];
 
     pub fn name(self) -> &'static str {
         match self {

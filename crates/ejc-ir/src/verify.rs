@@ -38,11 +38,17 @@ impl fmt::Display for VerifyError {
 impl std::error::Error for VerifyError {}
 
 pub fn verify(kernel: &Kernel) -> Result<(), VerifyError> {
-    let mut v = Verifier { kernel, defined: vec![false; kernel.values.len()], scopes: vec![Vec::new()], path: Vec::new() };
+    let mut v =
+        Verifier { kernel, defined: vec![false; kernel.values.len()], scopes: vec![Vec::new()], path: Vec::new() };
     for p in &kernel.params {
         v.define(p.value, &format!("parameter %{}", p.name))?;
         if kernel.ty(p.value) != &p.ty {
-            return Err(v.err(format!("parameter %{} has type {} but its value has {}", p.name, p.ty, kernel.ty(p.value))));
+            return Err(v.err(format!(
+                "parameter %{} has type {} but its value has {}",
+                p.name,
+                p.ty,
+                kernel.ty(p.value)
+            )));
         }
         if p.ty.is_tile() {
             return Err(v.err(format!("parameter %{} is a tile; parameters are tensors or scalars", p.name)));
@@ -75,7 +81,9 @@ impl<'k> Verifier<'k> {
             return Err(self.err(format!("{what} uses value #{} with no type entry", v.0)));
         }
         if self.defined[v.index()] {
-            return Err(self.err(format!("{what} redefines a value that is already defined (SSA values are defined once)")));
+            return Err(
+                self.err(format!("{what} redefines a value that is already defined (SSA values are defined once)"))
+            );
         }
         self.defined[v.index()] = true;
         self.scopes.last_mut().expect("a scope is open").push(v);
@@ -100,7 +108,11 @@ impl<'k> Verifier<'k> {
                         self.uses(op)?;
                         let got: Vec<Type> = op.operands.iter().map(|v| self.ty(*v).clone()).collect();
                         if got.as_slice() != want {
-                            return Err(self.err(format!("yields ({}) but the region must yield ({})", list(&got), list(want))));
+                            return Err(self.err(format!(
+                                "yields ({}) but the region must yield ({})",
+                                list(&got),
+                                list(want)
+                            )));
                         }
                     }
                 }
@@ -118,7 +130,8 @@ impl<'k> Verifier<'k> {
     fn uses(&self, op: &Op) -> Result<(), VerifyError> {
         for (i, v) in op.operands.iter().enumerate() {
             if v.index() >= self.defined.len() || !self.defined[v.index()] {
-                return Err(self.err(format!("operand {i} is used before it is defined (or outside the region that defines it)")));
+                return Err(self
+                    .err(format!("operand {i} is used before it is defined (or outside the region that defines it)")));
             }
         }
         Ok(())
@@ -151,7 +164,9 @@ impl<'k> Verifier<'k> {
         match &op.kind {
             OpKind::For => {
                 if op.operands.len() < 3 {
-                    return Err(self.err(format!("expects at least 3 operands (lo, hi, step), got {}", op.operands.len())));
+                    return Err(
+                        self.err(format!("expects at least 3 operands (lo, hi, step), got {}", op.operands.len()))
+                    );
                 }
                 for (i, name) in ["lower bound", "upper bound", "step"].iter().enumerate() {
                     let t = self.ty(op.operands[i]);

@@ -144,7 +144,11 @@ fn causal_blocks_are_skipped_and_only_partial_blocks_masked() {
 fn sliding_window_skips_blocks_on_both_sides() {
     // Window (16, 0) with causal on 64 x 64 and 16 x 16 blocks: each query block sees
     // its diagonal block and the one before it.
-    let f = Features { causal: true, sliding_window: Some(ejc_ir::spec::Window::Fixed { left: 16, right: 0 }), ..Default::default() };
+    let f = Features {
+        causal: true,
+        sliding_window: Some(ejc_ir::spec::Window::Fixed { left: 16, right: 0 }),
+        ..Default::default()
+    };
     let opt = run_pipeline(&build_flash_kernel("w", &f, DType::F32, 64, 16, 16).unwrap(), &default_pipeline()).unwrap();
     let shape = FlashShape::parse("1,64,64,1,1,64").unwrap();
     let inputs = random_inputs(&f, DType::F32, &shape, 5);

@@ -13,22 +13,8 @@ use ejc_ir::spec::{Features, SoftCap, Window};
 use ejc_ir::tensor::{compare, HostTensor};
 use ejc_ir::types::DType;
 
-fn shape(
-    batch: usize,
-    seq_q: usize,
-    seq_k: usize,
-    heads_q: usize,
-    heads_kv: usize,
-    head_dim: usize,
-) -> FlashShape {
-    FlashShape {
-        batch,
-        seq_q,
-        seq_k,
-        heads_q,
-        heads_kv,
-        head_dim,
-    }
+fn shape(batch: usize, seq_q: usize, seq_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> FlashShape {
+    FlashShape { batch, seq_q, seq_k, heads_q, heads_kv, head_dim }
 }
 
 fn run(features: &Features, rt: &FlashRuntime, x: &FlashInputs) -> FlashOutputs {
@@ -70,13 +56,7 @@ fn only_qkv(q: HostTensor, k: HostTensor, v: HostTensor) -> FlashInputs {
 }
 
 fn plain_runtime(scale: f64) -> FlashRuntime {
-    FlashRuntime {
-        softmax_scale: scale,
-        window: (0, 0),
-        softcap: 1.0,
-        dropout_p: 0.0,
-        seed: 0,
-    }
+    FlashRuntime { softmax_scale: scale, window: (0, 0), softcap: 1.0, dropout_p: 0.0, seed: 0 }
 }
 
 /// `x` with v replaced by unit vectors (D = Sk, one KV head), so `out[b, i, h, j]` is
@@ -110,16 +90,10 @@ fn tiny() -> FlashInputs {
 fn assert_row(y: &FlashOutputs, i: usize, out: [f64; 2], lse: f64) {
     for (d, want) in out.iter().enumerate() {
         let got = y.out.get(&[0, i, 0, d]);
-        assert!(
-            (got - want).abs() < 1e-12,
-            "out[{i}][{d}] = {got}, expected {want}"
-        );
+        assert!((got - want).abs() < 1e-12, "out[{i}][{d}] = {got}, expected {want}");
     }
     let got = y.lse.get(&[0, 0, i]);
-    assert!(
-        (got - lse).abs() < 1e-12,
-        "lse[{i}] = {got}, expected {lse}"
-    );
+    assert!((got - lse).abs() < 1e-12, "lse[{i}] = {got}, expected {lse}");
 }
 
 #[test]
@@ -144,17 +118,9 @@ fn hand_computed_tiny_case() {
 fn hand_computed_causal_is_bottom_right_aligned() {
     // Sq=2, Sk=3: query i sees keys j <= i + 1, so row 0 sees keys 0 and 1 only.
     let e = std::f64::consts::E;
-    let causal = Features {
-        causal: true,
-        ..Features::default()
-    };
+    let causal = Features { causal: true, ..Features::default() };
     let y = run(&causal, &plain_runtime(1.0), &tiny());
-    assert_row(
-        &y,
-        0,
-        [(e + 3.0) / (e + 1.0), (2.0 * e + 4.0) / (e + 1.0)],
-        (e + 1.0).ln(),
-    );
+    assert_row(&y, 0, [(e + 3.0) / (e + 1.0), (2.0 * e + 4.0) / (e + 1.0)], (e + 1.0).ln());
     let z = 2.0 * e + 1.0;
     assert_row(&y, 1, [(1.0 + 8.0 * e) / z, (2.0 + 10.0 * e) / z], z.ln());
 }
@@ -163,28 +129,16 @@ fn hand_computed_causal_is_bottom_right_aligned() {
 fn hand_computed_sink_joins_the_denominator_once() {
     // One sink of logit 0 adds exp(0) = 1 to Z and nothing to the numerator.
     let e = std::f64::consts::E;
-    let features = Features {
-        sinks: true,
-        ..Features::default()
-    };
-    let x = FlashInputs {
-        sinks: Some(tensor(DType::F32, &[1, 1], &[0.0])),
-        ..tiny()
-    };
+    let features = Features { sinks: true, ..Features::default() };
+    let x = FlashInputs { sinks: Some(tensor(DType::F32, &[1, 1], &[0.0])), ..tiny() };
     let y = run(&features, &plain_runtime(1.0), &x);
     let z = 2.0 * e + 2.0;
     assert_row(&y, 0, [(6.0 * e + 3.0) / z, (8.0 * e + 4.0) / z], z.ln());
 
     // Sinks are neither scaled nor soft-capped: with scale 0.5 and cap 1, row 0's
     // logits become tanh(0.5), 0, tanh(0.5) while a sink of 3 stays 3.
-    let capped = Features {
-        logits_soft_cap: Some(SoftCap::Fixed(1.0)),
-        ..features
-    };
-    let x = FlashInputs {
-        sinks: Some(tensor(DType::F32, &[1, 1], &[3.0])),
-        ..x
-    };
+    let capped = Features { logits_soft_cap: Some(SoftCap::Fixed(1.0)), ..features };
+    let x = FlashInputs { sinks: Some(tensor(DType::F32, &[1, 1], &[3.0])), ..x };
     let y = run(&capped, &plain_runtime(0.5), &x);
     let a = 0.5f64.tanh().exp();
     let z = 2.0 * a + 1.0 + 3f64.exp();
@@ -195,37 +149,18 @@ fn hand_computed_sink_joins_the_denominator_once() {
 fn hand_computed_bias_and_soft_cap() {
     // Row 0 logits [1, 0, 1] + bias [0, 1, -1] = [1, 1, 0], then capped at c = 2:
     // 2 tanh(1/2) for the first two, 0 for the last.
-    let features = Features {
-        bias: true,
-        logits_soft_cap: Some(SoftCap::Fixed(2.0)),
-        ..Features::default()
-    };
-    let x = FlashInputs {
-        bias: Some(tensor(
-            DType::F32,
-            &[1, 1, 2, 3],
-            &[0., 1., -1., 0., 0., 0.],
-        )),
-        ..tiny()
-    };
+    let features = Features { bias: true, logits_soft_cap: Some(SoftCap::Fixed(2.0)), ..Features::default() };
+    let x = FlashInputs { bias: Some(tensor(DType::F32, &[1, 1, 2, 3], &[0., 1., -1., 0., 0., 0.])), ..tiny() };
     let y = run(&features, &plain_runtime(1.0), &x);
     let a = (2.0 * 0.5f64.tanh()).exp();
     let z = 2.0 * a + 1.0;
-    assert_row(
-        &y,
-        0,
-        [(a * 1.0 + a * 3.0 + 5.0) / z, (a * 2.0 + a * 4.0 + 6.0) / z],
-        z.ln(),
-    );
+    assert_row(&y, 0, [(a * 1.0 + a * 3.0 + 5.0) / z, (a * 2.0 + a * 4.0 + 6.0) / z], z.ln());
 }
 
 #[test]
 fn lse_matches_direct_logsumexp() {
     let s = shape(2, 5, 7, 4, 2, 8);
-    let features = Features {
-        bias: true,
-        ..Features::default()
-    };
+    let features = Features { bias: true, ..Features::default() };
     let x = random_inputs(&features, DType::F32, &s, 11);
     let rt = default_runtime(&features, &s, 11);
     let y = run(&features, &rt, &x);
@@ -236,18 +171,14 @@ fn lse_matches_direct_logsumexp() {
             for i in 0..s.seq_q {
                 let logits: Vec<f64> = (0..s.seq_k)
                     .map(|j| {
-                        let dot: f64 = (0..s.head_dim)
-                            .map(|d| x.q.get(&[b, i, h, d]) * x.k.get(&[b, j, h / 2, d]))
-                            .sum();
+                        let dot: f64 =
+                            (0..s.head_dim).map(|d| x.q.get(&[b, i, h, d]) * x.k.get(&[b, j, h / 2, d])).sum();
                         scale * dot + bias.get(&[b, h, i, j])
                     })
                     .collect();
                 let want = logits.iter().map(|s| s.exp()).sum::<f64>().ln();
                 let got = y.lse.get(&[b, h, i]);
-                assert!(
-                    (got - want).abs() < 1e-12,
-                    "lse[{b},{h},{i}] = {got}, expected {want}"
-                );
+                assert!((got - want).abs() < 1e-12, "lse[{b},{h},{i}] = {got}, expected {want}");
             }
         }
     }
@@ -259,16 +190,10 @@ fn lse_matches_direct_logsumexp() {
 fn huge_soft_cap_matches_no_cap() {
     let s = shape(2, 5, 7, 2, 1, 8);
     let x = random_inputs(&Features::default(), DType::F32, &s, 3);
-    let rt = FlashRuntime {
-        softcap: 1e9,
-        ..default_runtime(&Features::default(), &s, 3)
-    };
+    let rt = FlashRuntime { softcap: 1e9, ..default_runtime(&Features::default(), &s, 3) };
     let plain = run(&Features::default(), &rt, &x);
     for cap in [SoftCap::Fixed(1e9), SoftCap::Runtime] {
-        let capped = Features {
-            logits_soft_cap: Some(cap),
-            ..Features::default()
-        };
+        let capped = Features { logits_soft_cap: Some(cap), ..Features::default() };
         let d = max_diff(&run(&capped, &rt, &x), &plain);
         assert!(d < 1e-6, "{cap:?}: max diff {d}");
     }
@@ -278,10 +203,7 @@ fn huge_soft_cap_matches_no_cap() {
 fn soft_cap_bounds_every_logit() {
     // |s| <= c, so ln(n) - c <= lse <= ln(n) + c for a row of n visible keys.
     let s = shape(1, 6, 9, 2, 2, 16);
-    let features = Features {
-        logits_soft_cap: Some(SoftCap::Fixed(0.25)),
-        ..Features::default()
-    };
+    let features = Features { logits_soft_cap: Some(SoftCap::Fixed(0.25)), ..Features::default() };
     let mut x = random_inputs(&features, DType::F32, &s, 5);
     // Large q makes the uncapped logits far larger than the cap.
     x.q.data.iter_mut().for_each(|q| *q *= 50.0);
@@ -295,21 +217,10 @@ fn soft_cap_bounds_every_logit() {
 #[test]
 fn scale_and_soft_cap_are_used_as_f32() {
     let s = shape(1, 4, 6, 2, 1, 8);
-    let features = Features {
-        logits_soft_cap: Some(SoftCap::Runtime),
-        ..Features::default()
-    };
+    let features = Features { logits_soft_cap: Some(SoftCap::Runtime), ..Features::default() };
     let x = random_inputs(&features, DType::F32, &s, 8);
-    let exact = FlashRuntime {
-        softmax_scale: 0.1,
-        softcap: 0.3,
-        ..default_runtime(&features, &s, 8)
-    };
-    let rounded = FlashRuntime {
-        softmax_scale: 0.1f32 as f64,
-        softcap: 0.3f32 as f64,
-        ..exact
-    };
+    let exact = FlashRuntime { softmax_scale: 0.1, softcap: 0.3, ..default_runtime(&features, &s, 8) };
+    let rounded = FlashRuntime { softmax_scale: 0.1f32 as f64, softcap: 0.3f32 as f64, ..exact };
     assert_identical(&run(&features, &exact, &x), &run(&features, &rounded, &x));
 }
 
@@ -317,27 +228,12 @@ fn scale_and_soft_cap_are_used_as_f32() {
 fn window_wider_than_sequence_is_no_window() {
     let s = shape(2, 6, 9, 2, 1, 8);
     let x = random_inputs(&Features::default(), DType::F32, &s, 4);
-    let rt = FlashRuntime {
-        window: (100, 100),
-        ..default_runtime(&Features::default(), &s, 4)
-    };
+    let rt = FlashRuntime { window: (100, 100), ..default_runtime(&Features::default(), &s, 4) };
     for causal in [false, true] {
-        let base = Features {
-            causal,
-            ..Features::default()
-        };
+        let base = Features { causal, ..Features::default() };
         let expected = run(&base, &rt, &x);
-        for window in [
-            Window::Runtime,
-            Window::Fixed {
-                left: 100,
-                right: 100,
-            },
-        ] {
-            let windowed = Features {
-                sliding_window: Some(window),
-                ..base.clone()
-            };
+        for window in [Window::Runtime, Window::Fixed { left: 100, right: 100 }] {
+            let windowed = Features { sliding_window: Some(window), ..base.clone() };
             assert_identical(&run(&windowed, &rt, &x), &expected);
         }
     }
@@ -348,18 +244,9 @@ fn causal_equals_window_unbounded_left_zero_right() {
     for (sq, sk) in [(6, 6), (4, 9), (9, 4)] {
         let s = shape(2, sq, sk, 2, 1, 8);
         let x = random_inputs(&Features::default(), DType::F32, &s, 9);
-        let rt = FlashRuntime {
-            window: ((sq + sk) as i64, 0),
-            ..default_runtime(&Features::default(), &s, 9)
-        };
-        let causal = Features {
-            causal: true,
-            ..Features::default()
-        };
-        let window = Features {
-            sliding_window: Some(Window::Runtime),
-            ..Features::default()
-        };
+        let rt = FlashRuntime { window: ((sq + sk) as i64, 0), ..default_runtime(&Features::default(), &s, 9) };
+        let causal = Features { causal: true, ..Features::default() };
+        let window = Features { sliding_window: Some(Window::Runtime), ..Features::default() };
         assert_identical(&run(&causal, &rt, &x), &run(&window, &rt, &x));
     }
 }
@@ -368,18 +255,9 @@ fn causal_equals_window_unbounded_left_zero_right() {
 fn fixed_window_equals_runtime_window() {
     let s = shape(1, 7, 7, 2, 2, 8);
     let x = random_inputs(&Features::default(), DType::F32, &s, 21);
-    let rt = FlashRuntime {
-        window: (2, 1),
-        ..default_runtime(&Features::default(), &s, 21)
-    };
-    let fixed = Features {
-        sliding_window: Some(Window::Fixed { left: 2, right: 1 }),
-        ..Features::default()
-    };
-    let runtime = Features {
-        sliding_window: Some(Window::Runtime),
-        ..Features::default()
-    };
+    let rt = FlashRuntime { window: (2, 1), ..default_runtime(&Features::default(), &s, 21) };
+    let fixed = Features { sliding_window: Some(Window::Fixed { left: 2, right: 1 }), ..Features::default() };
+    let runtime = Features { sliding_window: Some(Window::Runtime), ..Features::default() };
     assert_identical(&run(&fixed, &rt, &x), &run(&runtime, &rt, &x));
 }
 
@@ -387,16 +265,9 @@ fn fixed_window_equals_runtime_window() {
 fn window_is_inclusive_and_bottom_right_aligned() {
     // Sq=4, Sk=7: shift 3, so row i is centred on key i + 3.
     let s = shape(1, 4, 7, 1, 1, 7);
-    let rt = FlashRuntime {
-        window: (1, 2),
-        ..default_runtime(&Features::default(), &s, 2)
-    };
+    let rt = FlashRuntime { window: (1, 2), ..default_runtime(&Features::default(), &s, 2) };
     for causal in [false, true] {
-        let features = Features {
-            causal,
-            sliding_window: Some(Window::Runtime),
-            ..Features::default()
-        };
+        let features = Features { causal, sliding_window: Some(Window::Runtime), ..Features::default() };
         let x = with_identity_v(&random_inputs(&features, DType::F32, &s, 2));
         let y = run(&features, &rt, &x);
         for i in 0..4i64 {
@@ -436,39 +307,26 @@ fn gqa_equals_mha_with_repeated_kv() {
         }
         r
     };
-    let mha = FlashInputs {
-        k: repeat(&x.k),
-        v: repeat(&x.v),
-        ..x.clone()
-    };
+    let mha = FlashInputs { k: repeat(&x.k), v: repeat(&x.v), ..x.clone() };
     assert_identical(&run(&features, &rt, &x), &run(&features, &rt, &mha));
 }
 
 #[test]
 fn mask_all_true_equals_no_mask() {
     let s = shape(2, 5, 7, 2, 1, 8);
-    let features = Features {
-        mask: true,
-        ..Features::default()
-    };
+    let features = Features { mask: true, ..Features::default() };
     let x = FlashInputs {
         mask: Some(HostTensor::full(DType::I1, &[2, 2, 5, 7], 1.0)),
         ..random_inputs(&features, DType::F32, &s, 13)
     };
     let rt = default_runtime(&features, &s, 13);
-    assert_identical(
-        &run(&features, &rt, &x),
-        &run(&Features::default(), &rt, &x),
-    );
+    assert_identical(&run(&features, &rt, &x), &run(&Features::default(), &rt, &x));
 }
 
 #[test]
 fn mask_selects_exactly_its_true_elements() {
     let s = shape(2, 5, 7, 2, 1, 7);
-    let features = Features {
-        mask: true,
-        ..Features::default()
-    };
+    let features = Features { mask: true, ..Features::default() };
     let x = with_identity_v(&random_inputs(&features, DType::F32, &s, 14));
     let y = run(&features, &default_runtime(&features, &s, 14), &x);
     let mask = x.mask.as_ref().unwrap();
@@ -487,35 +345,23 @@ fn mask_selects_exactly_its_true_elements() {
 #[test]
 fn segment_ids_all_zero_equals_no_segments() {
     let s = shape(2, 5, 7, 2, 1, 8);
-    let features = Features {
-        segment_ids: true,
-        ..Features::default()
-    };
+    let features = Features { segment_ids: true, ..Features::default() };
     let x = FlashInputs {
         q_segment_ids: Some(HostTensor::zeros(DType::I32, &[2, 5])),
         kv_segment_ids: Some(HostTensor::zeros(DType::I32, &[2, 7])),
         ..random_inputs(&features, DType::F32, &s, 15)
     };
     let rt = default_runtime(&features, &s, 15);
-    assert_identical(
-        &run(&features, &rt, &x),
-        &run(&Features::default(), &rt, &x),
-    );
+    assert_identical(&run(&features, &rt, &x), &run(&Features::default(), &rt, &x));
 }
 
 #[test]
 fn segment_ids_attend_within_equal_ids_and_never_for_padding() {
     let s = shape(3, 10, 14, 1, 1, 14);
-    let features = Features {
-        segment_ids: true,
-        ..Features::default()
-    };
+    let features = Features { segment_ids: true, ..Features::default() };
     let x = with_identity_v(&random_inputs(&features, DType::F32, &s, 16));
     let y = run(&features, &default_runtime(&features, &s, 16), &x);
-    let (q_ids, kv_ids) = (
-        x.q_segment_ids.as_ref().unwrap(),
-        x.kv_segment_ids.as_ref().unwrap(),
-    );
+    let (q_ids, kv_ids) = (x.q_segment_ids.as_ref().unwrap(), x.kv_segment_ids.as_ref().unwrap());
     for b in 0..3 {
         for i in 0..10 {
             let id = q_ids.get(&[b, i]);
@@ -542,10 +388,7 @@ fn varlen_equals_each_sequence_run_dense() {
         dropout: true,
         ..Features::default()
     };
-    let dense_features = Features {
-        varlen: false,
-        ..features.clone()
-    };
+    let dense_features = Features { varlen: false, ..features.clone() };
     let x = random_inputs(&features, DType::BF16, &s, 17);
     let rt = default_runtime(&features, &s, 17);
     let y = run(&features, &rt, &x);
@@ -593,20 +436,10 @@ fn varlen_equals_each_sequence_run_dense() {
 #[test]
 fn dropout_zero_equals_no_dropout() {
     let s = shape(2, 5, 7, 2, 1, 8);
-    let features = Features {
-        dropout: true,
-        causal: true,
-        ..Features::default()
-    };
+    let features = Features { dropout: true, causal: true, ..Features::default() };
     let x = random_inputs(&features, DType::F32, &s, 18);
-    let rt = FlashRuntime {
-        dropout_p: 0.0,
-        ..default_runtime(&features, &s, 18)
-    };
-    let no_dropout = Features {
-        dropout: false,
-        ..features.clone()
-    };
+    let rt = FlashRuntime { dropout_p: 0.0, ..default_runtime(&features, &s, 18) };
+    let no_dropout = Features { dropout: false, ..features.clone() };
     assert_identical(&run(&features, &rt, &x), &run(&no_dropout, &rt, &x));
 }
 
@@ -616,16 +449,10 @@ fn dropout_mask_is_philox_and_kept_weights_are_rescaled() {
     // 0 (dropped) or 1 / (Sk (1 - p)) (kept), with p rounded to f32 first.
     // Two query heads share one KV head: dropout is keyed by the query head.
     let s = shape(2, 16, 16, 2, 1, 16);
-    let features = Features {
-        dropout: true,
-        ..Features::default()
-    };
+    let features = Features { dropout: true, ..Features::default() };
     let mut x = with_identity_v(&random_inputs(&features, DType::F32, &s, 19));
     x.q = HostTensor::zeros(DType::F32, &x.q.shape);
-    let rt = FlashRuntime {
-        dropout_p: 0.3,
-        ..default_runtime(&features, &s, 19)
-    };
+    let rt = FlashRuntime { dropout_p: 0.3, ..default_runtime(&features, &s, 19) };
     let y = run(&features, &rt, &x);
     let p = 0.3f32 as f64;
     let kept_weight = (1.0 / 16.0) * (1.0 / (1.0 - p));
@@ -633,14 +460,10 @@ fn dropout_mask_is_philox_and_kept_weights_are_rescaled() {
         for h in 0..2 {
             for i in 0..16 {
                 for j in 0..16 {
-                    let keep =
-                        dropout_uniform(rt.seed, b as u32, h as u32, i as u32, j as u32) >= p;
+                    let keep = dropout_uniform(rt.seed, b as u32, h as u32, i as u32, j as u32) >= p;
                     let want = if keep { kept_weight } else { 0.0 };
                     let got = y.out.get(&[b, i, h, j]);
-                    assert!(
-                        (got - want).abs() < 1e-15,
-                        "[{b},{h},{i},{j}] {got} vs {want}"
-                    );
+                    assert!((got - want).abs() < 1e-15, "[{b},{h},{i},{j}] {got} vs {want}");
                 }
                 // LSE ignores dropout: ln(16 * e^0).
                 assert!((y.lse.get(&[b, h, i]) - 16f64.ln()).abs() < 1e-15);
@@ -653,10 +476,7 @@ fn dropout_mask_is_philox_and_kept_weights_are_rescaled() {
 fn dropout_keeps_about_one_minus_p() {
     // q = 0, v = 1: out_i = (kept keys of row i) / (Sk (1 - p)).
     let s = shape(2, 64, 64, 2, 2, 1);
-    let features = Features {
-        dropout: true,
-        ..Features::default()
-    };
+    let features = Features { dropout: true, ..Features::default() };
     let x = random_inputs(&features, DType::F32, &s, 20);
     let x = FlashInputs {
         q: HostTensor::zeros(DType::F32, &x.q.shape),
@@ -664,52 +484,28 @@ fn dropout_keeps_about_one_minus_p() {
         ..x
     };
     for p in [0.2, 0.5] {
-        let rt = FlashRuntime {
-            dropout_p: p,
-            ..default_runtime(&features, &s, 20)
-        };
+        let rt = FlashRuntime { dropout_p: p, ..default_runtime(&features, &s, 20) };
         let out = run(&features, &rt, &x).out.to_vec();
-        let kept = out
-            .iter()
-            .map(|o| o * (1.0 - (p as f32 as f64)))
-            .sum::<f64>()
-            / out.len() as f64;
+        let kept = out.iter().map(|o| o * (1.0 - (p as f32 as f64))).sum::<f64>() / out.len() as f64;
         // 16384 Bernoulli draws: standard error <= 0.004.
-        assert!(
-            (kept - (1.0 - p)).abs() < 0.02,
-            "p={p}: kept fraction {kept}"
-        );
+        assert!((kept - (1.0 - p)).abs() < 0.02, "p={p}: kept fraction {kept}");
     }
 }
 
 #[test]
 fn shared_sinks_equal_per_head_copies() {
     let s = shape(2, 5, 7, 4, 2, 8);
-    let features = Features {
-        sinks: true,
-        causal: true,
-        ..Features::default()
-    };
+    let features = Features { sinks: true, causal: true, ..Features::default() };
     let x = random_inputs(&features, DType::F32, &s, 22);
     let rt = default_runtime(&features, &s, 22);
     let row = tensor(DType::F32, &[1, 3], &[0.5, -1.0, 2.0]);
     let shared = HostTensor::view(&row, &[4, 3], &[0, 1], 0);
     let copies = tensor(DType::F32, &[4, 3], &[0.5, -1.0, 2.0].repeat(4));
-    let with = |sinks: HostTensor| FlashInputs {
-        sinks: Some(sinks),
-        ..x.clone()
-    };
+    let with = |sinks: HostTensor| FlashInputs { sinks: Some(sinks), ..x.clone() };
     let y = run(&features, &rt, &with(shared));
     assert_identical(&y, &run(&features, &rt, &with(copies)));
     // And the sinks matter: they only ever raise the LSE.
-    let plain = run(
-        &Features {
-            sinks: false,
-            ..features.clone()
-        },
-        &rt,
-        &x,
-    );
+    let plain = run(&Features { sinks: false, ..features.clone() }, &rt, &x);
     for (a, b) in y.lse.to_vec().iter().zip(plain.lse.to_vec()) {
         assert!(*a > b);
     }
@@ -721,10 +517,7 @@ fn shared_sinks_equal_per_head_copies() {
 fn fully_masked_rows_give_zero_and_neg_inf() {
     // Causal with Sq=6 > Sk=3: row i sees j <= i - 3, so rows 0..3 see nothing.
     let s = shape(1, 6, 3, 2, 1, 4);
-    let causal = Features {
-        causal: true,
-        ..Features::default()
-    };
+    let causal = Features { causal: true, ..Features::default() };
     let x = random_inputs(&causal, DType::F32, &s, 23);
     let rt = default_runtime(&causal, &s, 23);
     let y = run(&causal, &rt, &x);
@@ -741,10 +534,7 @@ fn fully_masked_rows_give_zero_and_neg_inf() {
     }
 
     // With sinks an empty row still outputs 0, and its LSE is that of the sinks alone.
-    let with_sinks = Features {
-        sinks: true,
-        ..causal.clone()
-    };
+    let with_sinks = Features { sinks: true, ..causal.clone() };
     let x = random_inputs(&with_sinks, DType::F32, &s, 23);
     let y = run(&with_sinks, &rt, &x);
     let sinks = x.sinks.as_ref().unwrap();
@@ -760,15 +550,11 @@ fn fully_masked_rows_give_zero_and_neg_inf() {
 #[test]
 fn generated_mask_has_an_empty_row_that_yields_neg_inf() {
     let s = shape(2, 8, 8, 3, 1, 4);
-    let features = Features {
-        mask: true,
-        ..Features::default()
-    };
+    let features = Features { mask: true, ..Features::default() };
     let x = random_inputs(&features, DType::F16, &s, 24);
     let y = run(&features, &default_runtime(&features, &s, 24), &x);
-    let empty_rows: Vec<usize> = (0..8)
-        .filter(|&i| (0..3).all(|h| y.lse.get(&[0, h, i]) == f64::NEG_INFINITY))
-        .collect();
+    let empty_rows: Vec<usize> =
+        (0..8).filter(|&i| (0..3).all(|h| y.lse.get(&[0, h, i]) == f64::NEG_INFINITY)).collect();
     assert!(!empty_rows.is_empty(), "no fully masked row in batch 0");
     assert!(y.out.to_vec().iter().all(|o| o.is_finite()));
 }
@@ -786,11 +572,7 @@ fn every_feature_combination_is_nan_free() {
             } else {
                 Window::Fixed { left: 2, right: 0 }
             }),
-            logits_soft_cap: on(2).then_some(if bits % 3 == 0 {
-                SoftCap::Runtime
-            } else {
-                SoftCap::Fixed(3.0)
-            }),
+            logits_soft_cap: on(2).then_some(if bits % 3 == 0 { SoftCap::Runtime } else { SoftCap::Fixed(3.0) }),
             sinks: on(3),
             dropout: on(4),
             bias: on(5),
@@ -798,13 +580,7 @@ fn every_feature_combination_is_nan_free() {
             segment_ids: on(7),
             varlen: false,
         };
-        let varlen = Features {
-            varlen: true,
-            bias: false,
-            mask: false,
-            segment_ids: false,
-            ..features.clone()
-        };
+        let varlen = Features { varlen: true, bias: false, mask: false, segment_ids: false, ..features.clone() };
         for (f, s) in [
             (&features, shape(2, 5, 7, 4, 2, 8)),
             (&features, shape(1, 9, 4, 2, 2, 8)),
@@ -812,19 +588,9 @@ fn every_feature_combination_is_nan_free() {
         ] {
             let seed = u64::from(bits);
             let x = random_inputs(f, DType::BF16, &s, seed);
-            let y = reference(f, &default_runtime(f, &s, seed), &x)
-                .unwrap_or_else(|e| panic!("{f:?} at {s}: {e}"));
-            assert!(
-                y.out.to_vec().iter().all(|o| o.is_finite()),
-                "{f:?} at {s}: out"
-            );
-            assert!(
-                y.lse
-                    .to_vec()
-                    .iter()
-                    .all(|l| !l.is_nan() && *l != f64::INFINITY),
-                "{f:?} at {s}: lse"
-            );
+            let y = reference(f, &default_runtime(f, &s, seed), &x).unwrap_or_else(|e| panic!("{f:?} at {s}: {e}"));
+            assert!(y.out.to_vec().iter().all(|o| o.is_finite()), "{f:?} at {s}: out");
+            assert!(y.lse.to_vec().iter().all(|l| !l.is_nan() && *l != f64::INFINITY), "{f:?} at {s}: lse");
         }
     }
 }
@@ -834,84 +600,46 @@ fn every_feature_combination_is_nan_free() {
 #[test]
 fn random_inputs_exercise_strides_broadcasts_and_padding() {
     let s = shape(2, 20, 30, 4, 2, 8);
-    let all = Features {
-        bias: true,
-        mask: true,
-        segment_ids: true,
-        sinks: true,
-        ..Features::default()
-    };
+    let all = Features { bias: true, mask: true, segment_ids: true, sinks: true, ..Features::default() };
     let x = random_inputs(&all, DType::BF16, &s, 25);
     assert_eq!(x.q.strides, HostTensor::contiguous_strides(&[2, 20, 4, 8]));
     assert_eq!(x.k.shape, vec![2, 30, 2, 8]);
     assert_eq!(x.k.strides, vec![2 * 30 * 8, 8, 30 * 8, 1]);
     assert_eq!(x.v.strides, x.k.strides);
     let bias = x.bias.as_ref().unwrap();
-    assert_eq!(
-        (bias.shape.clone(), bias.strides[0]),
-        (vec![2, 4, 20, 30], 0)
-    );
+    assert_eq!((bias.shape.clone(), bias.strides[0]), (vec![2, 4, 20, 30], 0));
     let mask = x.mask.as_ref().unwrap();
-    assert_eq!(
-        (mask.dtype, mask.shape.clone(), mask.strides[1]),
-        (DType::I1, vec![2, 4, 20, 30], 0)
-    );
+    assert_eq!((mask.dtype, mask.shape.clone(), mask.strides[1]), (DType::I1, vec![2, 4, 20, 30], 0));
     assert_eq!(x.sinks.as_ref().unwrap().shape, vec![4, 3]);
     for t in [&x.q, &x.k, &x.v, bias] {
-        assert!(t
-            .to_vec()
-            .iter()
-            .all(|&v| v != 0.0 && v == DType::BF16.round(v)));
+        assert!(t.to_vec().iter().all(|&v| v != 0.0 && v == DType::BF16.round(v)));
     }
     // Segment ids: 2-3 segments in order, then a padding tail of ~10%.
-    for (ids, len) in [
-        (x.q_segment_ids.as_ref().unwrap(), 20),
-        (x.kv_segment_ids.as_ref().unwrap(), 30),
-    ] {
+    for (ids, len) in [(x.q_segment_ids.as_ref().unwrap(), 20), (x.kv_segment_ids.as_ref().unwrap(), 30)] {
         for b in 0..2 {
             let row: Vec<f64> = (0..len).map(|i| ids.get(&[b, i])).collect();
             let pad = (len as f64 * 0.1).round() as usize;
             assert!(row[len - pad..].iter().all(|&id| id == -1.0), "{row:?}");
-            assert!(
-                row[..len - pad]
-                    .windows(2)
-                    .all(|w| w[0] <= w[1] && w[0] >= 0.0),
-                "{row:?}"
-            );
-            assert!(
-                row[len - pad - 1] >= 1.0,
-                "fewer than two segments: {row:?}"
-            );
+            assert!(row[..len - pad].windows(2).all(|w| w[0] <= w[1] && w[0] >= 0.0), "{row:?}");
+            assert!(row[len - pad - 1] >= 1.0, "fewer than two segments: {row:?}");
         }
     }
     // Deterministic in the seed.
     let again = random_inputs(&all, DType::BF16, &s, 25);
     assert_eq!(again.k.to_vec(), x.k.to_vec());
-    assert_ne!(
-        random_inputs(&all, DType::BF16, &s, 26).k.to_vec(),
-        x.k.to_vec()
-    );
+    assert_ne!(random_inputs(&all, DType::BF16, &s, 26).k.to_vec(), x.k.to_vec());
 }
 
 #[test]
 fn random_varlen_inputs_pack_uneven_sequences() {
     let s = shape(5, 12, 20, 2, 1, 8);
-    let features = Features {
-        varlen: true,
-        ..Features::default()
-    };
+    let features = Features { varlen: true, ..Features::default() };
     let x = random_inputs(&features, DType::F16, &s, 27);
     let cu_q = x.cu_seqlens_q.as_ref().unwrap().to_vec();
     let cu_k = x.cu_seqlens_k.as_ref().unwrap().to_vec();
-    assert_eq!(
-        (cu_q.len(), cu_q[0], cu_q[1], cu_k[1]),
-        (6, 0.0, 12.0, 20.0)
-    );
+    assert_eq!((cu_q.len(), cu_q[0], cu_q[1], cu_k[1]), (6, 0.0, 12.0, 20.0));
     for (cu, max) in [(&cu_q, 12.0), (&cu_k, 20.0)] {
-        assert!(
-            cu.windows(2).all(|w| (1.0..=max).contains(&(w[1] - w[0]))),
-            "{cu:?}"
-        );
+        assert!(cu.windows(2).all(|w| (1.0..=max).contains(&(w[1] - w[0]))), "{cu:?}");
     }
     assert_eq!(x.q.shape, vec![1, cu_q[5] as usize, 2, 8]);
     assert_eq!(x.k.shape, vec![1, cu_k[5] as usize, 1, 8]);
@@ -926,10 +654,7 @@ fn default_runtime_values() {
     assert_eq!(rt.softmax_scale, 0.125);
     assert_eq!((rt.window, rt.softcap, rt.dropout_p), ((10, 6), 5.0, 0.2));
     assert_ne!(rt.seed, 1);
-    assert_eq!(
-        default_runtime(&Features::default(), &shape(1, 1, 2, 1, 1, 4), 1).window,
-        (1, 1)
-    );
+    assert_eq!(default_runtime(&Features::default(), &shape(1, 1, 2, 1, 1, 4), 1).window, (1, 1));
     let fixed = Features {
         sliding_window: Some(Window::Fixed { left: 3, right: 0 }),
         logits_soft_cap: Some(SoftCap::Fixed(30.0)),
@@ -944,10 +669,7 @@ fn default_runtime_values() {
 fn expect_err(features: &Features, rt: &FlashRuntime, x: &FlashInputs, needle: &str) {
     match reference(features, rt, x) {
         Ok(_) => panic!("expected an error mentioning `{needle}`"),
-        Err(e) => assert!(
-            e.contains(needle),
-            "error `{e}` does not mention `{needle}`"
-        ),
+        Err(e) => assert!(e.contains(needle), "error `{e}` does not mention `{needle}`"),
     }
 }
 
@@ -958,52 +680,11 @@ fn inconsistent_shapes_are_errors() {
     let x = random_inputs(&f, DType::F32, &shape(1, 4, 5, 3, 3, 8), 30);
     // 3 query heads over 2 KV heads.
     let two_kv = random_inputs(&f, DType::F32, &shape(1, 4, 5, 2, 2, 8), 30);
-    expect_err(
-        &f,
-        &rt,
-        &FlashInputs {
-            k: two_kv.k.clone(),
-            v: two_kv.v.clone(),
-            ..x.clone()
-        },
-        "multiple of heads_kv",
-    );
-    expect_err(
-        &f,
-        &rt,
-        &FlashInputs {
-            v: two_kv.v,
-            ..x.clone()
-        },
-        "v has shape",
-    );
-    expect_err(
-        &f,
-        &rt,
-        &FlashInputs {
-            q: HostTensor::zeros(DType::F32, &[4, 3, 8]),
-            ..x.clone()
-        },
-        "rank 4",
-    );
-    expect_err(
-        &f,
-        &rt,
-        &FlashInputs {
-            q: HostTensor::zeros(DType::F32, &[1, 4, 3, 6]),
-            ..x.clone()
-        },
-        "head_dim",
-    );
-    expect_err(
-        &f,
-        &rt,
-        &FlashInputs {
-            q: HostTensor::zeros(DType::F32, &[2, 4, 3, 8]),
-            ..x.clone()
-        },
-        "batch",
-    );
+    expect_err(&f, &rt, &FlashInputs { k: two_kv.k.clone(), v: two_kv.v.clone(), ..x.clone() }, "multiple of heads_kv");
+    expect_err(&f, &rt, &FlashInputs { v: two_kv.v, ..x.clone() }, "v has shape");
+    expect_err(&f, &rt, &FlashInputs { q: HostTensor::zeros(DType::F32, &[4, 3, 8]), ..x.clone() }, "rank 4");
+    expect_err(&f, &rt, &FlashInputs { q: HostTensor::zeros(DType::F32, &[1, 4, 3, 6]), ..x.clone() }, "head_dim");
+    expect_err(&f, &rt, &FlashInputs { q: HostTensor::zeros(DType::F32, &[2, 4, 3, 8]), ..x.clone() }, "batch");
     let mut escaped = x.clone();
     escaped.k.offset = 1_000_000;
     expect_err(&f, &rt, &escaped, "outside");
@@ -1014,78 +695,33 @@ fn missing_or_misshapen_feature_tensors_are_errors() {
     let rt = plain_runtime(1.0);
     let s = shape(1, 4, 5, 2, 1, 8);
     for (features, needle) in [
-        (
-            Features {
-                bias: true,
-                ..Features::default()
-            },
-            "`bias` tensor",
-        ),
-        (
-            Features {
-                mask: true,
-                ..Features::default()
-            },
-            "`mask` tensor",
-        ),
-        (
-            Features {
-                segment_ids: true,
-                ..Features::default()
-            },
-            "q_segment_ids",
-        ),
-        (
-            Features {
-                sinks: true,
-                ..Features::default()
-            },
-            "`sinks` tensor",
-        ),
-        (
-            Features {
-                varlen: true,
-                ..Features::default()
-            },
-            "cu_seqlens_q",
-        ),
+        (Features { bias: true, ..Features::default() }, "`bias` tensor"),
+        (Features { mask: true, ..Features::default() }, "`mask` tensor"),
+        (Features { segment_ids: true, ..Features::default() }, "q_segment_ids"),
+        (Features { sinks: true, ..Features::default() }, "`sinks` tensor"),
+        (Features { varlen: true, ..Features::default() }, "cu_seqlens_q"),
     ] {
         let x = random_inputs(&Features::default(), DType::F32, &s, 31);
         expect_err(&features, &rt, &x, needle);
     }
-    let bias = Features {
-        bias: true,
-        ..Features::default()
-    };
+    let bias = Features { bias: true, ..Features::default() };
     let x = FlashInputs {
         bias: Some(HostTensor::zeros(DType::F32, &[1, 1, 4, 5])),
         ..random_inputs(&bias, DType::F32, &s, 31)
     };
     expect_err(&bias, &rt, &x, "bias has shape");
-    let sinks = Features {
-        sinks: true,
-        ..Features::default()
-    };
-    let x = FlashInputs {
-        sinks: Some(HostTensor::zeros(DType::F32, &[3])),
-        ..random_inputs(&sinks, DType::F32, &s, 31)
-    };
+    let sinks = Features { sinks: true, ..Features::default() };
+    let x =
+        FlashInputs { sinks: Some(HostTensor::zeros(DType::F32, &[3])), ..random_inputs(&sinks, DType::F32, &s, 31) };
     expect_err(&sinks, &rt, &x, "sinks has shape");
-    let varlen_bias = Features {
-        varlen: true,
-        bias: true,
-        ..Features::default()
-    };
+    let varlen_bias = Features { varlen: true, bias: true, ..Features::default() };
     let x = random_inputs(&varlen_bias, DType::F32, &s, 31);
     expect_err(&varlen_bias, &rt, &x, "varlen cannot be combined");
 }
 
 #[test]
 fn bad_cu_seqlens_are_errors() {
-    let features = Features {
-        varlen: true,
-        ..Features::default()
-    };
+    let features = Features { varlen: true, ..Features::default() };
     let rt = plain_runtime(1.0);
     let x = random_inputs(&features, DType::F32, &shape(2, 4, 4, 1, 1, 8), 32);
     let total_q = x.q.shape[1] as f64;
@@ -1097,16 +733,10 @@ fn bad_cu_seqlens_are_errors() {
         (vec![0.0, total_q], "entries"),
         (vec![], "[B + 1]"),
     ] {
-        let y = FlashInputs {
-            cu_seqlens_q: cu(&bad),
-            ..x.clone()
-        };
+        let y = FlashInputs { cu_seqlens_q: cu(&bad), ..x.clone() };
         expect_err(&features, &rt, &y, needle);
     }
-    let fractional = FlashInputs {
-        cu_seqlens_q: Some(tensor(DType::F32, &[3], &[0.0, 1.5, 2.0])),
-        ..x.clone()
-    };
+    let fractional = FlashInputs { cu_seqlens_q: Some(tensor(DType::F32, &[3], &[0.0, 1.5, 2.0])), ..x.clone() };
     expect_err(&features, &rt, &fractional, "not an integer");
 }
 
@@ -1115,58 +745,22 @@ fn bad_runtime_scalars_are_errors() {
     let s = shape(1, 4, 5, 2, 1, 8);
     let x = random_inputs(&Features::default(), DType::F32, &s, 33);
     let rt = default_runtime(&Features::default(), &s, 33);
-    let dropout = Features {
-        dropout: true,
-        ..Features::default()
-    };
+    let dropout = Features { dropout: true, ..Features::default() };
     for p in [1.0, -0.1, 0.999_999_999, f64::NAN] {
-        expect_err(
-            &dropout,
-            &FlashRuntime { dropout_p: p, ..rt },
-            &x,
-            "dropout_p",
-        );
+        expect_err(&dropout, &FlashRuntime { dropout_p: p, ..rt }, &x, "dropout_p");
     }
-    let window = Features {
-        sliding_window: Some(Window::Runtime),
-        ..Features::default()
-    };
+    let window = Features { sliding_window: Some(Window::Runtime), ..Features::default() };
     for w in [(-1, 0), (0, -3)] {
         expect_err(&window, &FlashRuntime { window: w, ..rt }, &x, "negative");
     }
     // A window as wide as i64 allows is legal and means "no window".
-    let huge = FlashRuntime {
-        window: (i64::MAX, i64::MAX),
-        ..rt
-    };
-    assert_identical(
-        &run(&window, &huge, &x),
-        &run(&Features::default(), &huge, &x),
-    );
-    let runtime_cap = Features {
-        logits_soft_cap: Some(SoftCap::Runtime),
-        ..Features::default()
-    };
+    let huge = FlashRuntime { window: (i64::MAX, i64::MAX), ..rt };
+    assert_identical(&run(&window, &huge, &x), &run(&Features::default(), &huge, &x));
+    let runtime_cap = Features { logits_soft_cap: Some(SoftCap::Runtime), ..Features::default() };
     for c in [0.0, -1.0, f64::INFINITY, f64::NAN, 1e-50, 1e39] {
-        expect_err(
-            &runtime_cap,
-            &FlashRuntime { softcap: c, ..rt },
-            &x,
-            "soft cap",
-        );
+        expect_err(&runtime_cap, &FlashRuntime { softcap: c, ..rt }, &x, "soft cap");
     }
-    let fixed_cap = Features {
-        logits_soft_cap: Some(SoftCap::Fixed(0.0)),
-        ..Features::default()
-    };
+    let fixed_cap = Features { logits_soft_cap: Some(SoftCap::Fixed(0.0)), ..Features::default() };
     expect_err(&fixed_cap, &rt, &x, "soft cap");
-    expect_err(
-        &Features::default(),
-        &FlashRuntime {
-            softmax_scale: f64::NAN,
-            ..rt
-        },
-        &x,
-        "softmax_scale",
-    );
+    expect_err(&Features::default(), &FlashRuntime { softmax_scale: f64::NAN, ..rt }, &x, "softmax_scale");
 }

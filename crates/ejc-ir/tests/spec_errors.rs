@@ -19,13 +19,7 @@ fn fixtures() -> Vec<String> {
     let dir = Path::new(REPO).join("tests/specs/broken");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
-        .map(|entry| {
-            entry
-                .expect("directory entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
+        .map(|entry| entry.expect("directory entry").file_name().to_string_lossy().into_owned())
         .filter(|name| name.ends_with(".yaml"))
         .map(|name| format!("tests/specs/broken/{name}"))
         .collect();
@@ -40,10 +34,7 @@ fn repo_path(relative: &str) -> PathBuf {
 #[test]
 fn broken_specs_fail_with_the_snapshotted_diagnostics() {
     let fixtures = fixtures();
-    assert!(
-        fixtures.len() >= 20,
-        "expected the broken fixtures, found {fixtures:?}"
-    );
+    assert!(fixtures.len() >= 20, "expected the broken fixtures, found {fixtures:?}");
     for relative in fixtures {
         let bytes = std::fs::read(repo_path(&relative)).expect("fixture readable");
         let text = String::from_utf8(bytes).expect("fixtures are UTF-8");
@@ -51,13 +42,8 @@ fn broken_specs_fail_with_the_snapshotted_diagnostics() {
             Ok(_) => panic!("{relative} loaded, but every broken fixture must fail"),
             Err(err) => err,
         };
-        assert!(
-            !err.diagnostics.is_empty(),
-            "{relative}: an error with no diagnostics"
-        );
-        let stem = relative
-            .trim_start_matches("tests/specs/broken/")
-            .trim_end_matches(".yaml");
+        assert!(!err.diagnostics.is_empty(), "{relative}: an error with no diagnostics");
+        let stem = relative.trim_start_matches("tests/specs/broken/").trim_end_matches(".yaml");
         let name = format!("spec_error__{stem}");
         insta::with_settings!({
             snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"),
@@ -106,16 +92,10 @@ fn the_flash_spec_loads() {
         ]
     );
     assert_eq!(spec.hash.len(), 64);
-    assert!(spec
-        .hash
-        .bytes()
-        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    assert!(spec.hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
 
     let gemma2 = spec.variant("gemma2").expect("gemma2");
-    assert!(gemma2
-        .description
-        .as_deref()
-        .is_some_and(|d| d.starts_with("Gemma-2")));
+    assert!(gemma2.description.as_deref().is_some_and(|d| d.starts_with("Gemma-2")));
     let f = &gemma2.features;
     assert!(f.causal);
     assert_eq!(f.sliding_window, Some(Window::Runtime));
@@ -124,24 +104,12 @@ fn the_flash_spec_loads() {
 
     let gpt_oss = &spec.variant("gpt_oss").expect("gpt_oss").features;
     assert!(gpt_oss.causal && gpt_oss.sinks);
-    assert_eq!(
-        gpt_oss.sliding_window,
-        Some(Window::Fixed {
-            left: 128,
-            right: 0
-        })
-    );
+    assert_eq!(gpt_oss.sliding_window, Some(Window::Fixed { left: 128, right: 0 }));
     assert_eq!(gpt_oss.logits_soft_cap, None);
     assert!(!gpt_oss.bias && !gpt_oss.mask && !gpt_oss.varlen && !gpt_oss.dropout);
 
-    assert_eq!(
-        spec.variant("full").expect("full").features,
-        Default::default()
-    );
-    let varlen_causal = &spec
-        .variant("varlen_causal")
-        .expect("varlen_causal")
-        .features;
+    assert_eq!(spec.variant("full").expect("full").features, Default::default());
+    let varlen_causal = &spec.variant("varlen_causal").expect("varlen_causal").features;
     assert!(varlen_causal.varlen && varlen_causal.causal);
 }
 
@@ -156,13 +124,7 @@ fn the_documented_example_loads() {
     let spec = load_str("docs/spec.md", example).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(spec.variants.len(), 5);
     let gpt_oss = &spec.variant("gpt_oss").expect("gpt_oss").features;
-    assert_eq!(
-        gpt_oss.sliding_window,
-        Some(Window::Fixed {
-            left: 128,
-            right: 0
-        })
-    );
+    assert_eq!(gpt_oss.sliding_window, Some(Window::Fixed { left: 128, right: 0 }));
 }
 
 #[test]
@@ -295,10 +257,7 @@ fn mutate(base: &str, rng: &mut XorShift) -> String {
 /// A `u64` from the environment, for longer fuzzing runs than CI's
 /// (`EJC_FUZZ=100000 EJC_FUZZ_SEED=7 cargo test -p ejc-ir --test spec_errors mutated`).
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 #[test]

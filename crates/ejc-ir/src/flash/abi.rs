@@ -42,7 +42,11 @@ pub fn abi_params(f: &Features, dtype: DType) -> Vec<AbiParam> {
         p("k", t4.clone(), "input: keys [B, Sk, Hkv, D] (varlen: [1, total_k, Hkv, D])"),
         p("v", t4.clone(), "input: values [B, Sk, Hkv, D] (varlen: [1, total_k, Hkv, D])"),
         p("out", t4.clone(), "output: attention output, q's shape"),
-        p("lse", Type::Tensor(DType::F32, 3), "output: log-sum-exp (natural log) [B, Hq, Sq] (varlen: [1, Hq, total_q])"),
+        p(
+            "lse",
+            Type::Tensor(DType::F32, 3),
+            "output: log-sum-exp (natural log) [B, Hq, Sq] (varlen: [1, Hq, total_q])",
+        ),
     ];
     if f.varlen {
         v.push(p("cu_seqlens_q", Type::Tensor(DType::I32, 1), "input: query prefix sums [num_seqs + 1]"));
@@ -52,14 +56,22 @@ pub fn abi_params(f: &Features, dtype: DType) -> Vec<AbiParam> {
         v.push(p("bias", t4.clone(), "input: additive bias [B, Hq, Sq, Sk] (stride 0 broadcasts)"));
     }
     if f.mask {
-        v.push(p("mask", Type::Tensor(DType::I1, 4), "input: boolean mask, true = attend, [B, Hq, Sq, Sk] (stride 0 broadcasts)"));
+        v.push(p(
+            "mask",
+            Type::Tensor(DType::I1, 4),
+            "input: boolean mask, true = attend, [B, Hq, Sq, Sk] (stride 0 broadcasts)",
+        ));
     }
     if f.segment_ids {
         v.push(p("q_segment_ids", Type::Tensor(DType::I32, 2), "input: query segment ids [B, Sq], -1 = padding"));
         v.push(p("kv_segment_ids", Type::Tensor(DType::I32, 2), "input: key segment ids [B, Sk], -1 = padding"));
     }
     if f.sinks {
-        v.push(p("sinks", Type::Tensor(DType::F32, 2), "input: sink logits [Hq, n_sinks] (stride 0 on axis 0 shares them)"));
+        v.push(p(
+            "sinks",
+            Type::Tensor(DType::F32, 2),
+            "input: sink logits [Hq, n_sinks] (stride 0 on axis 0 shares them)",
+        ));
     }
     v.push(p("softmax_scale", Type::Scalar(DType::F32), "scalar: multiplies q.k (usually 1/sqrt(D))"));
     if f.sliding_window == Some(Window::Runtime) {
@@ -80,7 +92,11 @@ pub fn abi_params(f: &Features, dtype: DType) -> Vec<AbiParam> {
 /// The launch grid: (query blocks, query heads, batch or sequences).
 pub fn grid(f: &Features, block_m: usize) -> [GridExpr; 3] {
     if f.varlen {
-        [GridExpr::cdiv(GridExpr::sym("max_seqlen_q"), block_m as i64), GridExpr::sym("heads_q"), GridExpr::sym("num_seqs")]
+        [
+            GridExpr::cdiv(GridExpr::sym("max_seqlen_q"), block_m as i64),
+            GridExpr::sym("heads_q"),
+            GridExpr::sym("num_seqs"),
+        ]
     } else {
         [GridExpr::cdiv(GridExpr::sym("seq_q"), block_m as i64), GridExpr::sym("heads_q"), GridExpr::sym("batch")]
     }
@@ -132,10 +148,17 @@ pub fn alloc_outputs(inputs: &FlashInputs) -> FlashOutputs {
 }
 
 /// Kernel arguments in `kernel`'s parameter order, matched by name.
-pub fn bind_args(kernel: &Kernel, rt: &FlashRuntime, inputs: &FlashInputs, outputs: &FlashOutputs) -> Result<Vec<Arg>, String> {
+pub fn bind_args(
+    kernel: &Kernel,
+    rt: &FlashRuntime,
+    inputs: &FlashInputs,
+    outputs: &FlashOutputs,
+) -> Result<Vec<Arg>, String> {
     let mut args = Vec::with_capacity(kernel.params.len());
     let need = |t: &Option<HostTensor>, name: &str| -> Result<Arg, String> {
-        t.clone().map(Arg::Tensor).ok_or_else(|| format!("kernel `{}` needs the `{name}` input, which the call did not provide", kernel.name))
+        t.clone()
+            .map(Arg::Tensor)
+            .ok_or_else(|| format!("kernel `{}` needs the `{name}` input, which the call did not provide", kernel.name))
     };
     for param in &kernel.params {
         let arg = match param.name.as_str() {
@@ -158,7 +181,12 @@ pub fn bind_args(kernel: &Kernel, rt: &FlashRuntime, inputs: &FlashInputs, outpu
             "dropout_p" => Arg::Scalar(rt.dropout_p),
             "seed_lo" => Arg::Scalar((rt.seed & 0xffff_ffff) as f64),
             "seed_hi" => Arg::Scalar((rt.seed >> 32) as f64),
-            other => return Err(format!("kernel `{}` has parameter `{other}`, which the flash ABI does not know", kernel.name)),
+            other => {
+                return Err(format!(
+                    "kernel `{}` has parameter `{other}`, which the flash ABI does not know",
+                    kernel.name
+                ))
+            }
         };
         args.push(arg);
     }
@@ -171,7 +199,11 @@ pub fn run_interp(kernel: &Kernel, rt: &FlashRuntime, inputs: &FlashInputs) -> R
 }
 
 /// [`run_interp`], also returning how often each op ran.
-pub fn run_interp_with_stats(kernel: &Kernel, rt: &FlashRuntime, inputs: &FlashInputs) -> Result<(FlashOutputs, Stats), String> {
+pub fn run_interp_with_stats(
+    kernel: &Kernel,
+    rt: &FlashRuntime,
+    inputs: &FlashInputs,
+) -> Result<(FlashOutputs, Stats), String> {
     let outputs = alloc_outputs(inputs);
     let mut args = bind_args(kernel, rt, inputs, &outputs)?;
     let grid = launch_grid(kernel, inputs)?;

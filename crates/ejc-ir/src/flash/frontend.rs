@@ -36,9 +36,22 @@ pub fn kernel_id(spec_name: &str, variant: &str, dtype: DType, head_dim: usize, 
 }
 
 /// Build the tile IR of one kernel of a spec.
-pub fn build_kernel(spec: &Spec, variant: &Variant, dtype: DType, head_dim: usize, schedule: &Schedule) -> Result<Kernel, VerifyError> {
+pub fn build_kernel(
+    spec: &Spec,
+    variant: &Variant,
+    dtype: DType,
+    head_dim: usize,
+    schedule: &Schedule,
+) -> Result<Kernel, VerifyError> {
     let name = kernel_id(&spec.name, &variant.name, dtype, head_dim, schedule.block_m, schedule.block_n);
-    let mut k = build_flash_kernel(&name, &variant.features, dtype, head_dim, schedule.block_m as usize, schedule.block_n as usize)?;
+    let mut k = build_flash_kernel(
+        &name,
+        &variant.features,
+        dtype,
+        head_dim,
+        schedule.block_m as usize,
+        schedule.block_n as usize,
+    )?;
     k.attrs = vec![
         ("op".into(), spec.op.clone()),
         ("variant".into(), variant.name.clone()),
@@ -52,11 +65,25 @@ pub fn build_kernel(spec: &Spec, variant: &Variant, dtype: DType, head_dim: usiz
 
 /// Build a flash forward kernel for any feature combination, dtype, head dim and
 /// tiling (tests use tilings outside the spec's schedule space, e.g. 16 x 16).
-pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usize, block_m: usize, block_n: usize) -> Result<Kernel, VerifyError> {
+pub fn build_flash_kernel(
+    name: &str,
+    f: &Features,
+    dtype: DType,
+    head_dim: usize,
+    block_m: usize,
+    block_n: usize,
+) -> Result<Kernel, VerifyError> {
     let (bm, bn, d) = (block_m, block_n, head_dim);
     let mut b = KernelBuilder::new(name);
-    let params: Vec<(&str, Value)> = abi_params(f, dtype).into_iter().map(|p| (p.name, b.param(p.name, p.ty))).collect();
-    let param = |n: &str| params.iter().find(|(pn, _)| *pn == n).map(|(_, v)| *v).expect("abi_params declares every parameter the body uses");
+    let params: Vec<(&str, Value)> =
+        abi_params(f, dtype).into_iter().map(|p| (p.name, b.param(p.name, p.ty))).collect();
+    let param = |n: &str| {
+        params
+            .iter()
+            .find(|(pn, _)| *pn == n)
+            .map(|(_, v)| *v)
+            .expect("abi_params declares every parameter the body uses")
+    };
     b.set_grid(grid(f, bm));
 
     // ---- program coordinates ----
@@ -93,7 +120,16 @@ pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usiz
     let i0 = b.mul(pid_m, block_m_c); // first query row of the block, local to the sequence
     let q_row0 = b.add(q_start, i0);
 
-    let q_tile = b.load(q, vec![Axis::Index(tensor_batch), Axis::Range { start: q_row0, size: bm, limit: q_end }, Axis::Index(head), Axis::Range { start: c0, size: d, limit: None }], 0.0);
+    let q_tile = b.load(
+        q,
+        vec![
+            Axis::Index(tensor_batch),
+            Axis::Range { start: q_row0, size: bm, limit: q_end },
+            Axis::Index(head),
+            Axis::Range { start: c0, size: d, limit: None },
+        ],
+        0.0,
+    );
 
     // ---- online-softmax state; sinks enter it once, before any key ----
     let mut m_i = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
@@ -145,7 +181,11 @@ pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usiz
     // Loop invariants of the data-dependent masks and of dropout.
     let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
     let q_seg = if f.segment_ids {
-        let ids = b.load(param("q_segment_ids"), vec![Axis::Index(batch), Axis::Range { start: i0, size: bm, limit: None }], -1.0);
+        let ids = b.load(
+            param("q_segment_ids"),
+            vec![Axis::Index(batch), Axis::Range { start: i0, size: bm, limit: None }],
+            -1.0,
+        );
         let ids = b.expand_dims(ids, 1);
         let pad = b.const_i32(-1);
         let valid = b.cmp(CmpPred::Ne, ids, pad);
@@ -170,11 +210,29 @@ pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usiz
         let (acc, m_i, l_i) = (carried[0], carried[1], carried[2]);
         let k_row0 = b.add(k_start, j0);
         let kv_rows = Axis::Range { start: k_row0, size: bn, limit: k_end };
-        let k_tile = b.load(k, vec![Axis::Index(tensor_batch), kv_rows, Axis::Index(kv_head), Axis::Range { start: c0, size: d, limit: None }], 0.0);
+        let k_tile = b.load(
+            k,
+            vec![
+                Axis::Index(tensor_batch),
+                kv_rows,
+                Axis::Index(kv_head),
+                Axis::Range { start: c0, size: d, limit: None },
+            ],
+            0.0,
+        );
         let qk = b.dot(q_tile, k_tile, zero_s, false, true);
         let mut s = b.mul(qk, qk_scale);
         if f.bias {
-            let bias = b.load(param("bias"), vec![Axis::Index(batch), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: None }, Axis::Range { start: j0, size: bn, limit: None }], 0.0);
+            let bias = b.load(
+                param("bias"),
+                vec![
+                    Axis::Index(batch),
+                    Axis::Index(head),
+                    Axis::Range { start: i0, size: bm, limit: None },
+                    Axis::Range { start: j0, size: bn, limit: None },
+                ],
+                0.0,
+            );
             let bias = b.cast(bias, DType::F32);
             s = b.add(s, bias);
         }
@@ -188,11 +246,24 @@ pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usiz
         }
         s = b.mask_apply(s, i0, j0, &terms);
         if f.mask {
-            let m = b.load(param("mask"), vec![Axis::Index(batch), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: None }, Axis::Range { start: j0, size: bn, limit: None }], 0.0);
+            let m = b.load(
+                param("mask"),
+                vec![
+                    Axis::Index(batch),
+                    Axis::Index(head),
+                    Axis::Range { start: i0, size: bm, limit: None },
+                    Axis::Range { start: j0, size: bn, limit: None },
+                ],
+                0.0,
+            );
             s = b.select(m, s, neg_inf);
         }
         if let Some((q_ids, q_valid)) = q_seg {
-            let kv_ids = b.load(param("kv_segment_ids"), vec![Axis::Index(batch), Axis::Range { start: j0, size: bn, limit: None }], -1.0);
+            let kv_ids = b.load(
+                param("kv_segment_ids"),
+                vec![Axis::Index(batch), Axis::Range { start: j0, size: bn, limit: None }],
+                -1.0,
+            );
             let kv_ids = b.expand_dims(kv_ids, 0);
             let same = b.cmp(CmpPred::Eq, q_ids, kv_ids);
             let visible = b.and(same, q_valid);
@@ -207,7 +278,16 @@ pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usiz
             p = b.select(kept, scaled, zero_s);
         }
         let p = b.cast(p, dtype);
-        let v_tile = b.load(v, vec![Axis::Index(tensor_batch), kv_rows, Axis::Index(kv_head), Axis::Range { start: c0, size: d, limit: None }], 0.0);
+        let v_tile = b.load(
+            v,
+            vec![
+                Axis::Index(tensor_batch),
+                kv_rows,
+                Axis::Index(kv_head),
+                Axis::Range { start: c0, size: d, limit: None },
+            ],
+            0.0,
+        );
         let acc = b.dot(p, v_tile, acc, false, false);
         vec![acc, m_new, l_new]
     });
@@ -215,8 +295,21 @@ pub fn build_flash_kernel(name: &str, f: &Features, dtype: DType, head_dim: usiz
     // ---- epilogue ----
     let (o, lse) = b.softmax_finalize(finals[0], finals[1], finals[2]);
     let o = b.cast(o, dtype);
-    b.store(param("out"), vec![Axis::Index(tensor_batch), Axis::Range { start: q_row0, size: bm, limit: q_end }, Axis::Index(head), Axis::Range { start: c0, size: d, limit: None }], o);
-    b.store(param("lse"), vec![Axis::Index(tensor_batch), Axis::Index(head), Axis::Range { start: q_row0, size: bm, limit: q_end }], lse);
+    b.store(
+        param("out"),
+        vec![
+            Axis::Index(tensor_batch),
+            Axis::Range { start: q_row0, size: bm, limit: q_end },
+            Axis::Index(head),
+            Axis::Range { start: c0, size: d, limit: None },
+        ],
+        o,
+    );
+    b.store(
+        param("lse"),
+        vec![Axis::Index(tensor_batch), Axis::Index(head), Axis::Range { start: q_row0, size: bm, limit: q_end }],
+        lse,
+    );
     b.finish()
 }
 

@@ -39,21 +39,9 @@ use crate::types::DType;
 /// `seq_q` / `seq_k` so the maximum lengths are exercised. Tensors for features the
 /// variant lacks are `None`; the others are generated from the shape even where the
 /// reference rejects the combination (varlen with bias, mask or segment ids).
-pub fn random_inputs(
-    features: &Features,
-    dtype: DType,
-    shape: &FlashShape,
-    seed: u64,
-) -> FlashInputs {
+pub fn random_inputs(features: &Features, dtype: DType, shape: &FlashShape, seed: u64) -> FlashInputs {
     let mut rng = StdRng::seed_from_u64(seed);
-    let FlashShape {
-        batch,
-        seq_q,
-        seq_k,
-        heads_q,
-        heads_kv,
-        head_dim,
-    } = *shape;
+    let FlashShape { batch, seq_q, seq_k, heads_q, heads_kv, head_dim } = *shape;
 
     let (cu_seqlens_q, cu_seqlens_k) = if features.varlen {
         let (cu_q, cu_k) = varlen_offsets(&mut rng, batch, seq_q, seq_k);
@@ -71,12 +59,7 @@ pub fn random_inputs(
     let q = HostTensor::from_vec(
         dtype,
         &[qkv_batch, rows_q, heads_q, head_dim],
-        normals(
-            &mut rng,
-            dtype,
-            qkv_batch * rows_q * heads_q * head_dim,
-            1.0,
-        ),
+        normals(&mut rng, dtype, qkv_batch * rows_q * heads_q * head_dim, 1.0),
     );
     let k = head_major(&mut rng, dtype, [qkv_batch, rows_k, heads_kv, head_dim]);
     let v = head_major(&mut rng, dtype, [qkv_batch, rows_k, heads_kv, head_dim]);
@@ -89,16 +72,9 @@ pub fn random_inputs(
             normals(&mut rng, dtype, heads_q * seq_q * seq_k, 0.5),
         );
         let s = plane.strides.clone();
-        HostTensor::view(
-            &plane,
-            &[batch, heads_q, seq_q, seq_k],
-            &[0, s[1], s[2], s[3]],
-            0,
-        )
+        HostTensor::view(&plane, &[batch, heads_q, seq_q, seq_k], &[0, s[1], s[2], s[3]], 0)
     });
-    let mask = features
-        .mask
-        .then(|| random_mask(&mut rng, batch, heads_q, seq_q, seq_k));
+    let mask = features.mask.then(|| random_mask(&mut rng, batch, heads_q, seq_q, seq_k));
     let (q_segment_ids, kv_segment_ids) = if features.segment_ids {
         let (q_ids, kv_ids) = segment_ids(&mut rng, batch, seq_q, seq_k);
         (Some(q_ids), Some(kv_ids))
@@ -106,24 +82,11 @@ pub fn random_inputs(
         (None, None)
     };
     let sinks = features.sinks.then(|| {
-        let values = (0..heads_q * SINKS_PER_HEAD)
-            .map(|_| rng.sample::<f64, _>(StandardNormal))
-            .collect();
+        let values = (0..heads_q * SINKS_PER_HEAD).map(|_| rng.sample::<f64, _>(StandardNormal)).collect();
         HostTensor::from_vec(DType::F32, &[heads_q, SINKS_PER_HEAD], values)
     });
 
-    FlashInputs {
-        q,
-        k,
-        v,
-        bias,
-        mask,
-        q_segment_ids,
-        kv_segment_ids,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        sinks,
-    }
+    FlashInputs { q, k, v, bias, mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, sinks }
 }
 
 /// Run-time scalars for a test call: scale `1/sqrt(D)`, window
@@ -175,11 +138,7 @@ fn normals(rng: &mut StdRng, dtype: DType, n: usize, std: f64) -> Vec<f64> {
 /// A BSHD tensor stored as `[B, H, S, D]`: the head and sequence axes swap places in
 /// memory, so the sequence stride is `D` and the head stride `S * D`.
 fn head_major(rng: &mut StdRng, dtype: DType, [b, s, h, d]: [usize; 4]) -> HostTensor {
-    let storage = HostTensor::from_vec(
-        dtype,
-        &[b, h, s, d],
-        normals(rng, dtype, b * h * s * d, 1.0),
-    );
+    let storage = HostTensor::from_vec(dtype, &[b, h, s, d], normals(rng, dtype, b * h * s * d, 1.0));
     let st = storage.strides.clone();
     HostTensor::view(&storage, &[b, s, h, d], &[st[0], st[2], st[1], st[3]], 0)
 }
@@ -187,46 +146,27 @@ fn head_major(rng: &mut StdRng, dtype: DType, [b, s, h, d]: [usize; 4]) -> HostT
 /// i1 `[B, Hq, Sq, Sk]` broadcast over heads (stored `[B, 1, Sq, Sk]`), true with
 /// probability 0.75, with one random query row of batch 0 entirely false (when
 /// `Sq > 1`) so the fully-masked-row path is always exercised.
-fn random_mask(
-    rng: &mut StdRng,
-    batch: usize,
-    heads_q: usize,
-    seq_q: usize,
-    seq_k: usize,
-) -> HostTensor {
-    let mut values: Vec<f64> = (0..batch * seq_q * seq_k)
-        .map(|_| f64::from(u8::from(rng.random_bool(MASK_DENSITY))))
-        .collect();
+fn random_mask(rng: &mut StdRng, batch: usize, heads_q: usize, seq_q: usize, seq_k: usize) -> HostTensor {
+    let mut values: Vec<f64> =
+        (0..batch * seq_q * seq_k).map(|_| f64::from(u8::from(rng.random_bool(MASK_DENSITY)))).collect();
     if seq_q > 1 && seq_k > 0 {
         let row = rng.random_range(0..seq_q);
         values[row * seq_k..(row + 1) * seq_k].fill(0.0);
     }
     let storage = HostTensor::from_vec(DType::I1, &[batch, 1, seq_q, seq_k], values);
     let st = storage.strides.clone();
-    HostTensor::view(
-        &storage,
-        &[batch, heads_q, seq_q, seq_k],
-        &[st[0], 0, st[2], st[3]],
-        0,
-    )
+    HostTensor::view(&storage, &[batch, heads_q, seq_q, seq_k], &[st[0], 0, st[2], st[3]], 0)
 }
 
 /// i32 q `[B, Sq]` and kv `[B, Sk]` segment ids: per batch entry 2 or 3 contiguous
 /// segments (ids 0, 1, 2) followed by a -1 padding run. q and kv share the segments'
 /// proportions, so with `Sq != Sk` the boundaries fall at different positions.
-fn segment_ids(
-    rng: &mut StdRng,
-    batch: usize,
-    seq_q: usize,
-    seq_k: usize,
-) -> (HostTensor, HostTensor) {
+fn segment_ids(rng: &mut StdRng, batch: usize, seq_q: usize, seq_k: usize) -> (HostTensor, HostTensor) {
     let mut q_ids = Vec::with_capacity(batch * seq_q);
     let mut kv_ids = Vec::with_capacity(batch * seq_k);
     for _ in 0..batch {
         let n_segments = rng.random_range(2..=3);
-        let weights: Vec<f64> = (0..n_segments)
-            .map(|_| rng.random_range(0.5..1.5))
-            .collect();
+        let weights: Vec<f64> = (0..n_segments).map(|_| rng.random_range(0.5..1.5)).collect();
         q_ids.extend(segments_of(seq_q, &weights));
         kv_ids.extend(segments_of(seq_k, &weights));
     }
@@ -239,22 +179,15 @@ fn segment_ids(
 /// Ids for one sequence of `len` positions: segments sized in proportion to `weights`,
 /// then ~10% padding (at least one position once `len >= 4`).
 fn segments_of(len: usize, weights: &[f64]) -> Vec<f64> {
-    let padding = if len >= 4 {
-        ((len as f64 * SEGMENT_PADDING).round() as usize).max(1)
-    } else {
-        0
-    };
+    let padding = if len >= 4 { ((len as f64 * SEGMENT_PADDING).round() as usize).max(1) } else { 0 };
     let valid = len - padding;
     let total: f64 = weights.iter().sum();
     let mut ids = vec![-1.0; len];
     let (mut start, mut acc) = (0, 0.0);
     for (id, w) in weights.iter().enumerate() {
         acc += w;
-        let end = if id + 1 == weights.len() {
-            valid
-        } else {
-            ((acc / total * valid as f64).round() as usize).min(valid)
-        };
+        let end =
+            if id + 1 == weights.len() { valid } else { ((acc / total * valid as f64).round() as usize).min(valid) };
         ids[start..end.max(start)].fill(id as f64);
         start = end.max(start);
     }
@@ -263,12 +196,7 @@ fn segments_of(len: usize, weights: &[f64]) -> Vec<f64> {
 
 /// i32 `cu_seqlens_q/k` `[B + 1]`: sequence 0 has the maximum lengths, the others are
 /// uniform in `[1, max]`.
-fn varlen_offsets(
-    rng: &mut StdRng,
-    batch: usize,
-    seq_q: usize,
-    seq_k: usize,
-) -> (HostTensor, HostTensor) {
+fn varlen_offsets(rng: &mut StdRng, batch: usize, seq_q: usize, seq_k: usize) -> (HostTensor, HostTensor) {
     let mut length = |b: usize, max: usize| {
         if b == 0 || max == 0 {
             max
@@ -282,10 +210,7 @@ fn varlen_offsets(
         cu_q.push(cu_q[b] + lq as f64);
         cu_k.push(cu_k[b] + lk as f64);
     }
-    (
-        HostTensor::from_vec(DType::I32, &[batch + 1], cu_q),
-        HostTensor::from_vec(DType::I32, &[batch + 1], cu_k),
-    )
+    (HostTensor::from_vec(DType::I32, &[batch + 1], cu_q), HostTensor::from_vec(DType::I32, &[batch + 1], cu_k))
 }
 
 /// SplitMix64's finaliser: derives the dropout seed from the data seed, so the two

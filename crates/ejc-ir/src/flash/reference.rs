@@ -35,11 +35,7 @@ use crate::types::DType;
 /// Outputs are `f64` and unrounded: `out` has q's logical shape (contiguous), `lse` is
 /// `[B, Hq, Sq]` (varlen: `[1, Hq, total_q]`). Tensors that `features` does not use are
 /// ignored, like the unused fields of `rt`.
-pub fn reference(
-    features: &Features,
-    rt: &FlashRuntime,
-    inputs: &FlashInputs,
-) -> Result<FlashOutputs, String> {
+pub fn reference(features: &Features, rt: &FlashRuntime, inputs: &FlashInputs) -> Result<FlashOutputs, String> {
     let problem = Problem::new(features, rt, inputs)?;
     let q_shape = &inputs.q.shape;
     let heads_q = q_shape[2];
@@ -47,11 +43,7 @@ pub fn reference(
     let mut out = HostTensor::zeros(DType::F64, q_shape);
     // Packed rows past cu_seqlens_q[B] belong to no sequence; they keep out = 0 and
     // lse = -inf, the values of a row that sees nothing.
-    let mut lse = HostTensor::full(
-        DType::F64,
-        &[q_shape[0], heads_q, q_shape[1]],
-        f64::NEG_INFINITY,
-    );
+    let mut lse = HostTensor::full(DType::F64, &[q_shape[0], heads_q, q_shape[1]], f64::NEG_INFINITY);
 
     let mut logits = Vec::new();
     for seq in &problem.sequences {
@@ -135,11 +127,7 @@ struct Row {
 }
 
 impl<'a> Problem<'a> {
-    fn new(
-        features: &Features,
-        rt: &FlashRuntime,
-        inputs: &'a FlashInputs,
-    ) -> Result<Problem<'a>, String> {
+    fn new(features: &Features, rt: &FlashRuntime, inputs: &'a FlashInputs) -> Result<Problem<'a>, String> {
         let (q, k, v) = (&inputs.q, &inputs.k, &inputs.v);
         check_layout("q", q)?;
         check_layout("k", k)?;
@@ -147,15 +135,10 @@ impl<'a> Problem<'a> {
         let [batch_q, rows_q, heads_q, head_dim] = dims4("q", q)?;
         let [batch_k, rows_k, heads_kv, head_dim_k] = dims4("k", k)?;
         if v.shape != k.shape {
-            return Err(format!(
-                "v has shape {:?} but k has {:?}; they must match",
-                v.shape, k.shape
-            ));
+            return Err(format!("v has shape {:?} but k has {:?}; they must match", v.shape, k.shape));
         }
         if head_dim_k != head_dim {
-            return Err(format!(
-                "q has head_dim {head_dim} but k has {head_dim_k}; they must match"
-            ));
+            return Err(format!("q has head_dim {head_dim} but k has {head_dim_k}; they must match"));
         }
         if heads_kv == 0 || heads_q % heads_kv != 0 {
             return Err(format!(
@@ -164,9 +147,7 @@ impl<'a> Problem<'a> {
             ));
         }
         if batch_q != batch_k {
-            return Err(format!(
-                "q has batch {batch_q} but k/v have batch {batch_k}; they must match"
-            ));
+            return Err(format!("q has batch {batch_q} but k/v have batch {batch_k}; they must match"));
         }
 
         let sequences = if features.varlen {
@@ -183,14 +164,7 @@ impl<'a> Problem<'a> {
             varlen_sequences(inputs, rows_q, rows_k)?
         } else {
             (0..batch_q)
-                .map(|b| Sequence {
-                    index: b,
-                    batch: b,
-                    q_start: 0,
-                    k_start: 0,
-                    len_q: rows_q,
-                    len_k: rows_k,
-                })
+                .map(|b| Sequence { index: b, batch: b, q_start: 0, k_start: 0, len_q: rows_q, len_k: rows_k })
                 .collect()
         };
         // Bias, mask and segment ids exist only for dense calls, where the batch, the
@@ -239,10 +213,7 @@ impl<'a> Problem<'a> {
         // here makes the reference compute with the very values they see.
         let scale = to_f32(rt.softmax_scale);
         if !scale.is_finite() {
-            return Err(format!(
-                "softmax_scale {} is not finite as an f32",
-                rt.softmax_scale
-            ));
+            return Err(format!("softmax_scale {} is not finite as an f32", rt.softmax_scale));
         }
         let softcap = match features.logits_soft_cap {
             None => None,
@@ -255,9 +226,7 @@ impl<'a> Problem<'a> {
             Some(Window::Runtime) => {
                 let (left, right) = rt.window;
                 if left < 0 || right < 0 {
-                    return Err(format!(
-                        "sliding window ({left}, {right}) has a negative side; both must be >= 0"
-                    ));
+                    return Err(format!("sliding window ({left}, {right}) has a negative side; both must be >= 0"));
                 }
                 Some((left, right))
             }
@@ -265,33 +234,16 @@ impl<'a> Problem<'a> {
         let dropout = if features.dropout {
             let p = to_f32(rt.dropout_p);
             if !(0.0..1.0).contains(&p) {
-                return Err(format!(
-                    "dropout_p {} must lie in [0, 1) (after rounding to f32: {p})",
-                    rt.dropout_p
-                ));
+                return Err(format!("dropout_p {} must lie in [0, 1) (after rounding to f32: {p})", rt.dropout_p));
             }
             // Philox counters are u32: every coordinate of the call must fit.
-            let max_len = sequences
-                .iter()
-                .map(|s| s.len_q.max(s.len_k))
-                .max()
-                .unwrap_or(0);
-            for (what, n) in [
-                ("sequences", sequences.len()),
-                ("heads", heads_q),
-                ("rows", max_len),
-            ] {
+            let max_len = sequences.iter().map(|s| s.len_q.max(s.len_k)).max().unwrap_or(0);
+            for (what, n) in [("sequences", sequences.len()), ("heads", heads_q), ("rows", max_len)] {
                 if n.saturating_sub(1) > u32::MAX as usize {
-                    return Err(format!(
-                        "{n} {what} do not fit dropout's 32-bit Philox counters"
-                    ));
+                    return Err(format!("{n} {what} do not fit dropout's 32-bit Philox counters"));
                 }
             }
-            Some(Dropout {
-                p,
-                keep_scale: 1.0 / (1.0 - p),
-                seed: rt.seed,
-            })
+            Some(Dropout { p, keep_scale: 1.0 / (1.0 - p), seed: rt.seed })
         } else {
             None
         };
@@ -317,9 +269,7 @@ impl<'a> Problem<'a> {
 
     fn gather_kv(&self, seq: &Sequence, kv_head: usize) -> KvRows {
         let row = |t: &HostTensor, j: usize| -> Vec<f64> {
-            (0..self.head_dim)
-                .map(|d| t.get(&[seq.batch, seq.k_start + j, kv_head, d]))
-                .collect()
+            (0..self.head_dim).map(|d| t.get(&[seq.batch, seq.k_start + j, kv_head, d])).collect()
         };
         KvRows {
             k: (0..seq.len_k).map(|j| row(self.k, j)).collect(),
@@ -392,17 +342,8 @@ impl<'a> Problem<'a> {
     }
 
     /// One query row, two-pass: materialise the visible logits, then normalise.
-    fn attend(
-        &self,
-        seq: &Sequence,
-        h: usize,
-        i: usize,
-        kv: &KvRows,
-        logits: &mut Vec<(usize, f64)>,
-    ) -> Row {
-        let q_i: Vec<f64> = (0..self.head_dim)
-            .map(|d| self.q.get(&[seq.batch, seq.q_start + i, h, d]))
-            .collect();
+    fn attend(&self, seq: &Sequence, h: usize, i: usize, kv: &KvRows, logits: &mut Vec<(usize, f64)>) -> Row {
+        let q_i: Vec<f64> = (0..self.head_dim).map(|d| self.q.get(&[seq.batch, seq.q_start + i, h, d])).collect();
         logits.clear();
         for j in 0..seq.len_k {
             if self.visible(seq, h, i, j) {
@@ -412,26 +353,14 @@ impl<'a> Problem<'a> {
         let sinks = self.sink_logits(h);
 
         let mut out = vec![0.0; self.head_dim];
-        let m = logits
-            .iter()
-            .map(|&(_, s)| s)
-            .chain(sinks.iter().copied())
-            .fold(f64::NEG_INFINITY, f64::max);
+        let m = logits.iter().map(|&(_, s)| s).chain(sinks.iter().copied()).fold(f64::NEG_INFINITY, f64::max);
         if m == f64::NEG_INFINITY {
             // Nothing carries weight (no visible key and no sink, or all of them -inf):
             // the softmax is empty, not 0/0.
-            return Row {
-                out,
-                lse: f64::NEG_INFINITY,
-            };
+            return Row { out, lse: f64::NEG_INFINITY };
         }
         // Z / exp(m); subtracting the max keeps every exponent <= 0.
-        let z: f64 = logits
-            .iter()
-            .map(|&(_, s)| s)
-            .chain(sinks.iter().copied())
-            .map(|s| (s - m).exp())
-            .sum();
+        let z: f64 = logits.iter().map(|&(_, s)| s).chain(sinks.iter().copied()).map(|s| (s - m).exp()).sum();
         for &(j, s) in logits.iter() {
             let weight = (s - m).exp() / z * self.dropout_factor(seq, h, i, j);
             if weight == 0.0 {
@@ -441,10 +370,7 @@ impl<'a> Problem<'a> {
                 *o += weight * x;
             }
         }
-        Row {
-            out,
-            lse: m + z.ln(),
-        }
+        Row { out, lse: m + z.ln() }
     }
 }
 
@@ -457,31 +383,19 @@ fn checked_softcap(c: f64, which: &str) -> Result<f64, String> {
     if c32 > 0.0 && c32.is_finite() {
         Ok(c32)
     } else {
-        Err(format!(
-            "{which} logits soft cap {c} must be > 0 and finite as an f32 (got {c32})"
-        ))
+        Err(format!("{which} logits soft cap {c} must be > 0 and finite as an f32 (got {c32})"))
     }
 }
 
-fn required<'t>(
-    t: &'t Option<HostTensor>,
-    name: &str,
-    feature: &str,
-) -> Result<&'t HostTensor, String> {
-    t.as_ref()
-        .ok_or_else(|| format!("the variant has `{feature}` but no `{name}` tensor was given"))
+fn required<'t>(t: &'t Option<HostTensor>, name: &str, feature: &str) -> Result<&'t HostTensor, String> {
+    t.as_ref().ok_or_else(|| format!("the variant has `{feature}` but no `{name}` tensor was given"))
 }
 
 /// Strides agree with the rank and every index maps into storage, so `get` cannot
 /// go out of bounds.
 fn check_layout(name: &str, t: &HostTensor) -> Result<(), String> {
     if t.strides.len() != t.shape.len() {
-        return Err(format!(
-            "{name} has {} strides for its rank-{} shape {:?}",
-            t.strides.len(),
-            t.rank(),
-            t.shape
-        ));
+        return Err(format!("{name} has {} strides for its rank-{} shape {:?}", t.strides.len(), t.rank(), t.shape));
     }
     if !t.in_storage() {
         return Err(format!(
@@ -508,30 +422,14 @@ fn check_tensor(name: &str, t: &HostTensor, expected: &[usize]) -> Result<(), St
 }
 
 fn dims4(name: &str, t: &HostTensor) -> Result<[usize; 4], String> {
-    <[usize; 4]>::try_from(t.shape.as_slice()).map_err(|_| {
-        format!(
-            "{name} has shape {:?}; expected rank 4 [batch, seq, heads, head_dim] (BSHD)",
-            t.shape
-        )
-    })
+    <[usize; 4]>::try_from(t.shape.as_slice())
+        .map_err(|_| format!("{name} has shape {:?}; expected rank 4 [batch, seq, heads, head_dim] (BSHD)", t.shape))
 }
 
 /// The sequences of a packed call, from `cu_seqlens_q/k`.
-fn varlen_sequences(
-    inputs: &FlashInputs,
-    total_q: usize,
-    total_k: usize,
-) -> Result<Vec<Sequence>, String> {
-    let cu_q = read_cu_seqlens(
-        "cu_seqlens_q",
-        required(&inputs.cu_seqlens_q, "cu_seqlens_q", "varlen")?,
-        total_q,
-    )?;
-    let cu_k = read_cu_seqlens(
-        "cu_seqlens_k",
-        required(&inputs.cu_seqlens_k, "cu_seqlens_k", "varlen")?,
-        total_k,
-    )?;
+fn varlen_sequences(inputs: &FlashInputs, total_q: usize, total_k: usize) -> Result<Vec<Sequence>, String> {
+    let cu_q = read_cu_seqlens("cu_seqlens_q", required(&inputs.cu_seqlens_q, "cu_seqlens_q", "varlen")?, total_q)?;
+    let cu_k = read_cu_seqlens("cu_seqlens_k", required(&inputs.cu_seqlens_k, "cu_seqlens_k", "varlen")?, total_k)?;
     if cu_q.len() != cu_k.len() {
         return Err(format!(
             "cu_seqlens_q has {} entries but cu_seqlens_k has {}; both must be [B + 1]",
@@ -555,18 +453,13 @@ fn varlen_sequences(
 fn read_cu_seqlens(name: &str, t: &HostTensor, total: usize) -> Result<Vec<usize>, String> {
     check_layout(name, t)?;
     if t.rank() != 1 || t.shape[0] == 0 {
-        return Err(format!(
-            "{name} has shape {:?}; expected [B + 1] with B >= 0",
-            t.shape
-        ));
+        return Err(format!("{name} has shape {:?}; expected [B + 1] with B >= 0", t.shape));
     }
     let values = t.to_vec();
     let mut out = Vec::with_capacity(values.len());
     for (n, &x) in values.iter().enumerate() {
         if !(x >= 0.0 && x.fract() == 0.0 && x <= total as f64) {
-            return Err(format!(
-                "{name}[{n}] = {x} is not an integer in [0, {total}] (the packed length)"
-            ));
+            return Err(format!("{name}[{n}] = {x} is not an integer in [0, {total}] (the packed length)"));
         }
         let x = x as usize;
         if n == 0 && x != 0 {

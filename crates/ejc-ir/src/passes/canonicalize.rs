@@ -39,7 +39,13 @@ impl Pass for Canonicalize {
 
     fn run(&self, kernel: &mut Kernel) {
         for _ in 0..16 {
-            let mut cx = Cx { values: &kernel.values, consts: HashMap::new(), subst: HashMap::new(), scopes: vec![HashMap::new()], changed: false };
+            let mut cx = Cx {
+                values: &kernel.values,
+                consts: HashMap::new(),
+                subst: HashMap::new(),
+                scopes: vec![HashMap::new()],
+                changed: false,
+            };
             let body = std::mem::take(&mut kernel.body);
             let mut body = cx.block(body);
             let changed = cx.changed;
@@ -99,8 +105,10 @@ impl<'k> Cx<'k> {
     /// Rewrite one op; None drops it (its results were substituted).
     fn simplify(&mut self, mut op: Op) -> Option<Op> {
         // Fold scalar ops with constant operands.
-        if matches!(op.kind, OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast { .. })
-            && self.ty(op.results[0]).is_scalar()
+        if matches!(
+            op.kind,
+            OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast { .. }
+        ) && self.ty(op.results[0]).is_scalar()
         {
             let args: Option<Vec<(f64, DType)>> = op.operands.iter().map(|v| self.consts.get(v).copied()).collect();
             if let Some(args) = args {
@@ -146,7 +154,12 @@ impl<'k> Cx<'k> {
         }
         // CSE.
         if op.kind.is_pure() && op.regions.is_empty() && !matches!(op.kind, OpKind::Load { .. }) {
-            let key = format!("{:?}|{:?}|{:?}", op.kind, op.operands, op.results.iter().map(|r| self.ty(*r)).collect::<Vec<_>>());
+            let key = format!(
+                "{:?}|{:?}|{:?}",
+                op.kind,
+                op.operands,
+                op.results.iter().map(|r| self.ty(*r)).collect::<Vec<_>>()
+            );
             if let Some(prev) = self.scopes.iter().rev().find_map(|s| s.get(&key)) {
                 for (r, p) in op.results.iter().zip(prev.clone()) {
                     self.subst.insert(*r, p);

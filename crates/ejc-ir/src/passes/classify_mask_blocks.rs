@@ -23,12 +23,12 @@
 //! proves it first: it follows the all-masked scores through the body (selects with a
 //! −∞ fill, `softmax.update` giving p = 0 and alpha = 1, `softmax.rescale` by 1, casts,
 //! products and `tile.dot` of a zero tile) and narrows only when every carried value
-//! comes back unchanged. A loop it cannot prove keeps its full range (step 2 still
-//! applies).
+//! comes back unchanged (and the body stores nothing). A loop it cannot prove keeps
+//! its full range (step 2 still applies).
 
 use std::collections::HashMap;
 
-use super::util::{constants, defined_in, Emit};
+use super::util::{constants, defined_in, has_store, Emit};
 use super::Pass;
 use crate::ir::{BinOp, Block, Kernel, MaskTerm, Op, OpKind, Value};
 
@@ -45,7 +45,9 @@ impl Pass for ClassifyMaskBlocks {
         // no-op proof knows the fill tiles hoisted out of loops.
         let mut splats = Vec::new();
         crate::ir::walk_ops(&kernel.body, &mut |op: &Op| {
-            if let (OpKind::Splat { .. }, Some(c)) = (&op.kind, consts.get(&op.operands.first().copied().unwrap_or(Value(u32::MAX)))) {
+            if let (OpKind::Splat { .. }, Some(c)) =
+                (&op.kind, consts.get(&op.operands.first().copied().unwrap_or(Value(u32::MAX))))
+            {
                 splats.push((op.results[0], *c));
             }
         });
@@ -89,7 +91,10 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
         .iter()
         .enumerate()
         .filter(|(_, m)| {
-            matches!(m.kind, OpKind::MaskApply { .. }) && m.operands[2] == iv && invariant(&m.operands[1]) && m.operands[3..].iter().all(invariant)
+            matches!(m.kind, OpKind::MaskApply { .. })
+                && m.operands[2] == iv
+                && invariant(&m.operands[1])
+                && m.operands[3..].iter().all(invariant)
         })
         .map(|(i, _)| i)
         .collect();
@@ -105,7 +110,8 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
         let bm = values[m.operands[0].index()].shape()[0];
         let OpKind::MaskApply { terms } = &m.kind else { unreachable!("filtered above") };
         let has_upper = terms.iter().any(|t| matches!(t, MaskTerm::KvLe | MaskTerm::KvLt));
-        if lo_is_zero && step == Some(bn as f64) && has_upper && skip_is_noop(body, first, consts) {
+        // A store in the body is an effect of every iteration, skip blocks included.
+        if lo_is_zero && step == Some(bn as f64) && has_upper && !has_store(body) && skip_is_noop(body, first, consts) {
             let mut e = Emit::new(values);
             let mut operands = vec![m.operands[1]];
             operands.extend(&m.operands[3..]);
@@ -131,7 +137,10 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
         let mut guard = e.ops;
         values.push(ty);
         let masked = Value(values.len() as u32 - 1);
-        let then_block = Block { args: vec![], ops: vec![Op { kind: OpKind::Yield, operands: vec![mask.operands[0]], results: vec![], regions: vec![] }] };
+        let then_block = Block {
+            args: vec![],
+            ops: vec![Op { kind: OpKind::Yield, operands: vec![mask.operands[0]], results: vec![], regions: vec![] }],
+        };
         let else_block = Block {
             args: vec![],
             ops: vec![
@@ -139,7 +148,12 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
                 Op { kind: OpKind::Yield, operands: vec![masked], results: vec![], regions: vec![] },
             ],
         };
-        guard.push(Op { kind: OpKind::If, operands: vec![full], results: mask.results.clone(), regions: vec![then_block, else_block] });
+        guard.push(Op {
+            kind: OpKind::If,
+            operands: vec![full],
+            results: mask.results.clone(),
+            regions: vec![then_block, else_block],
+        });
         body.ops.splice(i..=i, guard);
     }
     before

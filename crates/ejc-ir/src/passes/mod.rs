@@ -15,8 +15,10 @@
 //!    predicate can see, and mask only the blocks that are partial.
 //! 3. `lower-masks` — expand the mask ops into scalar and tile arithmetic, so back
 //!    ends only see primitive ops.
-//! 4. `canonicalize` — fold what lowering exposed (e.g. `i0 + 0`).
-//! 5. `dce` — drop ops whose results nobody uses.
+//! 4. `licm` — move what does not change across key blocks (the lowered mask's row
+//!    indices, block-end offsets) in front of the loop.
+//! 5. `canonicalize` — fold and deduplicate what lowering and hoisting exposed.
+//! 6. `dce` — drop ops whose results nobody uses.
 //!
 //! The verifier runs after every pass. With `EJC_DUMP_IR=<dir>` set, the IR before
 //! the first pass and after each pass is written to `<dir>/<kernel>/NN-<pass>.tir`.
@@ -24,12 +26,14 @@
 mod canonicalize;
 mod classify_mask_blocks;
 mod dce;
+mod licm;
 mod lower_masks;
 mod util;
 
 pub use canonicalize::Canonicalize;
 pub use classify_mask_blocks::ClassifyMaskBlocks;
 pub use dce::Dce;
+pub use licm::Licm;
 pub use lower_masks::LowerMasks;
 
 use std::path::PathBuf;
@@ -47,7 +51,14 @@ pub trait Pass {
 }
 
 pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
-    vec![Box::new(Canonicalize), Box::new(ClassifyMaskBlocks), Box::new(LowerMasks), Box::new(Canonicalize), Box::new(Dce)]
+    vec![
+        Box::new(Canonicalize),
+        Box::new(ClassifyMaskBlocks),
+        Box::new(LowerMasks),
+        Box::new(Licm),
+        Box::new(Canonicalize),
+        Box::new(Dce),
+    ]
 }
 
 /// Errors from running a pipeline: a pass produced invalid IR (a compiler bug,
@@ -67,8 +78,13 @@ pub fn run_pipeline(kernel: &Kernel, passes: &[Box<dyn Pass>]) -> Result<Kernel,
 
 /// Like [`run_pipeline`], calling `observe(pass_name, kernel)` with the input (as
 /// `input`) and after every pass (snapshot tests use this).
-pub fn run_pipeline_with(kernel: &Kernel, passes: &[Box<dyn Pass>], observe: &mut dyn FnMut(&str, &Kernel)) -> Result<Kernel, PassError> {
-    let dump_dir = std::env::var_os("EJC_DUMP_IR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join(&kernel.name));
+pub fn run_pipeline_with(
+    kernel: &Kernel,
+    passes: &[Box<dyn Pass>],
+    observe: &mut dyn FnMut(&str, &Kernel),
+) -> Result<Kernel, PassError> {
+    let dump_dir =
+        std::env::var_os("EJC_DUMP_IR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join(&kernel.name));
     let dump = |step: usize, name: &str, k: &Kernel| -> Result<(), PassError> {
         if let Some(dir) = &dump_dir {
             let path = dir.join(format!("{step:02}-{name}.tir"));

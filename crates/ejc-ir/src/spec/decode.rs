@@ -43,15 +43,8 @@ use crate::types::DType;
 pub fn load_file(path: impl AsRef<Path>) -> Result<Spec, SpecError> {
     let path = path.as_ref();
     let file = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| {
-        SpecError::single(Diagnostic::new(
-            &file,
-            0,
-            0,
-            "",
-            format!("cannot read the spec: {e}"),
-        ))
-    })?;
+    let bytes = std::fs::read(path)
+        .map_err(|e| SpecError::single(Diagnostic::new(&file, 0, 0, "", format!("cannot read the spec: {e}"))))?;
     match std::str::from_utf8(&bytes) {
         Ok(text) => decode(&file, text, sha256_hex(&bytes)),
         Err(e) => Err(SpecError::single(not_utf8(&file, &bytes, e.valid_up_to()))),
@@ -69,12 +62,10 @@ pub fn load_str(file: &str, text: &str) -> Result<Spec, SpecError> {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
-    Sha256::digest(bytes)
-        .iter()
-        .fold(String::with_capacity(64), |mut hex, b| {
-            let _ = write!(hex, "{b:02x}"); // writing to a String cannot fail
-            hex
-        })
+    Sha256::digest(bytes).iter().fold(String::with_capacity(64), |mut hex, b| {
+        let _ = write!(hex, "{b:02x}"); // writing to a String cannot fail
+        hex
+    })
 }
 
 /// A diagnostic at the first byte that is not UTF-8, with the line shown up to there.
@@ -82,15 +73,9 @@ fn not_utf8(file: &str, bytes: &[u8], valid_up_to: usize) -> Diagnostic {
     let valid = bytes.get(..valid_up_to).unwrap_or_default();
     let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
     let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
-    let line_end = bytes[line_start..]
-        .iter()
-        .position(|&b| b == b'\n')
-        .map_or(bytes.len(), |i| line_start + i);
+    let line_end = bytes[line_start..].iter().position(|&b| b == b'\n').map_or(bytes.len(), |i| line_start + i);
     // The prefix is valid UTF-8 by construction, so the column counts characters.
-    let column = String::from_utf8_lossy(&valid[line_start..])
-        .chars()
-        .count()
-        + 1;
+    let column = String::from_utf8_lossy(&valid[line_start..]).chars().count() + 1;
     let byte = bytes.get(valid_up_to).copied().unwrap_or_default();
     let mut d = Diagnostic::new(file, line, column, "", "the spec is not valid UTF-8 text")
         .with_found(format!("the byte 0x{byte:02x}"))
@@ -103,10 +88,7 @@ fn decode(file: &str, text: &str, hash: String) -> Result<Spec, SpecError> {
     // A byte-order mark is not part of the first key; editors on some systems add one.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let src = Source::new(file, text);
-    let mut d = Decoder {
-        src: &src,
-        diags: Vec::new(),
-    };
+    let mut d = Decoder { src: &src, diags: Vec::new() };
     let spec = yaml::parse(&src, text, &mut d.diags).map(|root| d.spec(&root, file, hash));
     let mut diags = d.diags;
     match spec {
@@ -122,18 +104,8 @@ fn decode(file: &str, text: &str, hash: String) -> Result<Spec, SpecError> {
 
 // ---- the format --------------------------------------------------------------------
 
-const TOP_FIELDS: &[&str] = &[
-    "name",
-    "op",
-    "version",
-    "description",
-    "layout",
-    "dtypes",
-    "head_dims",
-    "variants",
-    "schedule",
-    "targets",
-];
+const TOP_FIELDS: &[&str] =
+    &["name", "op", "version", "description", "layout", "dtypes", "head_dims", "variants", "schedule", "targets"];
 const VARIANT_FIELDS: &[&str] = &[
     "description",
     "causal",
@@ -167,8 +139,7 @@ const WARPS: &[i64] = &[1, 2, 4, 8, 16];
 /// Features whose dense per-row tensors a packed (`varlen`) batch cannot have.
 const DENSE_FEATURES: &[&str] = &["bias", "mask", "segment_ids"];
 
-const IDENTIFIER: &str =
-    "an identifier (a lowercase letter, then lowercase letters, digits or `_`)";
+const IDENTIFIER: &str = "an identifier (a lowercase letter, then lowercase letters, digits or `_`)";
 
 /// Spellings from other frameworks, answered with the spec's name for the dtype.
 const DTYPE_ALIASES: &[(&str, &str)] = &[
@@ -200,14 +171,8 @@ fn value(node: &Node) -> Value<'_> {
     match &node.kind {
         NodeKind::Null => Value::Null,
         NodeKind::Map(_) | NodeKind::Seq(_) => Value::Collection,
-        NodeKind::Scalar {
-            text,
-            style: Style::Quoted,
-        } => Value::Str(text),
-        NodeKind::Scalar {
-            text,
-            style: Style::Plain,
-        } => plain_value(text),
+        NodeKind::Scalar { text, style: Style::Quoted } => Value::Str(text),
+        NodeKind::Scalar { text, style: Style::Plain } => plain_value(text),
     }
 }
 
@@ -215,9 +180,7 @@ fn plain_value(text: &str) -> Value<'_> {
     match text {
         "true" => return Value::Bool(true),
         "false" => return Value::Bool(false),
-        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
-            return Value::Float(f64::INFINITY)
-        }
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Value::Float(f64::INFINITY),
         "-.inf" | "-.Inf" | "-.INF" => return Value::Float(f64::NEG_INFINITY),
         ".nan" | ".NaN" | ".NAN" => return Value::Float(f64::NAN),
         _ => {}
@@ -225,9 +188,8 @@ fn plain_value(text: &str) -> Value<'_> {
     let unsigned = text.strip_prefix(['-', '+']).unwrap_or(text);
     if !unsigned.is_empty() && unsigned.bytes().all(|b| b.is_ascii_digit()) {
         let negative = text.starts_with('-');
-        let magnitude = unsigned.bytes().fold(0i64, |acc, b| {
-            acc.saturating_mul(10).saturating_add(i64::from(b - b'0'))
-        });
+        let magnitude =
+            unsigned.bytes().fold(0i64, |acc, b| acc.saturating_mul(10).saturating_add(i64::from(b - b'0')));
         return Value::Int(if negative { -magnitude } else { magnitude });
     }
     if is_decimal_float(text) {
@@ -251,9 +213,8 @@ fn is_decimal_float(text: &str) -> bool {
         None => (mantissa, None),
     };
     let digits = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
-    let mantissa_ok = digits(int)
-        && frac.is_none_or(digits)
-        && (!int.is_empty() || frac.is_some_and(|f| !f.is_empty()));
+    let mantissa_ok =
+        digits(int) && frac.is_none_or(digits) && (!int.is_empty() || frac.is_some_and(|f| !f.is_empty()));
     let exponent_ok = exponent.is_none_or(|e| {
         let e = e.strip_prefix(['-', '+']).unwrap_or(e);
         !e.is_empty() && digits(e)
@@ -319,10 +280,7 @@ struct Fields<'n> {
 impl<'n> Fields<'n> {
     /// `(key, value)` of a field, if present.
     fn get(&self, name: &str) -> Option<(&'n Node, &'n Node)> {
-        self.entries
-            .iter()
-            .find(|(k, _, _)| *k == name)
-            .map(|&(_, k, v)| (k, v))
+        self.entries.iter().find(|(k, _, _)| *k == name).map(|&(_, k, v)| (k, v))
     }
 
     fn value(&self, name: &str) -> Option<&'n Node> {
@@ -340,20 +298,13 @@ impl<'n> Fields<'n> {
 
 impl Decoder<'_> {
     fn error(&mut self, node: &Node, path: &str, message: impl Into<String>) -> &mut Diagnostic {
-        self.diags
-            .push(self.src.diag(node.line, node.col, path, message));
+        self.diags.push(self.src.diag(node.line, node.col, path, message));
         let last = self.diags.len() - 1;
         &mut self.diags[last]
     }
 
     /// Report a value of the wrong kind or outside its domain.
-    fn invalid(
-        &mut self,
-        node: &Node,
-        path: &str,
-        message: impl Into<String>,
-        allowed: impl Into<String>,
-    ) {
+    fn invalid(&mut self, node: &Node, path: &str, message: impl Into<String>, allowed: impl Into<String>) {
         let found = describe(node);
         let d = self.error(node, path, message);
         d.found = Some(found);
@@ -376,19 +327,10 @@ impl Decoder<'_> {
             self.invalid(node, path, "expected a mapping", allowed);
             return None;
         };
-        let mut fields = Fields {
-            node,
-            path: path.to_string(),
-            entries: Vec::new(),
-        };
+        let mut fields = Fields { node, path: path.to_string(), entries: Vec::new() };
         for (key, value) in entries {
             let NodeKind::Scalar { text, .. } = &key.kind else {
-                self.invalid(
-                    key,
-                    path,
-                    "a field name must be a string",
-                    format!("one of: {}", known.join(", ")),
-                );
+                self.invalid(key, path, "a field name must be a string", format!("one of: {}", known.join(", ")));
                 continue;
             };
             if !known.contains(&text.as_str()) {
@@ -409,11 +351,7 @@ impl Decoder<'_> {
     fn required<'n>(&mut self, fields: &Fields<'n>, name: &str, allowed: &str) -> Option<&'n Node> {
         let value = fields.value(name);
         if value.is_none() {
-            let d = self.error(
-                fields.node,
-                &fields.path,
-                format!("missing required field `{name}`"),
-            );
+            let d = self.error(fields.node, &fields.path, format!("missing required field `{name}`"));
             d.allowed = Some(format!("`{name}`: {allowed}"));
         }
         value
@@ -498,9 +436,7 @@ impl Decoder<'_> {
                     "no" | "No" | "NO" | "off" | "Off" | "OFF" | "n" | "N" => {
                         "expected a boolean; `no`/`off` are strings in YAML 1.2 (write `false`)"
                     }
-                    "True" | "TRUE" | "False" | "FALSE" => {
-                        "expected a boolean; write it in lowercase"
-                    }
+                    "True" | "TRUE" | "False" | "FALSE" => "expected a boolean; write it in lowercase",
                     _ => "expected a boolean",
                 };
                 self.invalid(node, path, message, "`true` or `false`");
@@ -531,9 +467,7 @@ impl Decoder<'_> {
                 }
             },
             Value::Str(s) if node_is_quoted(node) && matches!(plain_value(s), Value::Int(_)) => {
-                let message = format!(
-                    "expected an integer; quotes make this a string (write {s} without them)"
-                );
+                let message = format!("expected an integer; quotes make this a string (write {s} without them)");
                 self.invalid(node, path, message, allowed);
                 None
             }
@@ -545,13 +479,7 @@ impl Decoder<'_> {
     }
 
     /// A string naming one of `choices`, with a typo suggestion.
-    fn choice<'c>(
-        &mut self,
-        node: &Node,
-        path: &str,
-        noun: &str,
-        choices: &[&'c str],
-    ) -> Option<&'c str> {
+    fn choice<'c>(&mut self, node: &Node, path: &str, noun: &str, choices: &[&'c str]) -> Option<&'c str> {
         let s = self.string(node, path, &or_list(choices))?;
         if let Some(c) = choices.iter().find(|c| **c == s) {
             return Some(c);
@@ -586,8 +514,7 @@ impl Decoder<'_> {
             },
             targets: vec![Target::Ir],
         };
-        let top_allowed =
-            "a mapping of the spec's fields (name, op, dtypes, head_dims, variants, schedule, ...)";
+        let top_allowed = "a mapping of the spec's fields (name, op, dtypes, head_dims, variants, schedule, ...)";
         let Some(f) = self.fields(root, ROOT, TOP_FIELDS, "top-level field", top_allowed) else {
             return spec;
         };
@@ -600,19 +527,12 @@ impl Decoder<'_> {
         }
         if let Some(v) = f.value("version") {
             let allowed = "a non-negative integer (default 1)";
-            let check = |v: i64| {
-                (u32::try_from(v).is_err())
-                    .then_some("the version must be a non-negative 32-bit integer")
-            };
-            spec.version = self
-                .int(v, "version", allowed, check)
-                .and_then(|v| u32::try_from(v).ok())
-                .unwrap_or(1);
+            let check =
+                |v: i64| (u32::try_from(v).is_err()).then_some("the version must be a non-negative 32-bit integer");
+            spec.version = self.int(v, "version", allowed, check).and_then(|v| u32::try_from(v).ok()).unwrap_or(1);
         }
         if let Some(v) = f.value("description") {
-            spec.description = self
-                .string(v, "description", "a string")
-                .map(str::to_string);
+            spec.description = self.string(v, "description", "a string").map(str::to_string);
         }
         if let Some(v) = f.value("layout") {
             self.choice(v, "layout", "layout", &["bshd"]);
@@ -620,25 +540,13 @@ impl Decoder<'_> {
         if let Some(v) = self.required(&f, "dtypes", "a non-empty list of bf16, f16, f32") {
             spec.dtypes = self.dtypes(v);
         }
-        if let Some(v) = self.required(
-            &f,
-            "head_dims",
-            "a non-empty list of multiples of 16 from 16 to 256",
-        ) {
+        if let Some(v) = self.required(&f, "head_dims", "a non-empty list of multiples of 16 from 16 to 256") {
             spec.head_dims = self.head_dims(v);
         }
-        if let Some(v) = self.required(
-            &f,
-            "variants",
-            "a mapping from variant names to their features",
-        ) {
+        if let Some(v) = self.required(&f, "variants", "a mapping from variant names to their features") {
             spec.variants = self.variants(v);
         }
-        if let Some(v) = self.required(
-            &f,
-            "schedule",
-            "a mapping with block_m, block_n, num_warps and num_stages",
-        ) {
+        if let Some(v) = self.required(&f, "schedule", "a mapping with block_m, block_n, num_warps and num_stages") {
             spec.schedule = self.schedule(v);
         }
         if let Some(v) = f.value("targets") {
@@ -652,12 +560,7 @@ impl Decoder<'_> {
         if is_identifier(s) {
             Some(s.to_string())
         } else {
-            self.invalid(
-                node,
-                path,
-                format!("`{s}` is not a valid {noun}"),
-                IDENTIFIER,
-            );
+            self.invalid(node, path, format!("`{s}` is not a valid {noun}"), IDENTIFIER);
             None
         }
     }
@@ -669,12 +572,7 @@ impl Decoder<'_> {
         }
         // No typo suggestion: `flash_attention_bwd` is one letter from the forward op
         // but is a different operation, not a misspelling of it.
-        self.invalid(
-            node,
-            "op",
-            format!("unknown op `{s}`"),
-            format!("{} (the only op today)", or_list(OPS)),
-        );
+        self.invalid(node, "op", format!("unknown op `{s}`"), format!("{} (the only op today)", or_list(OPS)));
         None
     }
 
@@ -693,9 +591,7 @@ impl Decoder<'_> {
             // takes its inputs in: a "did you mean" would only mislead.
             Some(_) => format!("dtype `{s}` cannot be an attention input"),
             None => {
-                let alias = DTYPE_ALIASES
-                    .iter()
-                    .find(|(a, _)| a.eq_ignore_ascii_case(s));
+                let alias = DTYPE_ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(s));
                 match (alias, suggest(s, DTYPES)) {
                     (Some((_, name)), _) => {
                         format!("unknown dtype `{s}`; the spec calls it `{name}`")
@@ -712,55 +608,37 @@ impl Decoder<'_> {
     fn head_dims(&mut self, node: &Node) -> Vec<usize> {
         let allowed = "a multiple of 16 from 16 to 256";
         let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
-        self.unique_list(
-            node,
-            "head_dims",
-            "head dimension",
-            list_allowed,
-            |d, node, path| {
-                let v = d.int(node, path, allowed, |v| {
-                    if v % 16 != 0 {
-                        Some("head dimension is not a multiple of 16")
-                    } else if !(16..=256).contains(&v) {
-                        Some("head dimension is out of range")
-                    } else {
-                        None
-                    }
-                })?;
-                usize::try_from(v).ok()
-            },
-        )
+        self.unique_list(node, "head_dims", "head dimension", list_allowed, |d, node, path| {
+            let v = d.int(node, path, allowed, |v| {
+                if v % 16 != 0 {
+                    Some("head dimension is not a multiple of 16")
+                } else if !(16..=256).contains(&v) {
+                    Some("head dimension is out of range")
+                } else {
+                    None
+                }
+            })?;
+            usize::try_from(v).ok()
+        })
     }
 
     fn variants(&mut self, node: &Node) -> Vec<Variant> {
-        let allowed =
-            "a mapping from variant names to their features, e.g. `causal: { causal: true }`";
+        let allowed = "a mapping from variant names to their features, e.g. `causal: { causal: true }`";
         let NodeKind::Map(entries) = &node.kind else {
             self.invalid(node, "variants", "expected a mapping", allowed);
             return Vec::new();
         };
         if entries.is_empty() {
-            self.invalid(
-                node,
-                "variants",
-                "at least one variant is required",
-                allowed,
-            );
+            self.invalid(node, "variants", "at least one variant is required", allowed);
             return Vec::new();
         }
         let mut out = Vec::new();
         for (key, value) in entries {
             let path = join("variants", key);
-            let name = self
-                .identifier(key, &path, "variant name")
-                .unwrap_or_default();
+            let name = self.identifier(key, &path, "variant name").unwrap_or_default();
             if let Some(features) = self.features(value, &path) {
                 let (description, features) = features;
-                out.push(Variant {
-                    name,
-                    description,
-                    features,
-                });
+                out.push(Variant { name, description, features });
             }
         }
         out
@@ -813,30 +691,20 @@ impl Decoder<'_> {
         if conflicts.is_empty() {
             return;
         }
-        let named: Vec<String> = conflicts
-            .iter()
-            .map(|(n, line)| format!("`{n}` (line {line})"))
-            .collect();
+        let named: Vec<String> = conflicts.iter().map(|(n, line)| format!("`{n}` (line {line})")).collect();
         let shapes = if conflicts.iter().all(|(n, _)| *n == "segment_ids") {
             "dense `[B, S]` segment ids have"
         } else {
             "dense `[B, H, Sq, Sk]` tensors have"
         };
-        let message = format!(
-            "`varlen` cannot be combined with {}: {shapes} no meaning for a packed batch",
-            named.join(" and ")
-        );
+        let message =
+            format!("`varlen` cannot be combined with {}: {shapes} no meaning for a packed batch", named.join(" and "));
         let d = self.error(varlen, &f.path("varlen"), message);
         d.found = Some(format!(
             "varlen: true with {}",
-            conflicts
-                .iter()
-                .map(|(n, _)| format!("{n}: true"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            conflicts.iter().map(|(n, _)| format!("{n}: true")).collect::<Vec<_>>().join(", ")
         ));
-        d.allowed =
-            Some("varlen with causal, sliding_window, logits_soft_cap, sinks or dropout".into());
+        d.allowed = Some("varlen with causal, sliding_window, logits_soft_cap, sinks or dropout".into());
     }
 
     fn window(&mut self, node: &Node, path: &str, causal: bool) -> Option<Window> {
@@ -853,10 +721,7 @@ impl Decoder<'_> {
             (_, Value::Int(_)) => {
                 let w = self.int(node, path, size_allowed, size_check)?;
                 let w = u32::try_from(w).ok()?;
-                Some(Window::Fixed {
-                    left: w,
-                    right: if causal { 0 } else { w },
-                })
+                Some(Window::Fixed { left: w, right: if causal { 0 } else { w } })
             }
             (NodeKind::Seq(items), _) if items.len() == 2 => {
                 let left = self.int(&items[0], &format!("{path}[0]"), size_allowed, size_check);
@@ -865,12 +730,7 @@ impl Decoder<'_> {
                 Some(Window::Fixed { left, right })
             }
             (NodeKind::Seq(_), _) => {
-                self.invalid(
-                    node,
-                    path,
-                    "a window is `[left, right]`: exactly two sizes",
-                    allowed,
-                );
+                self.invalid(node, path, "a window is `[left, right]`: exactly two sizes", allowed);
                 None
             }
             (_, Value::Str(s)) => {
@@ -898,12 +758,8 @@ impl Decoder<'_> {
                 let mut message = format!("unknown soft cap `{s}`");
                 if suggest(s, &["runtime"]).is_some() {
                     message.push_str("; did you mean `runtime`?");
-                } else if node_is_quoted(node)
-                    && matches!(plain_value(s), Value::Int(_) | Value::Float(_))
-                {
-                    message = format!(
-                        "expected a number; quotes make this a string (write {s} without them)"
-                    );
+                } else if node_is_quoted(node) && matches!(plain_value(s), Value::Int(_) | Value::Float(_)) {
+                    message = format!("expected a number; quotes make this a string (write {s} without them)");
                 }
                 self.invalid(node, path, message, allowed);
                 return None;
@@ -932,15 +788,10 @@ impl Decoder<'_> {
     }
 
     fn schedule(&mut self, node: &Node) -> ScheduleSpace {
-        let mut space = ScheduleSpace {
-            block_m: Vec::new(),
-            block_n: Vec::new(),
-            num_warps: Vec::new(),
-            num_stages: Vec::new(),
-        };
+        let mut space =
+            ScheduleSpace { block_m: Vec::new(), block_n: Vec::new(), num_warps: Vec::new(), num_stages: Vec::new() };
         let allowed = "a mapping with block_m, block_n, num_warps and num_stages, each a list";
-        let Some(f) = self.fields(node, "schedule", SCHEDULE_FIELDS, "schedule field", allowed)
-        else {
+        let Some(f) = self.fields(node, "schedule", SCHEDULE_FIELDS, "schedule field", allowed) else {
             return space;
         };
         let block = "a power of two from 16 to 256";
@@ -955,51 +806,22 @@ impl Decoder<'_> {
             }
         };
         if let Some(v) = self.required(&f, "block_m", block_list) {
-            space.block_m = self.u32_list(
-                v,
-                &f.path("block_m"),
-                "block size",
-                block_list,
-                block,
-                block_check,
-            );
+            space.block_m = self.u32_list(v, &f.path("block_m"), "block size", block_list, block, block_check);
         }
         if let Some(v) = self.required(&f, "block_n", block_list) {
-            space.block_n = self.u32_list(
-                v,
-                &f.path("block_n"),
-                "block size",
-                block_list,
-                block,
-                block_check,
-            );
+            space.block_n = self.u32_list(v, &f.path("block_n"), "block size", block_list, block, block_check);
         }
         let warps = or_list(&["1", "2", "4", "8", "16"]);
         let warps_list = format!("a non-empty list of warp counts from {warps}");
         if let Some(v) = self.required(&f, "num_warps", &warps_list) {
             let check = |v: i64| (!WARPS.contains(&v)).then_some("unsupported warp count");
-            space.num_warps = self.u32_list(
-                v,
-                &f.path("num_warps"),
-                "warp count",
-                &warps_list,
-                &warps,
-                check,
-            );
+            space.num_warps = self.u32_list(v, &f.path("num_warps"), "warp count", &warps_list, &warps, check);
         }
         let stages = "an integer from 1 to 8";
         let stages_list = "a non-empty list of stage counts from 1 to 8";
         if let Some(v) = self.required(&f, "num_stages", stages_list) {
-            let check =
-                |v: i64| (!(1..=8).contains(&v)).then_some("pipeline stage count is out of range");
-            space.num_stages = self.u32_list(
-                v,
-                &f.path("num_stages"),
-                "stage count",
-                stages_list,
-                stages,
-                check,
-            );
+            let check = |v: i64| (!(1..=8).contains(&v)).then_some("pipeline stage count is out of range");
+            space.num_stages = self.u32_list(v, &f.path("num_stages"), "stage count", stages_list, stages, check);
         }
         space
     }
@@ -1014,8 +836,7 @@ impl Decoder<'_> {
         check: impl Fn(i64) -> Option<&'static str>,
     ) -> Vec<u32> {
         self.unique_list(node, path, noun, list_allowed, |d, node, path| {
-            d.int(node, path, allowed, &check)
-                .and_then(|v| u32::try_from(v).ok())
+            d.int(node, path, allowed, &check).and_then(|v| u32::try_from(v).ok())
         })
     }
 
@@ -1054,13 +875,7 @@ pub(crate) fn parse_target(s: &str) -> Option<Target> {
 }
 
 fn node_is_quoted(node: &Node) -> bool {
-    matches!(
-        node.kind,
-        NodeKind::Scalar {
-            style: Style::Quoted,
-            ..
-        }
-    )
+    matches!(node.kind, NodeKind::Scalar { style: Style::Quoted, .. })
 }
 
 /// A scalar as written (without quotes), in backticks, for messages.
@@ -1092,13 +907,7 @@ schedule:
     /// MINI with one line replaced (the first line starting with `prefix`).
     fn with_line(prefix: &str, replacement: &str) -> String {
         MINI.lines()
-            .map(|l| {
-                if l.starts_with(prefix) {
-                    replacement
-                } else {
-                    l
-                }
-            })
+            .map(|l| if l.starts_with(prefix) { replacement } else { l })
             .fold(String::new(), |acc, l| acc + l + "\n")
     }
 
@@ -1131,43 +940,23 @@ schedule:
 
     #[test]
     fn hash_is_sha256_of_the_bytes() {
-        assert_eq!(
-            sha256_hex(b"abc"),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(sha256_hex(b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         let spec = load_str("t.yaml", MINI).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(spec.hash, sha256_hex(MINI.as_bytes()));
     }
 
     #[test]
     fn windows() {
-        assert_eq!(
-            features("{ sliding_window: runtime }").sliding_window,
-            Some(Window::Runtime)
-        );
-        assert_eq!(
-            features("{ sliding_window: \"runtime\" }").sliding_window,
-            Some(Window::Runtime)
-        );
-        assert_eq!(
-            features("{ sliding_window: 64 }").sliding_window,
-            Some(Window::Fixed {
-                left: 64,
-                right: 64
-            })
-        );
+        assert_eq!(features("{ sliding_window: runtime }").sliding_window, Some(Window::Runtime));
+        assert_eq!(features("{ sliding_window: \"runtime\" }").sliding_window, Some(Window::Runtime));
+        assert_eq!(features("{ sliding_window: 64 }").sliding_window, Some(Window::Fixed { left: 64, right: 64 }));
         // The causal flag applies wherever it is written.
         assert_eq!(
             features("{ sliding_window: 64, causal: true }").sliding_window,
             Some(Window::Fixed { left: 64, right: 0 })
         );
-        assert_eq!(
-            features("{ sliding_window: [0, 7] }").sliding_window,
-            Some(Window::Fixed { left: 0, right: 7 })
-        );
-        let e = errors(&with_variant(
-            "{ sliding_window: [1.5, 99999999999999999999999] }",
-        ));
+        assert_eq!(features("{ sliding_window: [0, 7] }").sliding_window, Some(Window::Fixed { left: 0, right: 7 }));
+        let e = errors(&with_variant("{ sliding_window: [1.5, 99999999999999999999999] }"));
         assert_eq!(e.len(), 2, "{e:?}");
         assert_eq!(e[0].message, "expected an integer");
         assert_eq!(e[1].message, "the window size is too large");
@@ -1178,29 +967,14 @@ schedule:
 
     #[test]
     fn soft_caps() {
-        assert_eq!(
-            features("{ logits_soft_cap: runtime }").logits_soft_cap,
-            Some(SoftCap::Runtime)
-        );
-        assert_eq!(
-            features("{ logits_soft_cap: 30 }").logits_soft_cap,
-            Some(SoftCap::Fixed(30.0))
-        );
-        assert_eq!(
-            features("{ logits_soft_cap: 2.5e1 }").logits_soft_cap,
-            Some(SoftCap::Fixed(25.0))
-        );
+        assert_eq!(features("{ logits_soft_cap: runtime }").logits_soft_cap, Some(SoftCap::Runtime));
+        assert_eq!(features("{ logits_soft_cap: 30 }").logits_soft_cap, Some(SoftCap::Fixed(30.0)));
+        assert_eq!(features("{ logits_soft_cap: 2.5e1 }").logits_soft_cap, Some(SoftCap::Fixed(25.0)));
         for (text, message) in [
             ("0", "the soft cap must be positive"),
-            (
-                ".inf",
-                "the soft cap must be finite (leave the field out for no cap)",
-            ),
+            (".inf", "the soft cap must be finite (leave the field out for no cap)"),
             (".nan", "the soft cap is not a number"),
-            (
-                "'50'",
-                "expected a number; quotes make this a string (write 50 without them)",
-            ),
+            ("'50'", "expected a number; quotes make this a string (write 50 without them)"),
             ("[50]", "expected a soft cap"),
         ] {
             let e = errors(&with_variant(&format!("{{ logits_soft_cap: {text} }}")));
@@ -1211,9 +985,7 @@ schedule:
 
     #[test]
     fn varlen_conflicts_name_every_dense_feature() {
-        let e = errors(&with_variant(
-            "{ varlen: true, mask: true, segment_ids: true }",
-        ));
+        let e = errors(&with_variant("{ varlen: true, mask: true, segment_ids: true }"));
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].path, "variants.v.varlen");
         assert_eq!(
@@ -1222,11 +994,7 @@ schedule:
              dense `[B, H, Sq, Sk]` tensors have no meaning for a packed batch"
         );
         let e = errors(&with_variant("{ varlen: true, segment_ids: true }"));
-        assert!(
-            e[0].message.contains("dense `[B, S]` segment ids"),
-            "{}",
-            e[0].message
-        );
+        assert!(e[0].message.contains("dense `[B, S]` segment ids"), "{}", e[0].message);
         // Features off are no conflict.
         assert!(features("{ varlen: true, bias: false, causal: true }").varlen);
     }
@@ -1234,11 +1002,7 @@ schedule:
     #[test]
     fn yaml_1_1_booleans_get_a_hint() {
         let e = errors(&with_variant("{ causal: no }"));
-        assert!(
-            e[0].message.contains("strings in YAML 1.2"),
-            "{}",
-            e[0].message
-        );
+        assert!(e[0].message.contains("strings in YAML 1.2"), "{}", e[0].message);
         let e = errors(&with_variant("{ causal: True }"));
         assert_eq!(e[0].message, "expected a boolean; write it in lowercase");
         let e = errors(&with_variant("{ causal: \"true\" }"));
@@ -1263,18 +1027,11 @@ schedule:
             assert_eq!(e[0].path, "name");
             assert_eq!(e[0].found.as_deref(), Some(found), "{line}");
             // An empty value is reported at its key, not at the next line's token.
-            assert_eq!(
-                (e[0].line, e[0].column),
-                (1, if line == "name:" { 1 } else { 7 }),
-                "{line}"
-            );
+            assert_eq!((e[0].line, e[0].column), (1, if line == "name:" { 1 } else { 7 }), "{line}");
         }
         let long = "X".repeat(100);
         let e = errors(&with_line("name:", &format!("name: {long}")));
-        assert_eq!(
-            e[0].found.as_deref(),
-            Some(format!("a string \"{}...\"", "X".repeat(57)).as_str())
-        );
+        assert_eq!(e[0].found.as_deref(), Some(format!("a string \"{}...\"", "X".repeat(57)).as_str()));
     }
 
     #[test]
@@ -1346,23 +1103,16 @@ schedule:
         assert_eq!(e[1].message, "expected a string");
         assert_eq!(e[1].found.as_deref(), Some("a list of 1 item"));
         let e = errors(&with_line("schedule:", "schedule:\n  [a]: 1"));
-        assert!(
-            e.iter()
-                .any(|d| d.message == "a field name must be a string"),
-            "{e:?}"
-        );
+        assert!(e.iter().any(|d| d.message == "a field name must be a string"), "{e:?}");
     }
 
     #[test]
     fn version_and_layout() {
-        let spec = load_str("t.yaml", &(MINI.to_string() + "version: 3\nlayout: bshd\n"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let spec =
+            load_str("t.yaml", &(MINI.to_string() + "version: 3\nlayout: bshd\n")).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(spec.version, 3);
         let e = errors(&(MINI.to_string() + "version: 4294967296\nlayout: bhsd\n"));
-        assert_eq!(
-            e[0].message,
-            "the version must be a non-negative 32-bit integer"
-        );
+        assert_eq!(e[0].message, "the version must be a non-negative 32-bit integer");
         assert_eq!(e[1].message, "unknown layout `bhsd`; did you mean `bshd`?");
     }
 
@@ -1378,24 +1128,12 @@ schedule:
 
     #[test]
     fn binary_garbage_is_an_error_not_a_panic() {
-        let garbage: String = (0u32..512)
-            .map(|i| char::from_u32(i.wrapping_mul(2654435761) % 0x2ff).unwrap_or('?'))
-            .collect();
+        let garbage: String =
+            (0u32..512).map(|i| char::from_u32(i.wrapping_mul(2654435761) % 0x2ff).unwrap_or('?')).collect();
         let e = load_str("garbage.bin", &garbage).unwrap_err();
         assert!(!e.diagnostics.is_empty());
         let _ = e.to_string();
-        for text in [
-            "\0\0\0",
-            "\u{1}\u{2}: \u{7f}",
-            "\u{fffd}\u{fffd}",
-            "[",
-            "{",
-            "-",
-            ":",
-            "&",
-            "*",
-            "!",
-        ] {
+        for text in ["\0\0\0", "\u{1}\u{2}: \u{7f}", "\u{fffd}\u{fffd}", "[", "{", "-", ":", "&", "*", "!"] {
             let e = load_str("g", text).unwrap_err();
             let _ = e.to_string();
         }
@@ -1414,8 +1152,8 @@ schedule:
         // Tiny inputs over YAML's punctuation reach parser states that mutations of a
         // well-formed file rarely do.
         const ALPHABET: &[&str] = &[
-            "a", "1", "-1", ":", ": ", "- ", "[", "]", "{", "}", ",", "\n", "  ", "\t", "#", "'",
-            "\"", "&x ", "*x", "!!str ", "? ", "|", ">", "---", "...", "~", "%", "\r", "\\",
+            "a", "1", "-1", ":", ": ", "- ", "[", "]", "{", "}", ",", "\n", "  ", "\t", "#", "'", "\"", "&x ", "*x",
+            "!!str ", "? ", "|", ">", "---", "...", "~", "%", "\r", "\\",
         ];
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut next = || {
@@ -1426,9 +1164,7 @@ schedule:
         };
         for _ in 0..3000 {
             let len = (next() % 24) as usize;
-            let text: String = (0..len)
-                .map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize])
-                .collect();
+            let text: String = (0..len).map(|_| ALPHABET[(next() % ALPHABET.len() as u64) as usize]).collect();
             if let Err(e) = load_str("r", &text) {
                 assert!(!e.diagnostics.is_empty());
                 let _ = e.to_string();

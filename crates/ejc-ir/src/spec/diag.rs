@@ -143,9 +143,7 @@ impl fmt::Display for Diagnostic {
 impl SpecError {
     /// An error with one diagnostic.
     pub fn single(diagnostic: Diagnostic) -> SpecError {
-        SpecError {
-            diagnostics: vec![diagnostic],
-        }
+        SpecError { diagnostics: vec![diagnostic] }
     }
 }
 
@@ -177,10 +175,7 @@ pub(crate) struct Source<'a> {
 
 impl<'a> Source<'a> {
     pub fn new(file: &'a str, text: &'a str) -> Source<'a> {
-        Source {
-            file,
-            lines: split_lines(text),
-        }
+        Source { file, lines: split_lines(text) }
     }
 
     /// The text of a 1-based line.
@@ -189,13 +184,7 @@ impl<'a> Source<'a> {
     }
 
     /// A diagnostic at a 1-based `line` and `column`, with that line's text attached.
-    pub fn diag(
-        &self,
-        line: usize,
-        column: usize,
-        path: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Diagnostic {
+    pub fn diag(&self, line: usize, column: usize, path: impl Into<String>, message: impl Into<String>) -> Diagnostic {
         let mut d = Diagnostic::new(self.file, line, column, path, message);
         d.source_line = self.line(line).map(str::to_string);
         d
@@ -278,12 +267,7 @@ mod tests {
         let text = "a: 1\n".repeat(11) + "  block_m: [64, 7]\n";
         let src = Source::new("specs/bad.yaml", &text);
         let d = src
-            .diag(
-                12,
-                17,
-                "schedule.block_m[1]",
-                "block size is not a power of two",
-            )
+            .diag(12, 17, "schedule.block_m[1]", "block size is not a power of two")
             .with_found("7")
             .with_allowed("a power of two from 16 to 256");
         assert_eq!(
@@ -295,10 +279,7 @@ mod tests {
              12 |   block_m: [64, 7]\n\
              \x20  |                 ^"
         );
-        assert_eq!(
-            d.short(),
-            "error: specs/bad.yaml:12:17: schedule.block_m[1]: block size is not a power of two"
-        );
+        assert_eq!(d.short(), "error: specs/bad.yaml:12:17: schedule.block_m[1]: block size is not a power of two");
     }
 
     #[test]
@@ -318,13 +299,8 @@ mod tests {
     fn several_diagnostics_are_separated_by_a_blank_line() {
         let a = Diagnostic::new("f", 1, 1, "x", "one");
         let b = Diagnostic::new("f", 2, 1, "y", "two");
-        let e = SpecError {
-            diagnostics: vec![a, b],
-        };
-        assert_eq!(
-            e.to_string(),
-            "error: f:1:1: x: one\n\nerror: f:2:1: y: two"
-        );
+        let e = SpecError { diagnostics: vec![a, b] };
+        assert_eq!(e.to_string(), "error: f:1:1: x: one\n\nerror: f:2:1: y: two");
     }
 
     #[test]

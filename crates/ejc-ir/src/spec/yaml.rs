@@ -63,13 +63,7 @@ const MAX_DEPTH: usize = 64;
 /// decoding should stop. Duplicate keys leave a usable tree (the first occurrence wins)
 /// so the decoder can still report the rest of the file.
 pub(crate) fn parse(src: &Source<'_>, text: &str, diags: &mut Vec<Diagnostic>) -> Option<Node> {
-    let mut builder = Builder {
-        src,
-        stack: Vec::new(),
-        root: None,
-        diags,
-        fatal: false,
-    };
+    let mut builder = Builder { src, stack: Vec::new(), root: None, diags, fatal: false };
     let mut parser = Parser::new_from_str(text);
     let mut documents = 0;
     loop {
@@ -108,9 +102,7 @@ pub(crate) fn parse(src: &Source<'_>, text: &str, diags: &mut Vec<Diagnostic>) -
                         (line, col) = (key.line, key.col);
                     }
                 }
-                let kind = if style == Style::Plain
-                    && matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL")
-                {
+                let kind = if style == Style::Plain && matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL") {
                     NodeKind::Null
                 } else {
                     NodeKind::Scalar { text, style }
@@ -121,20 +113,11 @@ pub(crate) fn parse(src: &Source<'_>, text: &str, diags: &mut Vec<Diagnostic>) -
                 let (line, col) = position(&mark);
                 let name = builder.token_at(&mark);
                 builder.diags.push(
-                    src.diag(
-                        line,
-                        col,
-                        builder.path(),
-                        format!("YAML aliases (`{name}`) are not supported"),
-                    )
-                    .with_allowed("the value written out in full at each place it is used"),
+                    src.diag(line, col, builder.path(), format!("YAML aliases (`{name}`) are not supported"))
+                        .with_allowed("the value written out in full at each place it is used"),
                 );
                 builder.fatal = true;
-                builder.finish(Node {
-                    kind: NodeKind::Null,
-                    line,
-                    col,
-                });
+                builder.finish(Node { kind: NodeKind::Null, line, col });
             }
             Event::SequenceStart(anchor, tag) => {
                 builder.check_extras(&mark, anchor, tag.as_ref());
@@ -161,9 +144,7 @@ pub(crate) fn parse(src: &Source<'_>, text: &str, diags: &mut Vec<Diagnostic>) -
         None => (1, 1),
     };
     let allowed = "a mapping with `name`, `op`, `dtypes`, `head_dims`, `variants` and `schedule`";
-    let d = src
-        .diag(line, col, ROOT, "the spec is empty")
-        .with_allowed(allowed);
+    let d = src.diag(line, col, ROOT, "the spec is empty").with_allowed(allowed);
     builder.diags.push(d);
     None
 }
@@ -239,21 +220,11 @@ impl Builder<'_, '_> {
         }
         let flow = self.char_at(line, col).filter(|c| matches!(c, '[' | '{'));
         let body = if is_map {
-            Body::Map {
-                entries: Vec::new(),
-                key: None,
-                seen: HashMap::new(),
-            }
+            Body::Map { entries: Vec::new(), key: None, seen: HashMap::new() }
         } else {
             Body::Seq(Vec::new())
         };
-        self.stack.push(Frame {
-            path,
-            line,
-            col,
-            flow,
-            body,
-        });
+        self.stack.push(Frame { path, line, col, flow, body });
         true
     }
 
@@ -286,14 +257,8 @@ impl Builder<'_, '_> {
         };
         match &mut frame.body {
             Body::Seq(items) => items.push(node),
-            Body::Map {
-                key: slot @ None, ..
-            } => *slot = Some(node),
-            Body::Map {
-                entries,
-                key: slot @ Some(_),
-                seen,
-            } => {
+            Body::Map { key: slot @ None, .. } => *slot = Some(node),
+            Body::Map { entries, key: slot @ Some(_), seen } => {
                 let Some(key) = slot.take() else { return };
                 if let NodeKind::Scalar { text, .. } = &key.kind {
                     if let Some(&(first_line, first_col)) = seen.get(text) {
@@ -334,10 +299,7 @@ impl Builder<'_, '_> {
             }
             message.push_str("; YAML indents with spaces, not tabs");
         }
-        let path = self
-            .stack
-            .last()
-            .map_or_else(|| ROOT.to_string(), |f| f.path.clone());
+        let path = self.stack.last().map_or_else(|| ROOT.to_string(), |f| f.path.clone());
         self.diags.push(self.src.diag(line, col, path, message));
     }
 
@@ -348,17 +310,10 @@ impl Builder<'_, '_> {
         if anchor != 0 {
             // The event is marked at the node, after its `&name`: find the anchor in the
             // text to point at it and name it.
-            let (line, col, name) =
-                self.property_before(line, col, '&')
-                    .unwrap_or((line, col, "&name".to_string()));
+            let (line, col, name) = self.property_before(line, col, '&').unwrap_or((line, col, "&name".to_string()));
             let d = self
                 .src
-                .diag(
-                    line,
-                    col,
-                    path.clone(),
-                    format!("YAML anchors (`{name}`) are not supported"),
-                )
+                .diag(line, col, path.clone(), format!("YAML anchors (`{name}`) are not supported"))
                 .with_allowed("the value written out in full at each place it is used");
             self.diags.push(d);
             self.fatal = true;
@@ -369,17 +324,10 @@ impl Builder<'_, '_> {
                 "tag:yaml.org,2002:" => format!("!!{}", tag.suffix),
                 handle => format!("{handle}{}", tag.suffix),
             };
-            let (line, col) = self
-                .property_before(line, col, '!')
-                .map_or((line, col), |(line, col, _)| (line, col));
+            let (line, col) = self.property_before(line, col, '!').map_or((line, col), |(line, col, _)| (line, col));
             let d = self
                 .src
-                .diag(
-                    line,
-                    col,
-                    path,
-                    format!("YAML tags (`{shown}`) are not supported"),
-                )
+                .diag(line, col, path, format!("YAML tags (`{shown}`) are not supported"))
                 .with_allowed("untagged values (quote a value to make it a string)");
             self.diags.push(d);
             self.fatal = true;
@@ -389,12 +337,7 @@ impl Builder<'_, '_> {
     /// The last word starting with `sigil` (an anchor `&a` or a tag `!!str`) before
     /// a node at `line:col`, on the same line or, for a block collection whose first
     /// item starts on the next line, at the end of the line before.
-    fn property_before(
-        &self,
-        line: usize,
-        col: usize,
-        sigil: char,
-    ) -> Option<(usize, usize, String)> {
+    fn property_before(&self, line: usize, col: usize, sigil: char) -> Option<(usize, usize, String)> {
         let same_line = self.src.line(line).map(|text| {
             let prefix: String = text.chars().take(col.saturating_sub(1)).collect();
             last_word_with(&prefix, sigil)
@@ -497,13 +440,9 @@ mod tests {
     #[test]
     fn the_module_example_holds() {
         let root = parse_ok("block_m: [64, 7]\n");
-        let NodeKind::Map(entries) = &root.kind else {
-            panic!("{root:?}")
-        };
+        let NodeKind::Map(entries) = &root.kind else { panic!("{root:?}") };
         let (_, value) = &entries[0];
-        let NodeKind::Seq(items) = &value.kind else {
-            panic!("{value:?}")
-        };
+        let NodeKind::Seq(items) = &value.kind else { panic!("{value:?}") };
         assert_eq!((items[1].line, items[1].col), (1, 15));
     }
 
@@ -511,9 +450,7 @@ mod tests {
     fn block_mappings_sit_at_their_first_key() {
         let root = parse_ok("# c\n\nname: x\nsub:\n  a: 1\nflow: { b: 2 }\n");
         assert_eq!((root.line, root.col), (3, 1));
-        let NodeKind::Map(entries) = &root.kind else {
-            panic!()
-        };
+        let NodeKind::Map(entries) = &root.kind else { panic!() };
         assert_eq!((entries[1].1.line, entries[1].1.col), (5, 3));
         assert_eq!((entries[2].1.line, entries[2].1.col), (6, 7));
     }
@@ -521,31 +458,11 @@ mod tests {
     #[test]
     fn scalar_styles_and_nulls() {
         let root = parse_ok("a: 1\nb: '1'\nc: |\n  x\nd: ~\ne:\nf: null\n");
-        let NodeKind::Map(entries) = &root.kind else {
-            panic!()
-        };
+        let NodeKind::Map(entries) = &root.kind else { panic!() };
         let kinds: Vec<&NodeKind> = entries.iter().map(|(_, v)| &v.kind).collect();
-        assert_eq!(
-            kinds[0],
-            &NodeKind::Scalar {
-                text: "1".into(),
-                style: Style::Plain
-            }
-        );
-        assert_eq!(
-            kinds[1],
-            &NodeKind::Scalar {
-                text: "1".into(),
-                style: Style::Quoted
-            }
-        );
-        assert_eq!(
-            kinds[2],
-            &NodeKind::Scalar {
-                text: "x\n".into(),
-                style: Style::Quoted
-            }
-        );
+        assert_eq!(kinds[0], &NodeKind::Scalar { text: "1".into(), style: Style::Plain });
+        assert_eq!(kinds[1], &NodeKind::Scalar { text: "1".into(), style: Style::Quoted });
+        assert_eq!(kinds[2], &NodeKind::Scalar { text: "x\n".into(), style: Style::Quoted });
         assert!(kinds[3..].iter().all(|k| **k == NodeKind::Null));
         // `e:` has no value token: the null is placed at the key.
         assert_eq!((entries[4].1.line, entries[4].1.col), (6, 1));
@@ -557,28 +474,17 @@ mod tests {
         let src = Source::new("t.yaml", text);
         let mut diags = Vec::new();
         let root = parse(&src, text, &mut diags).expect("still a tree");
-        let NodeKind::Map(entries) = &root.kind else {
-            panic!()
-        };
+        let NodeKind::Map(entries) = &root.kind else { panic!() };
         assert_eq!(entries.len(), 2);
-        let found: Vec<(usize, usize, &str)> = diags
-            .iter()
-            .map(|d| (d.line, d.column, d.path.as_str()))
-            .collect();
+        let found: Vec<(usize, usize, &str)> = diags.iter().map(|d| (d.line, d.column, d.path.as_str())).collect();
         assert_eq!(found, [(2, 11, "b.x"), (3, 1, "a")]);
-        assert_eq!(
-            diags[1].message,
-            "duplicate key `a` (first defined at line 1, column 1)"
-        );
+        assert_eq!(diags[1].message, "duplicate key `a` (first defined at line 1, column 1)");
     }
 
     #[test]
     fn anchors_aliases_and_tags_are_reported_where_written() {
         let d = parse_err("a: &base 1\nb: *base\nc: !!str 5\nd: &blk\n  - 1\n");
-        let found: Vec<(usize, usize, &str)> = d
-            .iter()
-            .map(|d| (d.line, d.column, d.message.as_str()))
-            .collect();
+        let found: Vec<(usize, usize, &str)> = d.iter().map(|d| (d.line, d.column, d.message.as_str())).collect();
         assert_eq!(
             found,
             [
@@ -603,21 +509,11 @@ mod tests {
     #[test]
     fn scan_errors_carry_hints() {
         let d = parse_err("a: {b: 1\nc: 2\n");
-        assert!(
-            d[0].message.starts_with("not valid YAML: "),
-            "{}",
-            d[0].message
-        );
-        assert!(d[0]
-            .message
-            .ends_with("the `{` at line 1, column 4 is still open here: is a `}` missing?"));
+        assert!(d[0].message.starts_with("not valid YAML: "), "{}", d[0].message);
+        assert!(d[0].message.ends_with("the `{` at line 1, column 4 is still open here: is a `}` missing?"));
         let d = parse_err("a:\n\t- 1\n");
         assert_eq!((d[0].line, d[0].column), (2, 1));
-        assert!(
-            d[0].message.ends_with("YAML indents with spaces, not tabs"),
-            "{}",
-            d[0].message
-        );
+        assert!(d[0].message.ends_with("YAML indents with spaces, not tabs"), "{}", d[0].message);
     }
 
     #[test]
@@ -625,16 +521,9 @@ mod tests {
         // Flow nesting trips the scanner's own limit (255 levels); block nesting has
         // none, and is bounded here.
         let d = parse_err(&"[".repeat(100_000));
-        assert!(
-            d[0].message.starts_with("not valid YAML: "),
-            "{}",
-            d[0].message
-        );
+        assert!(d[0].message.starts_with("not valid YAML: "), "{}", d[0].message);
         let d = parse_err(&("- ".repeat(10_000) + "1\n"));
-        assert_eq!(
-            d[0].message,
-            format!("the spec nests more than {MAX_DEPTH} levels deep")
-        );
+        assert_eq!(d[0].message, format!("the spec nests more than {MAX_DEPTH} levels deep"));
         let closed = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
         parse_ok(&closed);
     }
@@ -642,10 +531,7 @@ mod tests {
     #[test]
     fn property_lookup() {
         assert_eq!(last_word_with("k: &a !!str ", '&'), Some((4, "&a".into())));
-        assert_eq!(
-            last_word_with("k: &a !!str ", '!'),
-            Some((7, "!!str".into()))
-        );
+        assert_eq!(last_word_with("k: &a !!str ", '!'), Some((7, "!!str".into())));
         assert_eq!(last_word_with("- &a 1", '&'), None);
         assert_eq!(last_word_with("[&a ", '&'), Some((2, "&a".into())));
     }

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite (this is what CI runs, through .ci/run).
+# GPU tests are skipped with a message when no GPU driver is present.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+source .tools/env.sh
+# Snapshots are compared, never written: a change must be reviewed by hand
+# (`cargo insta review`), not accepted by the test run.
+export INSTA_UPDATE=no
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo test --workspace --locked
+pending=$(git ls-files --others --exclude-standard | grep -E '\.snap\.new$|\.pending-snap$' || true)
+if [ -n "$pending" ]; then
+  echo "unreviewed snapshot files:"; echo "$pending"; exit 1
+fi
+echo "all tests passed"

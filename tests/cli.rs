@@ -1,0 +1,243 @@
+//! The `ejc` command line, end to end: exit codes, output, artifacts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const SPEC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash.yaml");
+
+fn ejc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("ejc runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn code(o: &Output) -> i32 {
+    // A panic exits 101: never acceptable.
+    let c = o.status.code().unwrap_or(-1);
+    assert_ne!(c, 101, "ejc panicked:\n{}", text(&o.stderr));
+    c
+}
+
+#[test]
+fn check_valid_spec() {
+    let o = ejc(&["check", SPEC]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.starts_with("ok: "), "{out}");
+    assert!(
+        out.contains("15 variants x 3 dtypes x 2 head dims = 90 kernels; x 6 tilings = 540 tile programs"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_every_broken_spec_exits_2_with_a_located_diagnostic() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/specs/broken");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let o = ejc(&["check", path.to_str().unwrap()]);
+        assert_eq!(code(&o), 2, "{}: expected exit 2", path.display());
+        let err = text(&o.stderr);
+        assert!(
+            err.contains("error: ") && err.contains(path.file_name().unwrap().to_str().unwrap()),
+            "{}: {err}",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n >= 20, "only {n} broken specs");
+}
+
+#[test]
+fn check_block_m_seven_shows_file_line_column_path_found_allowed() {
+    let o = ejc(&["check", "tests/specs/broken/block_m_seven.yaml"]);
+    assert_eq!(code(&o), 2);
+    let err = text(&o.stderr);
+    assert!(err.contains("tests/specs/broken/block_m_seven.yaml:"), "{err}");
+    assert!(err.contains("schedule.block_m"), "{err}");
+    assert!(err.contains("found: 7"), "{err}");
+    assert!(err.contains("allowed: a power of two from 16 to 256"), "{err}");
+}
+
+#[test]
+fn check_missing_and_non_yaml_inputs() {
+    let o = ejc(&["check", "no/such/spec.yaml"]);
+    assert_eq!(code(&o), 2);
+    assert!(text(&o.stderr).contains("no/such/spec.yaml"));
+    // A binary file.
+    let o = ejc(&["check", env!("CARGO_BIN_EXE_ejc")]);
+    assert_eq!(code(&o), 2);
+}
+
+#[test]
+fn list_table_and_json() {
+    let o = ejc(&["list", SPEC]);
+    assert_eq!(code(&o), 0);
+    let out = text(&o.stdout);
+    assert!(out.contains("flash_gemma2_bf16_d128_m64_n32"), "{out}");
+    assert!(out.contains("causal + sliding_window=runtime + logits_soft_cap=50"), "{out}");
+    let o = ejc(&["list", SPEC, "--json"]);
+    assert_eq!(code(&o), 0);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["kernels"].as_array().unwrap().len(), 540);
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ejc-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn build_writes_ir_and_a_manifest_the_runtime_verifies() {
+    let out = temp_dir("build");
+    let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("target `cpu` is not built yet"), "default build names the skipped targets");
+    let loaded = ejc_runtime::manifest::load(&out).expect("manifest verifies");
+    let m = &loaded.manifest;
+    assert_eq!(m.artifacts.len(), 540);
+    assert_eq!(m.spec.op, "flash_attention_fwd");
+    for a in &m.artifacts {
+        let text = std::fs::read_to_string(loaded.path_of(a)).unwrap();
+        let k = ejc_ir::parse::parse_kernel(&text).unwrap_or_else(|e| panic!("{}: {e}", a.file));
+        assert_eq!(k.name, a.entry);
+        let names: Vec<&str> = k.params.iter().map(|p| p.name.as_str()).collect();
+        let abi: Vec<&str> = a.params.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, abi, "{}: manifest ABI differs from the kernel", a.artifact_id);
+    }
+    let causal = m.artifacts.iter().find(|a| a.kernel_id == "flash_causal_f16_d128_m128_n64").unwrap();
+    assert_eq!(causal.grid, ["cdiv(seq_q, 128)".to_string(), "heads_q".into(), "batch".into()]);
+    assert_eq!(causal.config["block_m"], 128);
+    // Tampering is detected.
+    std::fs::write(loaded.path_of(causal), "kernel @x() grid(1, 1, 1) {\n}\n").unwrap();
+    let err = ejc_runtime::manifest::load(&out).unwrap_err().to_string();
+    assert!(err.contains("SHA-256"), "{err}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn build_filters_and_unsupported_targets() {
+    let out = temp_dir("filter");
+    let o = ejc(&[
+        "build",
+        SPEC,
+        "-o",
+        out.to_str().unwrap(),
+        "--target",
+        "ir",
+        "--variant",
+        "causal",
+        "--dtype",
+        "bf16",
+        "--head-dim",
+        "64",
+        "-q",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    assert!(o.stdout.is_empty() && o.stderr.is_empty(), "-q prints nothing");
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    assert_eq!(m.artifacts.len(), 6, "one variant x one dtype x one head dim x 6 tilings");
+    let _ = std::fs::remove_dir_all(&out);
+
+    let out = temp_dir("unsupported");
+    for t in ["cpu", "ptx:sm_90a", "mlir:cpu"] {
+        let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--target", t]);
+        assert_eq!(code(&o), 2);
+        assert!(text(&o.stderr).contains("is not built yet"), "{}", text(&o.stderr));
+        assert!(!out.join("manifest.json").exists(), "nothing is written for a refused target");
+    }
+    for (args, needle) in [
+        (vec!["--target", "ptx:sm_70"], "unknown target"),
+        (vec!["--variant", "nope"], "has no variant `nope`"),
+        (vec!["--dtype", "fp8"], "unknown dtype"),
+        (vec!["--head-dim", "96"], "does not declare head_dim 96"),
+    ] {
+        let mut a = vec!["build", SPEC, "-o", out.to_str().unwrap()];
+        a.extend(args);
+        let o = ejc(&a);
+        assert_eq!(code(&o), 2);
+        assert!(text(&o.stderr).contains(needle), "{needle}: {}", text(&o.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn run_interp_passes_for_every_variant() {
+    let o = ejc(&["run", SPEC, "--backend", "interp", "--dtype", "f32", "--shape", "2,45,61,4,2,64", "--seed", "11"]);
+    assert_eq!(code(&o), 0, "{}{}", text(&o.stdout), text(&o.stderr));
+    let out = text(&o.stdout);
+    assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 15, "{out}");
+    assert!(out.contains("rel_err=") && out.contains("max_abs_err=") && out.contains("seed=11"), "{out}");
+}
+
+#[test]
+fn run_json_and_flags() {
+    let o = ejc(&[
+        "run",
+        SPEC,
+        "--variant",
+        "sliding_window",
+        "--variant",
+        "dropout",
+        "--window",
+        "3,0",
+        "--dropout",
+        "0.5",
+        "--json",
+        "--shape",
+        "1,20,20,2,2,128",
+        "--block-m",
+        "128",
+        "--block-n",
+        "64",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let rows: Vec<serde_json::Value> = text(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r["ok"] == true && r["rel_err"].as_f64().unwrap() < 1e-2));
+}
+
+#[test]
+fn run_refuses_what_it_cannot_do() {
+    for (args, needle) in [
+        (vec!["--backend", "cpu"], "issue #3"),
+        (vec!["--backend", "cuda"], "issue #4"),
+        (vec!["--backend", "mlir"], "issue #6"),
+        (vec!["--variant", "nope"], "--variant nope"),
+        (vec!["--dtype", "i32"], "declares dtypes"),
+        (vec!["--shape", "1,2,3"], "expected 6"),
+        (vec!["--shape", "1,8,8,3,2,64"], "multiple of heads_kv"),
+        (vec!["--shape", "1,8,8,2,2,80"], "head_dim 80"),
+        (vec!["--shape", "64,4096,4096,32,8,128"], "too much for the interpreter"),
+        (vec!["--block-m", "48"], "not in spec"),
+        (vec!["--window", "-1,2"], "--window"),
+        (vec!["--dropout", "1.5"], "[0, 1)"),
+        (vec!["--softcap", "0"], "positive"),
+    ] {
+        let mut a = vec!["run", SPEC];
+        a.extend(args);
+        let o = ejc(&a);
+        assert_eq!(code(&o), 2, "{needle}");
+        assert!(text(&o.stderr).contains(needle), "{needle}: {}", text(&o.stderr));
+    }
+}
+
+#[test]
+fn help_teaches() {
+    let o = ejc(&["--help"]);
+    assert_eq!(code(&o), 0);
+    let out = text(&o.stdout);
+    for s in ["check", "list", "build", "run", "Examples:", "Exit status"] {
+        assert!(out.contains(s), "{s}: {out}");
+    }
+    let o = ejc(&["run", "--help"]);
+    assert!(text(&o.stdout).contains("batch,seq_q,seq_k,heads_q,heads_kv,head_dim"));
+}
