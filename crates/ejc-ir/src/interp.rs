@@ -753,7 +753,10 @@ pub fn kv_range(terms: &[MaskTerm], xs: &[i64], i0: i64, bm: i64, bn: i64) -> (i
             MaskTerm::QLt => {}
         }
     }
-    (lo.div_euclid(bn) * bn, hi)
+    // Both are i32 values: operands near the i32 limits can put the exact bounds
+    // outside that range, where clamping changes no answer (nothing visible there).
+    let lo = lo.min(i32::MAX as i64);
+    (lo.div_euclid(bn) * bn, hi.max(i32::MIN as i64))
 }
 
 /// Evaluate a scalar element-wise op on constant operands exactly as the interpreter

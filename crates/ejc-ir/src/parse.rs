@@ -256,7 +256,7 @@ fn parse_shaped_type(word: &str, inner: &str) -> Result<Type, String> {
 /// Parse and verify one kernel.
 pub fn parse_kernel(text: &str) -> Result<Kernel, ParseError> {
     let toks = Lexer { src: text.as_bytes(), pos: 0, line: 1, col: 1 }.run()?;
-    let mut p = Parser { toks, pos: 0, values: Vec::new(), scopes: vec![HashMap::new()] };
+    let mut p = Parser { toks, pos: 0, values: Vec::new(), scopes: vec![HashMap::new()], op_start: 0 };
     let kernel = p.kernel()?;
     if p.peek() != &Tok::Eof {
         return Err(p.err(format!("unexpected {} after the kernel", p.peek())));
@@ -271,6 +271,9 @@ struct Parser {
     values: Vec<Type>,
     /// Visible names per open region.
     scopes: Vec<HashMap<String, Value>>,
+    /// Token index of the op being parsed (its name), where errors about the op as a
+    /// whole point.
+    op_start: usize,
 }
 
 /// An attribute value.
@@ -283,20 +286,31 @@ enum Attr {
 }
 
 impl Parser {
+    /// The current token; past the end, the end-of-input token.
+    fn tok(&self) -> &(Tok, usize, usize) {
+        &self.toks[self.pos.min(self.toks.len() - 1)]
+    }
+
     fn peek(&self) -> &Tok {
-        &self.toks[self.pos].0
+        &self.tok().0
     }
 
     fn err(&self, message: String) -> ParseError {
-        let (_, line, column) = self.toks[self.pos];
+        let (_, line, column) = *self.tok();
         ParseError { line, column, message }
     }
 
+    /// An error about the op being parsed as a whole, at its name.
+    fn op_err(&self, message: String) -> ParseError {
+        let (_, line, column) = self.toks[self.op_start];
+        ParseError { line, column, message }
+    }
+
+    /// Take the current token. This advances even past the end of input, so that a
+    /// caller's `self.pos -= 1` always lands back on the token it took.
     fn next(&mut self) -> Tok {
-        let t = self.toks[self.pos].0.clone();
-        if t != Tok::Eof {
-            self.pos += 1;
-        }
+        let t = self.peek().clone();
+        self.pos += 1;
         t
     }
 
@@ -350,6 +364,16 @@ impl Parser {
             }
             t => Err(self.err(format!("expected a value (`%name`), found {t}"))),
         }
+    }
+
+    /// The name of a value being defined; one already visible is an error at the name.
+    fn def_name(&mut self) -> Result<String, ParseError> {
+        let name = self.value_name()?;
+        if self.scopes.iter().any(|s| s.contains_key(&name)) {
+            self.pos -= 1;
+            return Err(self.err(format!("value `%{name}` is defined twice")));
+        }
+        Ok(name)
     }
 
     /// A use of a value.
@@ -430,7 +454,7 @@ impl Parser {
         let mut params = Vec::new();
         if !self.eat(")") {
             loop {
-                let pname = self.value_name()?;
+                let pname = self.def_name()?;
                 self.expect(":")?;
                 let ty = self.ty()?;
                 if ty.is_tile() {
@@ -518,7 +542,12 @@ impl Parser {
         let mut result_names = Vec::new();
         if matches!(self.peek(), Tok::Val(_)) {
             loop {
-                result_names.push(self.value_name()?);
+                let name = self.def_name()?;
+                if result_names.contains(&name) {
+                    self.pos -= 1;
+                    return Err(self.err(format!("value `%{name}` is defined twice")));
+                }
+                result_names.push(name);
                 if !self.eat(",") {
                     break;
                 }
@@ -526,6 +555,7 @@ impl Parser {
             self.expect("=")?;
         }
         let op_pos = self.pos;
+        self.op_start = op_pos;
         let name = match self.next() {
             Tok::Ident(n) => n,
             t => {
@@ -613,7 +643,7 @@ impl Parser {
     ) -> Result<Op, ParseError> {
         let want = result_count(&kind);
         if names.len() != want || types.len() != want {
-            return Err(self.err(format!(
+            return Err(self.op_err(format!(
                 "`{}` has {want} result(s); found {} name(s) and {} type(s)",
                 kind.name(),
                 names.len(),
@@ -669,7 +699,8 @@ impl Parser {
         let int_attr = |k: &str| -> Result<i64, Option<String>> {
             match get(k) {
                 Some(Attr::Num(n)) => n.parse().map_err(|_| Some(format!("attribute `{k}` must be an integer"))),
-                _ => Err(Some(format!("missing integer attribute `{k}`"))),
+                Some(_) => Err(Some(format!("attribute `{k}` must be an integer"))),
+                None => Err(Some(format!("missing integer attribute `{k}`"))),
             }
         };
         let axis = || -> Result<u8, Option<String>> {
@@ -687,7 +718,8 @@ impl Parser {
                         _ => Err(Some(format!("`{k}` must list integers"))),
                     })
                     .collect(),
-                _ => Err(Some(format!("missing list attribute `{k}`"))),
+                Some(_) => Err(Some(format!("attribute `{k}` must be a list of integers"))),
+                None => Err(Some(format!("missing list attribute `{k}`"))),
             }
         };
         let terms = || -> Result<Vec<MaskTerm>, Option<String>> {
@@ -700,7 +732,8 @@ impl Parser {
                         _ => Err(Some("`terms` must list mask term names".to_string())),
                     })
                     .collect(),
-                _ => Err(Some("missing attribute `terms`".to_string())),
+                Some(_) => Err(Some("attribute `terms` must be a list of mask term names".to_string())),
+                None => Err(Some("missing attribute `terms`".to_string())),
             }
         };
         let block = || -> Result<(usize, usize), Option<String>> {
@@ -747,7 +780,8 @@ impl Parser {
                 known(&["to"])?;
                 match get("to") {
                     Some(Attr::Word(w)) => OpKind::Cast { to: w.parse().map_err(Some)? },
-                    _ => return Err(Some("missing attribute `to`".into())),
+                    Some(_) => return Err(Some("attribute `to` must be a dtype".into())),
+                    None => return Err(Some("missing attribute `to`".into())),
                 }
             }
             "tile.dot" => {
@@ -837,7 +871,7 @@ impl Parser {
             self.expect(",")?;
             operands.push(self.use_value()?);
             if !result_names.is_empty() {
-                return Err(self.err("`tile.store` has no results".into()));
+                return Err(self.op_err("`tile.store` has no results".into()));
             }
             return Ok(Op { kind: OpKind::Store { axes }, operands, results: vec![], regions: vec![] });
         }
@@ -859,7 +893,7 @@ impl Parser {
     }
 
     fn for_op(&mut self, result_names: Vec<String>) -> Result<Op, ParseError> {
-        let iv = self.value_name()?;
+        let iv = self.def_name()?;
         self.expect("=")?;
         let lo = self.use_value()?;
         self.keyword("to")?;
@@ -872,7 +906,7 @@ impl Parser {
             self.pos += 1;
             self.expect("(")?;
             loop {
-                let a = self.value_name()?;
+                let a = self.def_name()?;
                 self.expect("=")?;
                 let init = self.use_value()?;
                 carried.push(a);
@@ -893,7 +927,7 @@ impl Parser {
             }
         }
         if types.len() != carried.len() || result_names.len() != carried.len() {
-            return Err(self.err(format!(
+            return Err(self.op_err(format!(
                 "`scf.for` carries {} value(s) but has {} result name(s) and {} type(s)",
                 carried.len(),
                 result_names.len(),
@@ -924,7 +958,7 @@ impl Parser {
             }
         }
         if types.len() != result_names.len() {
-            return Err(self.err(format!(
+            return Err(self.op_err(format!(
                 "`scf.if` has {} result name(s) and {} type(s)",
                 result_names.len(),
                 types.len()

@@ -38,8 +38,9 @@ impl fmt::Display for VerifyError {
 impl std::error::Error for VerifyError {}
 
 pub fn verify(kernel: &Kernel) -> Result<(), VerifyError> {
+    let n = kernel.values.len();
     let mut v =
-        Verifier { kernel, defined: vec![false; kernel.values.len()], scopes: vec![Vec::new()], path: Vec::new() };
+        Verifier { kernel, defined: vec![false; n], ever: vec![false; n], scopes: vec![Vec::new()], path: Vec::new() };
     for p in &kernel.params {
         v.define(p.value, &format!("parameter %{}", p.name))?;
         if kernel.ty(p.value) != &p.ty {
@@ -64,7 +65,11 @@ pub fn verify(kernel: &Kernel) -> Result<(), VerifyError> {
 
 struct Verifier<'k> {
     kernel: &'k Kernel,
+    /// Values visible here.
     defined: Vec<bool>,
+    /// Values defined anywhere so far, visible or not (one leaving its region is no
+    /// longer visible, but may still not be defined again).
+    ever: Vec<bool>,
     /// Values defined in each open scope, to retire them when the scope closes.
     scopes: Vec<Vec<Value>>,
     path: Vec<String>,
@@ -80,12 +85,13 @@ impl<'k> Verifier<'k> {
         if v.index() >= self.defined.len() {
             return Err(self.err(format!("{what} uses value #{} with no type entry", v.0)));
         }
-        if self.defined[v.index()] {
+        if self.ever[v.index()] {
             return Err(
                 self.err(format!("{what} redefines a value that is already defined (SSA values are defined once)"))
             );
         }
         self.defined[v.index()] = true;
+        self.ever[v.index()] = true;
         self.scopes.last_mut().expect("a scope is open").push(v);
         Ok(())
     }
@@ -129,7 +135,10 @@ impl<'k> Verifier<'k> {
 
     fn uses(&self, op: &Op) -> Result<(), VerifyError> {
         for (i, v) in op.operands.iter().enumerate() {
-            if v.index() >= self.defined.len() || !self.defined[v.index()] {
+            if v.index() >= self.defined.len() {
+                return Err(self.err(format!("operand {i} uses value #{} with no type entry", v.0)));
+            }
+            if !self.defined[v.index()] {
                 return Err(self
                     .err(format!("operand {i} is used before it is defined (or outside the region that defines it)")));
             }
@@ -160,6 +169,9 @@ impl<'k> Verifier<'k> {
 
     fn op(&mut self, op: &Op) -> Result<(), VerifyError> {
         self.uses(op)?;
+        if let Some((i, r)) = op.results.iter().enumerate().find(|(_, r)| r.index() >= self.defined.len()) {
+            return Err(self.err(format!("result {i} uses value #{} with no type entry", r.0)));
+        }
         let result_types: Vec<Type> = op.results.iter().map(|v| self.ty(*v).clone()).collect();
         match &op.kind {
             OpKind::For => {
@@ -186,8 +198,12 @@ impl<'k> Verifier<'k> {
                 self.region(&op.regions[0], &args, &inits, "body")?;
             }
             OpKind::If => {
-                if op.operands.len() != 1 || *self.ty(op.operands[0]) != Type::Scalar(DType::I1) {
-                    return Err(self.err("expects one i1 scalar condition".into()));
+                if op.operands.len() != 1 {
+                    return Err(self.err(format!("expects 1 operand (the condition), got {}", op.operands.len())));
+                }
+                let cond = self.ty(op.operands[0]);
+                if *cond != Type::Scalar(DType::I1) {
+                    return Err(self.err(format!("condition must be an i1 scalar, found {cond}")));
                 }
                 if op.regions.len() != 2 {
                     return Err(self.err(format!("has {} regions, expected 2 (then, else)", op.regions.len())));

@@ -9,7 +9,7 @@ use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
 use ejc_ir::flash::{build_flash_kernel, build_kernel, FlashOutputs, FlashShape};
 use ejc_ir::ir::Kernel;
-use ejc_ir::passes::{default_pipeline, run_pipeline};
+use ejc_ir::passes::{default_pipeline, run_pipeline, Canonicalize, ClassifyMaskBlocks};
 use ejc_ir::spec::{self, Features, Spec};
 use ejc_ir::tensor::compare;
 use ejc_ir::types::DType;
@@ -133,11 +133,13 @@ fn causal_blocks_are_skipped_and_only_partial_blocks_masked() {
     assert_eq!(raw_stats.count("tile.dot"), 2 * 16);
     assert_eq!(opt_stats.count("tile.dot"), 2 * 10);
     assert_eq!(raw_stats.count("mask.apply"), 16);
-    // Every visited block tests `block_full`; only the 4 partial ones run the lowered
-    // per-element mask (one arith.select each). The other 8 selects are the two of
-    // each program's lowered kv_range.
+    // Every visited block tests `block_full`; only the 4 partial (diagonal) blocks
+    // apply the per-element mask. Seen before lowering, where the mask ops are ops.
+    let classified = run_pipeline(&raw, &[Box::new(Canonicalize), Box::new(ClassifyMaskBlocks)]).unwrap();
+    let (_, stats) = run_interp_with_stats(&classified, &rt, &inputs).unwrap();
+    assert_eq!(stats.count("mask.block_full"), 10);
+    assert_eq!(stats.count("mask.apply"), 4);
     assert_eq!(opt_stats.count("scf.if"), 10);
-    assert_eq!(opt_stats.count("arith.select"), 4 + 4 * 2);
 }
 
 #[test]

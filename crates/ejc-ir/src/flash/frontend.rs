@@ -172,6 +172,11 @@ pub fn build_flash_kernel(
             Window::Runtime => (param("window_left"), param("window_right")),
             Window::Fixed { left, right } => (b.const_i32(left as i64), b.const_i32(right as i64)),
         };
+        // A side wider than s_q + s_k hides nothing more; clamping keeps `shift ± side`
+        // inside i32 for any run-time window (the reference saturates the same way).
+        let span = b.add(seq_q, seq_k);
+        let left = b.min(left, span);
+        let right = b.min(right, span);
         let lo = b.sub(shift, left);
         let hi = b.add(shift, right);
         terms.push((MaskTerm::KvGe, lo));

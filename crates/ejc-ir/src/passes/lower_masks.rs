@@ -12,7 +12,10 @@
 //! The expansions follow the definitions of the ops in `ir.rs` term by term: rows
 //! `i = i0 + r`, keys `j = j0 + c`; `q_lt` rows are don't-care rows for the block
 //! tests. Each expansion takes over the replaced op's result values, so no use needs
-//! rewriting.
+//! rewriting. The definitions are over exact integers; the expansions compute in i32
+//! without overflow for any term operand (given block origins within ±2^29): they
+//! compare index differences (`j - i <= x`) rather than sums, and saturate the sums
+//! `mask.kv_range` needs.
 
 use super::util::Emit;
 use super::Pass;
@@ -61,16 +64,14 @@ fn lower_apply(op: &Op, terms: &[MaskTerm], values: &mut Vec<Type>) -> Vec<Op> {
     let c = e.op(OpKind::Arange { len: bn }, vec![]);
     let c = e.bin(BinOp::Add, c, j0);
     let cols = e.op(OpKind::ExpandDims { axis: 0 }, vec![c]); // [1, bn]
+                                                              // `j <= i + x` is tested as `j - i <= x`: indices are small, x may be anything.
+    let mut diagonal: Option<Value> = None;
     let mut keep: Option<Value> = None;
     for (t, &x) in terms.iter().zip(xs) {
         let cond = match t {
-            MaskTerm::KvLe => {
-                let bound = e.bin(BinOp::Add, rows, x);
-                e.cmp(CmpPred::Le, cols, bound)
-            }
-            MaskTerm::KvGe => {
-                let bound = e.bin(BinOp::Add, rows, x);
-                e.cmp(CmpPred::Ge, cols, bound)
+            MaskTerm::KvLe | MaskTerm::KvGe => {
+                let d = *diagonal.get_or_insert_with(|| e.bin(BinOp::Sub, cols, rows));
+                e.cmp(if *t == MaskTerm::KvLe { CmpPred::Le } else { CmpPred::Ge }, d, x)
             }
             MaskTerm::KvLt => e.cmp(CmpPred::Lt, cols, x),
             MaskTerm::QLt => e.cmp(CmpPred::Lt, rows, x),
@@ -82,33 +83,52 @@ fn lower_apply(op: &Op, terms: &[MaskTerm], values: &mut Vec<Type>) -> Vec<Op> {
     }
     let ninf = e.op(OpKind::Const { value: f64::NEG_INFINITY, dtype: DType::F32 }, vec![]);
     let fill = e.op(OpKind::Splat { shape: vec![bm, bn] }, vec![ninf]);
-    match keep {
-        Some(k) => {
-            e.op_into(OpKind::Select, vec![k, s, fill], Some(&op.results));
-        }
-        None => {
-            // No term: the mask keeps everything. `select true` keeps the result value.
-            let t = e.op(OpKind::Const { value: 1.0, dtype: DType::I1 }, vec![]);
-            e.op_into(OpKind::Select, vec![t, s, fill], Some(&op.results));
-        }
-    }
+    let keep = match keep {
+        Some(k) => k,
+        // No term: the mask keeps everything. `select true` keeps the result value.
+        None => e.op(OpKind::Const { value: 1.0, dtype: DType::I1 }, vec![]),
+    };
+    e.op_into(OpKind::Select, vec![keep, s, fill], Some(&op.results));
     e.ops
 }
 
-/// Last cared-for row `min(i0 + bm - 1, x - 1 for each q_lt)` and whether the block
-/// has no cared-for row at all.
+/// The cared-for rows of a block: the last one, `min(i0 + bm - 1, x - 1 for each
+/// q_lt)`, and whether there is none (`x <= i0` for some q_lt; tested that way so
+/// that `x - 1` never wraps where it matters).
 fn care_rows(e: &mut Emit, terms: &[MaskTerm], xs: &[Value], i0: Value, bm: usize) -> (Value, Value) {
     let last = e.const_i32(bm as i64 - 1);
     let mut ihi = e.bin(BinOp::Add, i0, last);
     let one = e.const_i32(1);
+    let mut none = e.op(OpKind::Const { value: 0.0, dtype: DType::I1 }, vec![]);
     for (t, &x) in terms.iter().zip(xs) {
         if *t == MaskTerm::QLt {
             let b = e.bin(BinOp::Sub, x, one);
             ihi = e.bin(BinOp::Min, ihi, b);
+            let empty = e.cmp(CmpPred::Le, x, i0);
+            none = e.bin(BinOp::Or, none, empty);
         }
     }
-    let none = e.cmp(CmpPred::Lt, ihi, i0);
     (ihi, none)
+}
+
+/// `a + x` clamped to the i32 range (the definitions are exact integers, and
+/// `mask.kv_range` clamps its results to i32).
+fn add_saturating(e: &mut Emit, a: Value, x: Value) -> Value {
+    let max = e.const_i32(i32::MAX as i64);
+    let min = e.const_i32(i32::MIN as i64);
+    let zero = e.const_i32(0);
+    // x > 0: overflows iff a > MAX - x;  x < 0: underflows iff a < MIN - x.
+    let pos = e.cmp(CmpPred::Gt, x, zero);
+    let room_up = e.bin(BinOp::Sub, max, x);
+    let above = e.cmp(CmpPred::Gt, a, room_up);
+    let over = e.bin(BinOp::And, pos, above);
+    let neg = e.cmp(CmpPred::Lt, x, zero);
+    let room_down = e.bin(BinOp::Sub, min, x);
+    let below = e.cmp(CmpPred::Lt, a, room_down);
+    let under = e.bin(BinOp::And, neg, below);
+    let sum = e.bin(BinOp::Add, a, x);
+    let sum = e.op(OpKind::Select, vec![under, min, sum]);
+    e.op(OpKind::Select, vec![over, max, sum])
 }
 
 fn lower_block_full(op: &Op, terms: &[MaskTerm], bm: usize, bn: usize, values: &mut Vec<Type>) -> Vec<Op> {
@@ -120,14 +140,16 @@ fn lower_block_full(op: &Op, terms: &[MaskTerm], bm: usize, bn: usize, values: &
     let jhi = e.bin(BinOp::Add, j0, last);
     let mut all = e.op(OpKind::Const { value: 1.0, dtype: DType::I1 }, vec![]);
     for (t, &x) in terms.iter().zip(xs) {
+        // Corner tests, as differences of indices so nothing overflows:
+        // `jhi <= i0 + x`  <=>  `jhi - i0 <= x`;  `j0 >= ihi + x`  <=>  `j0 - ihi >= x`.
         let cond = match t {
             MaskTerm::KvLe => {
-                let b = e.bin(BinOp::Add, i0, x);
-                e.cmp(CmpPred::Le, jhi, b)
+                let d = e.bin(BinOp::Sub, jhi, i0);
+                e.cmp(CmpPred::Le, d, x)
             }
             MaskTerm::KvGe => {
-                let b = e.bin(BinOp::Add, ihi, x);
-                e.cmp(CmpPred::Ge, j0, b)
+                let d = e.bin(BinOp::Sub, j0, ihi);
+                e.cmp(CmpPred::Ge, d, x)
             }
             MaskTerm::KvLt => e.cmp(CmpPred::Lt, jhi, x),
             MaskTerm::QLt => continue,
@@ -150,12 +172,13 @@ fn lower_kv_range(op: &Op, terms: &[MaskTerm], bm: usize, bn: usize, values: &mu
     for (t, &x) in terms.iter().zip(xs) {
         match t {
             MaskTerm::KvLe => {
-                let b = e.bin(BinOp::Add, ihi, x);
-                let b = e.bin(BinOp::Add, b, one);
+                // ihi + x + 1, saturating (ihi + 1 is a row index: no overflow).
+                let a = e.bin(BinOp::Add, ihi, one);
+                let b = add_saturating(&mut e, a, x);
                 hi = e.bin(BinOp::Min, hi, b);
             }
             MaskTerm::KvGe => {
-                let b = e.bin(BinOp::Add, i0, x);
+                let b = add_saturating(&mut e, i0, x);
                 lo = e.bin(BinOp::Max, lo, b);
             }
             MaskTerm::KvLt => hi = e.bin(BinOp::Min, hi, x),
