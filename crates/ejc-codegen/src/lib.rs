@@ -21,6 +21,7 @@
 //! | `mlir:<form>` | [`targets`] | not built yet (issue 6) |
 
 pub mod build;
+pub mod cpu;
 pub mod ir;
 pub mod targets;
 
@@ -40,6 +41,10 @@ pub enum CodegenError {
     Io { path: PathBuf, error: std::io::Error },
     #[error("nothing to build: {0}")]
     Empty(String),
+    #[error("LLVM: {0}")]
+    Llvm(String),
+    #[error("linking failed: {0}")]
+    Link(String),
 }
 
 /// The compiler version recorded in manifests and cache keys.

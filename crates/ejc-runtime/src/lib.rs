@@ -12,4 +12,6 @@
 //! }
 //! ```
 
+pub mod cpu;
+pub mod flash;
 pub mod manifest;

@@ -124,6 +124,7 @@ const DTYPES: &[&str] = &["bf16", "f16", "f32"];
 pub(crate) const TARGETS: &[&str] = &[
     "ir",
     "cpu",
+    "cpu:avx512bf16",
     "cpu:avx512",
     "cpu:avx2",
     "cpu:x86-64",

@@ -1,0 +1,100 @@
+//! In-process execution of compiled kernels through LLVM's ORC JIT (LLJIT), for
+//! library users who have LLVM at hand and do not want to write a `.so`.
+//!
+//! ```no_run
+//! use ejc_codegen::cpu::{compile_object, jit::JitLibrary, Isa};
+//! # let kernels: Vec<ejc_ir::ir::Kernel> = vec![];
+//! let obj = compile_object(&kernels, Isa::host()).unwrap();
+//! let lib = JitLibrary::load(&obj.object).unwrap();
+//! let entry = lib.entry("flash_causal_f32_d64_m64_n32").unwrap();
+//! ```
+//!
+//! The object is the same one `ejc build --target cpu` links into a shared library, so
+//! the JIT and the AOT path run identical machine code. Symbols the object does not
+//! define (e.g. `memcpy`, should LLVM emit a call) resolve against the process.
+
+use std::ffi::{CStr, CString};
+
+use ejc_ir::cpu_abi::EntryFn;
+use llvm_sys::error::{LLVMDisposeErrorMessage, LLVMErrorRef, LLVMGetErrorMessage};
+use llvm_sys::orc2::lljit::*;
+use llvm_sys::orc2::*;
+
+use crate::CodegenError;
+
+/// Kernels loaded into this process. Dropping it unloads them; entry points obtained
+/// from it must not be called afterwards.
+pub struct JitLibrary {
+    jit: LLJITRef,
+}
+
+type LLJITRef = LLVMOrcLLJITRef;
+
+// The JIT is used from several threads only through its immutable lookups and the
+// code it emitted; ORC's session is thread-safe.
+unsafe impl Send for JitLibrary {}
+unsafe impl Sync for JitLibrary {}
+
+fn take_error(e: LLVMErrorRef) -> Result<(), CodegenError> {
+    if e.is_null() {
+        return Ok(());
+    }
+    unsafe {
+        let msg = LLVMGetErrorMessage(e);
+        let s = CStr::from_ptr(msg).to_string_lossy().into_owned();
+        LLVMDisposeErrorMessage(msg);
+        Err(CodegenError::Llvm(format!("ORC JIT: {s}")))
+    }
+}
+
+impl JitLibrary {
+    /// Load an object file (from [`super::compile_object`]) into a new JIT.
+    pub fn load(object: &[u8]) -> Result<JitLibrary, CodegenError> {
+        inkwell::targets::Target::initialize_native(&inkwell::targets::InitializationConfig::default())
+            .map_err(|e| CodegenError::Llvm(format!("cannot initialise the native target: {e}")))?;
+        unsafe {
+            let mut jit: LLJITRef = std::ptr::null_mut();
+            take_error(LLVMOrcCreateLLJIT(&mut jit, std::ptr::null_mut()))?;
+            let lib = JitLibrary { jit };
+            let dylib = LLVMOrcLLJITGetMainJITDylib(jit);
+            let mut gen: LLVMOrcDefinitionGeneratorRef = std::ptr::null_mut();
+            take_error(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(
+                &mut gen,
+                LLVMOrcLLJITGetGlobalPrefix(jit),
+                None,
+                std::ptr::null_mut(),
+            ))?;
+            LLVMOrcJITDylibAddGenerator(dylib, gen);
+            let name = CString::new("ejc-kernels").unwrap_or_default();
+            let buf = llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy(
+                object.as_ptr() as *const _,
+                object.len(),
+                name.as_ptr(),
+            );
+            // AddObjectFile takes ownership of the buffer.
+            take_error(LLVMOrcLLJITAddObjectFile(jit, dylib, buf))?;
+            Ok(lib)
+        }
+    }
+
+    /// The entry point of kernel `name`.
+    pub fn entry(&self, name: &str) -> Result<EntryFn, CodegenError> {
+        let cname = CString::new(name).map_err(|_| CodegenError::Llvm(format!("bad symbol name {name:?}")))?;
+        let mut addr: LLVMOrcExecutorAddress = 0;
+        unsafe {
+            take_error(LLVMOrcLLJITLookup(self.jit, &mut addr, cname.as_ptr()))?;
+            if addr == 0 {
+                return Err(CodegenError::Llvm(format!("ORC JIT: no symbol `{name}`")));
+            }
+            Ok(std::mem::transmute::<usize, EntryFn>(addr as usize))
+        }
+    }
+}
+
+impl Drop for JitLibrary {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = take_error(LLVMOrcDisposeLLJIT(self.jit));
+        }
+    }
+}

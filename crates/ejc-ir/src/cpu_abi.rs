@@ -1,0 +1,162 @@
+//! The C ABI of CPU kernels: what `ejc-codegen`'s CPU back end emits and what
+//! `ejc-runtime`'s CPU executor calls. Both sides use these definitions, so the
+//! layout is stated once.
+//!
+//! It also names the x86-64 ISA levels ([`Isa`]) that code is built for, so the
+//! runtime can pick the library matching the machine without LLVM.
+//!
+//! Every CPU kernel is one exported function:
+//!
+//! ```c
+//! typedef struct {
+//!     void   *data;        /* element [0, 0, ...]                         */
+//!     int64_t shape[4];    /* extents; unused axes are 1                   */
+//!     int64_t strides[4];  /* in elements; any value, 0 broadcasts         */
+//! } EjcTensor;             /* 72 bytes                                     */
+//!
+//! void entry(const EjcTensor *tensors,   /* the tensor parameters, in ABI order  */
+//!            const uint64_t  *scalars,   /* the scalar parameters, in ABI order  */
+//!            const int64_t   *grid,      /* [3]: the launch grid                 */
+//!            int64_t begin, int64_t end, /* run programs begin..end              */
+//!            void *scratch);             /* scratch_bytes (manifest), 64-aligned  */
+//! ```
+//!
+//! Programs are numbered `p = pid0 + grid[0] * (pid1 + grid[1] * pid2)`, so a range of
+//! consecutive programs walks the query blocks of one head first (they share K and V).
+//! Scalars sit in the low bits of their 64-bit slot: f32 as its IEEE bits, i32/u32 as
+//! their 32 bits. Each thread passes its own scratch buffer (the kernel keeps its tiles
+//! there, not on the stack); `scratch_bytes` comes from the manifest.
+
+/// One tensor argument (see the module docs). `#[repr(C)]`: the layout is the ABI.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EjcTensor {
+    pub data: *mut u8,
+    pub shape: [i64; 4],
+    pub strides: [i64; 4],
+}
+
+/// Largest tensor rank the ABI carries.
+pub const MAX_RANK: usize = 4;
+
+/// Size of [`EjcTensor`] in bytes (asserted at compile time below).
+pub const TENSOR_SIZE: usize = 72;
+
+const _: () = assert!(std::mem::size_of::<EjcTensor>() == TENSOR_SIZE);
+
+/// The entry point's type.
+pub type EntryFn = unsafe extern "C" fn(
+    tensors: *const EjcTensor,
+    scalars: *const u64,
+    grid: *const i64,
+    begin: i64,
+    end: i64,
+    scratch: *mut u8,
+);
+
+/// Alignment of the scratch buffer and of every tile in it.
+pub const SCRATCH_ALIGN: usize = 64;
+
+// ---- instruction-set levels ----
+
+use std::fmt;
+use std::str::FromStr;
+
+/// An ISA level. Each is a superset of the next: code for `X86_64` runs everywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Isa {
+    /// SSE2 only (x86-64 baseline).
+    X86_64,
+    /// x86-64-v3: AVX2 and FMA.
+    Avx2,
+    /// x86-64-v4: AVX-512 F/BW/DQ/VL.
+    Avx512,
+    /// x86-64-v4 plus AVX512_BF16 (`vdpbf16ps`: bf16 pairs dotted into f32).
+    Avx512Bf16,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::X86_64];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::X86_64 => "x86-64",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Avx512Bf16 => "avx512bf16",
+        }
+    }
+
+    /// The best level this machine runs.
+    pub fn host() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let v4 = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512dq")
+                && std::is_x86_feature_detected!("avx512vl");
+            if v4 && std::is_x86_feature_detected!("avx512bf16") {
+                return Isa::Avx512Bf16;
+            }
+            if v4 {
+                return Isa::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::X86_64
+    }
+
+    /// Whether this machine can run code built for `self`.
+    pub fn runs_here(self) -> bool {
+        self <= Isa::host()
+    }
+
+    /// LLVM target CPU and features.
+    pub fn llvm_cpu_features(self) -> (&'static str, &'static str) {
+        match self {
+            Isa::X86_64 => ("x86-64", ""),
+            Isa::Avx2 => ("x86-64-v3", ""),
+            Isa::Avx512 => ("x86-64-v4", ""),
+            Isa::Avx512Bf16 => ("x86-64-v4", "+avx512bf16"),
+        }
+    }
+
+    /// f32 lanes of one vector register.
+    pub fn lanes(self) -> usize {
+        match self {
+            Isa::X86_64 => 4,
+            Isa::Avx2 => 8,
+            Isa::Avx512 | Isa::Avx512Bf16 => 16,
+        }
+    }
+
+    /// Vector registers.
+    pub fn registers(self) -> usize {
+        match self {
+            Isa::X86_64 | Isa::Avx2 => 16,
+            Isa::Avx512 | Isa::Avx512Bf16 => 32,
+        }
+    }
+
+    pub fn has_bf16_dot(self) -> bool {
+        self == Isa::Avx512Bf16
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Isa {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Isa, String> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name() == s)
+            .ok_or_else(|| format!("unknown CPU ISA `{s}` (known: avx512bf16, avx512, avx2, x86-64)"))
+    }
+}

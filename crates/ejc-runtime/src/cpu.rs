@@ -1,0 +1,270 @@
+//! The CPU executor: runs kernels with the C ABI of `ejc_ir::cpu_abi` over a launch
+//! grid on a thread pool. Kernels come from shared libraries written by
+//! `ejc build --target cpu` (loaded with libloading: no LLVM here) or from any other
+//! source of an entry point (the JIT in ejc-codegen).
+//!
+//! ```no_run
+//! use ejc_runtime::cpu::{CpuLibrary, HostBuffer};
+//! let lib = CpuLibrary::open("out/cpu/flash.avx512bf16.so").unwrap();
+//! let kernel = lib.kernel("flash_causal_f32_d64_m64_n32", 1 << 20).unwrap();
+//! // kernel.launch(&mut tensors, &scalars, grid, threads)
+//! ```
+//!
+//! Programs are handed out one at a time from an atomic counter, so a causal grid
+//! (whose programs differ in cost) stays balanced. Each worker thread keeps its own
+//! scratch buffer between launches.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ejc_ir::cpu_abi::{EjcTensor, EntryFn, MAX_RANK, SCRATCH_ALIGN};
+use ejc_ir::tensor::HostTensor;
+use ejc_ir::types::DType;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("cannot load {path}: {message}")]
+    Load { path: PathBuf, message: String },
+    #[error("{path} has no kernel `{name}`")]
+    NoSymbol { path: PathBuf, name: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("could not start worker threads: {0}")]
+    Threads(String),
+}
+
+/// A host tensor in its device representation: raw little-endian elements of its
+/// dtype (bf16/f16 as 16-bit patterns, i1 as bytes), with shape and strides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostBuffer {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    /// In elements; may be 0 (broadcast) or anything that stays inside `bytes`.
+    pub strides: Vec<isize>,
+    /// Element offset of index [0, ...].
+    pub offset: usize,
+    pub bytes: Vec<u8>,
+}
+
+fn encode(dtype: DType, x: f64, out: &mut Vec<u8>) {
+    match dtype {
+        DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+        DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
+        DType::F16 => out.extend_from_slice(&half::f16::from_f64(x).to_bits().to_le_bytes()),
+        DType::BF16 => out.extend_from_slice(&half::bf16::from_f64(x).to_bits().to_le_bytes()),
+        DType::I32 => out.extend_from_slice(&(x as i64 as i32).to_le_bytes()),
+        DType::U32 => out.extend_from_slice(&(x as i64 as u32).to_le_bytes()),
+        DType::I1 => out.push((x != 0.0) as u8),
+    }
+}
+
+fn decode(dtype: DType, b: &[u8]) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DType::F64 => f64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+        DType::F16 => half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+        DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+        DType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DType::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        DType::I1 => (b[0] != 0) as u8 as f64,
+    }
+}
+
+impl HostBuffer {
+    /// The device representation of a host tensor (same storage layout).
+    pub fn from_host(t: &HostTensor) -> HostBuffer {
+        let mut bytes = Vec::with_capacity(t.data.len() * t.dtype.size_bytes());
+        for x in &t.data {
+            encode(t.dtype, *x, &mut bytes);
+        }
+        HostBuffer { dtype: t.dtype, shape: t.shape.clone(), strides: t.strides.clone(), offset: t.offset, bytes }
+    }
+
+    /// Back to a host tensor (same storage layout).
+    pub fn to_host(&self) -> HostTensor {
+        let es = self.dtype.size_bytes();
+        let data = self.bytes.chunks_exact(es).map(|c| decode(self.dtype, c)).collect();
+        HostTensor {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
+            offset: self.offset,
+            data,
+        }
+    }
+
+    /// Every element reachable through shape and strides lies inside `bytes`.
+    pub fn check_bounds(&self) -> Result<(), String> {
+        let n_elems = self.bytes.len() / self.dtype.size_bytes();
+        if self.shape.iter().product::<usize>() == 0 {
+            return Ok(());
+        }
+        let (mut lo, mut hi) = (self.offset as i128, self.offset as i128);
+        for (&n, &s) in self.shape.iter().zip(&self.strides) {
+            let span = (n as i128 - 1) * s as i128;
+            if span < 0 {
+                lo += span
+            } else {
+                hi += span
+            }
+        }
+        if lo < 0 || hi >= n_elems as i128 {
+            return Err(format!(
+                "shape {:?} with strides {:?} reaches outside its {n_elems} elements",
+                self.shape, self.strides
+            ));
+        }
+        Ok(())
+    }
+
+    /// The ABI view of this buffer. The pointer is valid while `self` is alive and
+    /// not reallocated.
+    pub fn abi(&mut self) -> EjcTensor {
+        let mut shape = [1i64; MAX_RANK];
+        let mut strides = [0i64; MAX_RANK];
+        for (i, (&n, &s)) in self.shape.iter().zip(&self.strides).enumerate().take(MAX_RANK) {
+            shape[i] = n as i64;
+            strides[i] = s as i64;
+        }
+        let data = unsafe { self.bytes.as_mut_ptr().add(self.offset * self.dtype.size_bytes()) };
+        EjcTensor { data, shape, strides }
+    }
+}
+
+/// A scalar argument's 64-bit slot (see the ABI).
+pub fn scalar_slot(dtype: DType, x: f64) -> u64 {
+    match dtype {
+        DType::F32 => (x as f32).to_bits() as u64,
+        DType::I32 => (x as i64 as i32) as u32 as u64,
+        DType::U32 => (x as i64 as u32) as u64,
+        DType::I1 => (x != 0.0) as u64,
+        DType::F64 => x.to_bits(),
+        DType::F16 => half::f16::from_f64(x).to_bits() as u64,
+        DType::BF16 => half::bf16::from_f64(x).to_bits() as u64,
+    }
+}
+
+/// A kernel entry point with the scratch it needs.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuKernel {
+    pub entry: EntryFn,
+    pub scratch_bytes: usize,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+fn pools() -> &'static Mutex<HashMap<usize, Arc<rayon::ThreadPool>>> {
+    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
+    POOLS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// A pool of `threads` workers, made once per size and kept.
+fn pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, CpuError> {
+    let mut pools = pools().lock().map_err(|_| CpuError::Threads("thread pool registry poisoned".into()))?;
+    if let Some(p) = pools.get(&threads) {
+        return Ok(p.clone());
+    }
+    let p = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("ejc-cpu-{i}"))
+            .build()
+            .map_err(|e| CpuError::Threads(e.to_string()))?,
+    );
+    pools.insert(threads, p.clone());
+    Ok(p)
+}
+
+/// Raw pointers the workers share: the kernel only reads the tensor table, the
+/// scalars and the grid, and writes tensor data at indices no two programs share.
+struct Shared {
+    tensors: *const EjcTensor,
+    scalars: *const u64,
+    grid: *const i64,
+}
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl CpuKernel {
+    /// Run every program of `grid` on `threads` workers (0 = all cores).
+    ///
+    /// # Safety
+    /// `tensors` and `scalars` must match the kernel's parameters (order, dtypes,
+    /// ranks), every tensor's shape and strides must stay inside its memory, and
+    /// output tensors must not overlap inputs: the kernel trusts all of this. The
+    /// safe entry points (`ejc_runtime::flash`) check it first.
+    pub unsafe fn launch(
+        &self,
+        tensors: &[EjcTensor],
+        scalars: &[u64],
+        grid: [i64; 3],
+        threads: usize,
+    ) -> Result<(), CpuError> {
+        if grid.iter().any(|g| *g < 0) {
+            return Err(CpuError::Invalid(format!("negative grid {grid:?}")));
+        }
+        let total = grid[0].saturating_mul(grid[1]).saturating_mul(grid[2]);
+        if total == 0 {
+            return Ok(());
+        }
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let shared = Shared { tensors: tensors.as_ptr(), scalars: scalars.as_ptr(), grid: grid.as_ptr() };
+        let next = AtomicI64::new(0);
+        let entry = self.entry;
+        let scratch_bytes = self.scratch_bytes;
+        let work = || {
+            let s = &shared;
+            SCRATCH.with(|cell| {
+                let mut buf = cell.borrow_mut();
+                if buf.len() < scratch_bytes + SCRATCH_ALIGN {
+                    buf.resize(scratch_bytes + SCRATCH_ALIGN, 0);
+                }
+                let base = buf.as_mut_ptr();
+                let scratch = unsafe { base.add(base.align_offset(SCRATCH_ALIGN)) };
+                loop {
+                    let p = next.fetch_add(1, Ordering::Relaxed);
+                    if p >= total {
+                        break;
+                    }
+                    unsafe { entry(s.tensors, s.scalars, s.grid, p, p + 1, scratch) };
+                }
+            });
+        };
+        if threads == 1 || total == 1 {
+            work();
+        } else {
+            pool(threads)?.broadcast(|_| work());
+        }
+        Ok(())
+    }
+}
+
+/// A shared library of CPU kernels.
+pub struct CpuLibrary {
+    path: PathBuf,
+    lib: libloading::Library,
+}
+
+impl CpuLibrary {
+    pub fn open(path: impl AsRef<Path>) -> Result<CpuLibrary, CpuError> {
+        let path = path.as_ref().to_path_buf();
+        // Loading runs the library's initialisers; ejc's libraries have none.
+        let lib = unsafe { libloading::Library::new(&path) }
+            .map_err(|e| CpuError::Load { path: path.clone(), message: e.to_string() })?;
+        Ok(CpuLibrary { path, lib })
+    }
+
+    /// The kernel with entry symbol `name`; `scratch_bytes` comes from the manifest.
+    /// The kernel must not be used after the library is dropped.
+    pub fn kernel(&self, name: &str, scratch_bytes: usize) -> Result<CpuKernel, CpuError> {
+        let sym: libloading::Symbol<EntryFn> = unsafe { self.lib.get(name.as_bytes()) }
+            .map_err(|_| CpuError::NoSymbol { path: self.path.clone(), name: name.to_string() })?;
+        Ok(CpuKernel { entry: *sym, scratch_bytes })
+    }
+}
