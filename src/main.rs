@@ -18,6 +18,8 @@ Examples:
   ejc list specs/flash.yaml                  what the spec expands to
   ejc build specs/flash.yaml -o out          write artifacts and out/manifest.json
   ejc run specs/flash.yaml --backend interp  run every variant on random inputs against the reference
+  ejc run specs/flash.yaml --backend cpu     the same with native code (JIT) for this CPU
+  ejc bench specs/flash.yaml --variant causal --dtype f32 --shape 1,2048,2048,8,8,128
 
 Exit status: 0 success, 1 a result outside its tolerance, 2 bad input or an unsupported request.
 Docs: docs/spec.md (spec format), docs/semantics.md (what each feature means), docs/abi.md (manifest).";
@@ -74,8 +76,15 @@ lists that this ejc can build is built, and the others are named on stderr."
     /// Exits 1 when a result is outside its tolerance (f32 1e-5, f16 5e-3, bf16 1e-2).
     #[command(after_help = "Without --variant every variant of the spec runs. Inputs are N(0, 1); k and v are \
 non-contiguous, bias and mask broadcast through zero strides; varlen batches have uneven lengths. The seed is \
-printed: pass it back with --seed to reproduce a run.")]
+printed: pass it back with --seed to reproduce a run.\n\nExample: ejc run specs/flash.yaml --backend cpu --dtype f32 --shape 1,300,300,8,2,128")]
     Run(RunArgs),
+    /// Time one variant on fresh random inputs: median time and GFLOP/s (FLOPs =
+    /// 4*b*h*s_q*s_k*d, halved for causal). Benchmarks are not tests: nothing is asserted.
+    #[command(
+        after_help = "Example: ejc bench specs/flash.yaml --variant causal --dtype f32 --shape 1,4096,4096,8,8,128 --threads 2\n\
+Without --block-m/--block-n every tiling of the spec is timed (listed on stderr) and the fastest is reported."
+    )]
+    Bench(BenchArgs),
 }
 
 #[derive(Args)]
@@ -95,7 +104,7 @@ struct Filter {
 enum Backend {
     /// The tile-IR interpreter (slow, exact: f64 arithmetic).
     Interp,
-    /// Native CPU code (not built yet: issue 3).
+    /// Native CPU code, compiled in-process (JIT) for the host ISA.
     Cpu,
     /// CUDA through PTX (not built yet: issue 4).
     Cuda,
@@ -103,13 +112,22 @@ enum Backend {
     Mlir,
 }
 
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Interp => "interp",
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+            Backend::Mlir => "mlir",
+        }
+    }
+}
+
+/// The problem to run: which kernels, which sizes, which run-time scalars.
 #[derive(Args)]
-struct RunArgs {
+struct ProblemArgs {
     spec: PathBuf,
-    /// Where to run.
-    #[arg(long, value_enum, default_value = "interp")]
-    backend: Backend,
-    /// Variant to run (repeat for several; default: all).
+    /// Variant (repeat for several; `run` defaults to all).
     #[arg(long = "variant", value_name = "NAME")]
     variants: Vec<String>,
     /// Input dtype: bf16, f16 or f32 (must be one of the spec's).
@@ -120,10 +138,8 @@ struct RunArgs {
     /// sequence lengths are random up to seq_q / seq_k.
     #[arg(long, default_value = "2,77,93,4,2,64")]
     shape: String,
-    /// Seed of the random inputs (default: fresh, printed).
-    #[arg(long)]
-    seed: Option<u64>,
-    /// Tiling to run (default: the spec's first block_m and block_n).
+    /// Tiling (default: `run` takes the spec's first block_m and block_n; `bench` times
+    /// every tiling of the spec and reports the fastest).
     #[arg(long)]
     block_m: Option<u32>,
     #[arg(long)]
@@ -138,7 +154,64 @@ struct RunArgs {
     /// Dropout probability for dropout variants (default 0.2).
     #[arg(long)]
     dropout: Option<f64>,
+    /// CPU ISA to compile for: avx512bf16, avx512, avx2, x86-64 (default: the host's
+    /// best, using AVX512_BF16 only when asked).
+    #[arg(long)]
+    isa: Option<String>,
+}
+
+impl ProblemArgs {
+    fn flags(self) -> cli::common::ProblemFlags {
+        cli::common::ProblemFlags {
+            spec: self.spec,
+            variants: self.variants,
+            dtype: self.dtype,
+            shape: self.shape,
+            block_m: self.block_m,
+            block_n: self.block_n,
+            window: self.window,
+            softcap: self.softcap,
+            dropout: self.dropout,
+            isa: self.isa,
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    problem: ProblemArgs,
+    /// Where to run.
+    #[arg(long, value_enum, default_value = "interp")]
+    backend: Backend,
+    /// Seed of the random inputs (default: fresh, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Worker threads for the cpu backend (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
     /// Print one JSON object per kernel instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    problem: ProblemArgs,
+    /// Where to run (cpu; cuda comes with issue 4).
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Timed runs (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// Untimed runs first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Print one JSON object.
     #[arg(long)]
     json: bool,
 }
@@ -158,23 +231,19 @@ fn main() -> ExitCode {
             quiet,
         }),
         Command::Run(a) => cli::run::run(&cli::run::Request {
-            spec: a.spec,
-            backend: match a.backend {
-                Backend::Interp => "interp",
-                Backend::Cpu => "cpu",
-                Backend::Cuda => "cuda",
-                Backend::Mlir => "mlir",
-            },
-            variants: a.variants,
-            dtype: a.dtype,
-            shape: a.shape,
+            backend: a.backend.name(),
             seed: a.seed,
-            block_m: a.block_m,
-            block_n: a.block_n,
-            window: a.window,
-            softcap: a.softcap,
-            dropout: a.dropout,
+            threads: a.threads,
             json: a.json,
+            problem: a.problem.flags(),
+        }),
+        Command::Bench(a) => cli::bench::run(&cli::bench::Request {
+            backend: a.backend.name(),
+            threads: a.threads,
+            reps: a.reps,
+            warmup: a.warmup,
+            json: a.json,
+            problem: a.problem.flags(),
         }),
     };
     match outcome {

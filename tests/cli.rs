@@ -98,9 +98,15 @@ fn temp_dir(name: &str) -> PathBuf {
 #[test]
 fn build_writes_ir_and_a_manifest_the_runtime_verifies() {
     let out = temp_dir("build");
-    let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap()]);
+    // Without --target: the spec's targets that this ejc builds (ir, cpu), the others named.
+    let o =
+        ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--variant", "causal", "--dtype", "f32", "--head-dim", "64"]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("target `cpu` is not built yet"), "default build names the skipped targets");
+    assert!(text(&o.stderr).contains("target `ptx:sm_80` is not built yet"), "default build names the skipped targets");
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    assert_eq!(m.artifacts.len(), 12, "6 tilings x (ir, cpu)");
+    let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--target", "ir"]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let loaded = ejc_runtime::manifest::load(&out).expect("manifest verifies");
     let m = &loaded.manifest;
     assert_eq!(m.artifacts.len(), 540);
@@ -148,7 +154,7 @@ fn build_filters_and_unsupported_targets() {
     let _ = std::fs::remove_dir_all(&out);
 
     let out = temp_dir("unsupported");
-    for t in ["cpu", "ptx:sm_90a", "mlir:cpu"] {
+    for t in ["ptx:sm_90a", "mlir:cpu"] {
         let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--target", t]);
         assert_eq!(code(&o), 2);
         assert!(text(&o.stderr).contains("is not built yet"), "{}", text(&o.stderr));
@@ -208,7 +214,7 @@ fn run_json_and_flags() {
 #[test]
 fn run_refuses_what_it_cannot_do() {
     for (args, needle) in [
-        (vec!["--backend", "cpu"], "issue #3"),
+        (vec!["--backend", "cpu", "--isa", "neon"], "unknown CPU ISA"),
         (vec!["--backend", "cuda"], "issue #4"),
         (vec!["--backend", "mlir"], "issue #6"),
         (vec!["--variant", "nope"], "--variant nope"),
@@ -240,4 +246,68 @@ fn help_teaches() {
     }
     let o = ejc(&["run", "--help"]);
     assert!(text(&o.stdout).contains("batch,seq_q,seq_k,heads_q,heads_kv,head_dim"));
+}
+
+#[test]
+fn run_cpu_backend_passes_for_every_variant() {
+    let o = ejc(&["run", SPEC, "--backend", "cpu", "--dtype", "bf16", "--shape", "2,45,61,4,2,64", "--threads", "2"]);
+    assert_eq!(code(&o), 0, "{}{}", text(&o.stdout), text(&o.stderr));
+    let out = text(&o.stdout);
+    assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 15, "{out}");
+    assert!(out.contains("backend=cpu isa="), "{out}");
+}
+
+#[test]
+fn bench_prints_time_and_gflops() {
+    let o = ejc(&[
+        "bench",
+        SPEC,
+        "--variant",
+        "causal",
+        "--dtype",
+        "f32",
+        "--shape",
+        "1,256,256,2,2,64",
+        "--reps",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let row: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(row["gflops"].as_f64().unwrap() > 0.0 && row["median_ms"].as_f64().unwrap() > 0.0, "{row}");
+    assert_eq!(row["tilings"].as_array().unwrap().len(), 6, "every tiling of the spec is timed");
+    // One variant only, and the interpreter is not a benchmark back end.
+    assert_eq!(code(&ejc(&["bench", SPEC])), 2);
+    assert_eq!(code(&ejc(&["bench", SPEC, "--variant", "full", "--backend", "interp"])), 2);
+}
+
+#[test]
+fn build_cpu_target_writes_a_library_the_runtime_loads() {
+    let out = temp_dir("cpu");
+    let o = ejc(&[
+        "build",
+        SPEC,
+        "-o",
+        out.to_str().unwrap(),
+        "--target",
+        "cpu",
+        "--target",
+        "ir",
+        "--variant",
+        "gemma2",
+        "--dtype",
+        "f32",
+        "--head-dim",
+        "64",
+        "-q",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let loaded = ejc_runtime::manifest::load(&out).unwrap();
+    let cpu: Vec<_> = loaded.manifest.artifacts.iter().filter(|a| a.target.starts_with("cpu:")).collect();
+    assert_eq!(cpu.len(), 6);
+    let lib = ejc_runtime::cpu::CpuLibrary::open(loaded.path_of(cpu[0])).unwrap();
+    for a in cpu {
+        lib.kernel(&a.entry, a.scratch_bytes as usize).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&out);
 }

@@ -1,8 +1,10 @@
 //! The subcommands of `ejc`, one module each. Each returns an [`Outcome`]; `main`
 //! turns it into the exit status.
 
+pub mod bench;
 pub mod build;
 pub mod check;
+pub mod common;
 pub mod list;
 pub mod run;
 

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ejc_ir::flash::abi::abi_params;
 use ejc_ir::flash::{instances, KernelInstance};
+use ejc_ir::ir::Kernel;
 use ejc_ir::manifest::{AbiParamInfo, Artifact, Compiler, Manifest, SpecInfo, FORMAT};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{Features, SoftCap, Spec, Target, Window};
@@ -12,6 +13,7 @@ use ejc_ir::types::{DType, Type};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::cpu::{self, lower::KernelCode, Isa};
 use crate::targets::check_supported;
 use crate::{CodegenError, COMPILER_VERSION};
 
@@ -102,40 +104,68 @@ pub fn build(
     let selected = select(spec, opts)?;
     std::fs::create_dir_all(&opts.out_dir).map_err(|error| CodegenError::Io { path: opts.out_dir.clone(), error })?;
     progress(Progress::Start { kernels: selected.len(), targets: opts.targets.len() });
+    // Tile IR of every kernel, after the pipeline: the input of every target.
     let pipeline = default_pipeline();
-    let mut artifacts = Vec::new();
-    for (n, inst) in selected.iter().enumerate() {
-        progress(Progress::Kernel { done: n, total: selected.len(), id: &inst.id });
+    let mut kernels = Vec::with_capacity(selected.len());
+    for inst in &selected {
         let kernel_err = |message: String| CodegenError::Kernel { kernel: inst.id.clone(), message };
         let raw = inst.build(spec).map_err(|e| kernel_err(e.to_string()))?;
-        let kernel = run_pipeline(&raw, &pipeline).map_err(|e| kernel_err(e.to_string()))?;
-        for target in &opts.targets {
-            match target {
-                Target::Ir => {
-                    let (file, text) = crate::ir::write(&opts.out_dir, &kernel)?;
-                    let mut config = BTreeMap::new();
-                    config.insert("block_m".to_string(), inst.block_m);
-                    config.insert("block_n".to_string(), inst.block_n);
-                    artifacts.push(Artifact {
-                        kernel_id: inst.id.clone(),
-                        variant: inst.variant.name.clone(),
-                        features: features_json(&inst.variant.features),
-                        dtype: inst.dtype.to_string(),
-                        head_dim: inst.head_dim,
-                        config,
-                        artifact_id: format!("{}@ir", inst.id),
-                        target: "ir".into(),
-                        file,
-                        sha256: sha256_hex(text.as_bytes()),
-                        entry: kernel.name.clone(),
-                        params: params_info(&inst.variant.features, inst.dtype),
-                        grid: kernel.grid.clone().map(|g| g.to_string()),
-                        block: None,
-                        dynamic_shared_memory: 0,
-                    });
+        kernels.push(run_pipeline(&raw, &pipeline).map_err(|e| kernel_err(e.to_string()))?);
+    }
+    let mut artifacts = Vec::new();
+    let artifact = |inst: &KernelInstance, target: String, file: String, sha256: String, scratch_bytes: u64| {
+        let mut config = BTreeMap::new();
+        config.insert("block_m".to_string(), inst.block_m);
+        config.insert("block_n".to_string(), inst.block_n);
+        Artifact {
+            kernel_id: inst.id.clone(),
+            variant: inst.variant.name.clone(),
+            features: features_json(&inst.variant.features),
+            dtype: inst.dtype.to_string(),
+            head_dim: inst.head_dim,
+            config,
+            artifact_id: format!("{}@{target}", inst.id),
+            target,
+            file,
+            sha256,
+            entry: inst.id.clone(),
+            params: params_info(&inst.variant.features, inst.dtype),
+            grid: ejc_ir::flash::abi::grid(&inst.variant.features, inst.block_m as usize).map(|g| g.to_string()),
+            block: None,
+            dynamic_shared_memory: 0,
+            scratch_bytes,
+        }
+    };
+    for target in &opts.targets {
+        match target {
+            Target::Ir => {
+                for (n, (inst, kernel)) in selected.iter().zip(&kernels).enumerate() {
+                    progress(Progress::Kernel { done: n, total: selected.len(), id: &inst.id });
+                    let (file, text) = crate::ir::write(&opts.out_dir, kernel)?;
+                    artifacts.push(artifact(inst, "ir".into(), file, sha256_hex(text.as_bytes()), 0));
                 }
-                other => check_supported(other)?,
             }
+            Target::Cpu(isa) => {
+                let isa = match isa {
+                    Some(name) => name.parse::<Isa>().map_err(CodegenError::Empty)?,
+                    None => Isa::host(),
+                };
+                let file = format!("cpu/{}.{}.so", spec.name, isa.name());
+                let path = opts.out_dir.join(&file);
+                let codes = compile_cpu_library(&kernels, isa, &path, progress)?;
+                let bytes = std::fs::read(&path).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
+                let sha = sha256_hex(&bytes);
+                for (inst, code) in selected.iter().zip(codes) {
+                    artifacts.push(artifact(
+                        inst,
+                        format!("cpu:{}", isa.name()),
+                        file.clone(),
+                        sha.clone(),
+                        code.scratch_bytes,
+                    ));
+                }
+            }
+            other => check_supported(other)?,
         }
     }
     progress(Progress::Finished);
@@ -217,4 +247,53 @@ pub fn params_info(f: &Features, dtype: DType) -> Vec<AbiParamInfo> {
             }
         })
         .collect()
+}
+
+/// Compile kernels for `isa` on every core (one LLVM context per thread, so they
+/// compile in parallel), link one shared library, and return each kernel's code info
+/// in input order.
+pub fn compile_cpu_library(
+    kernels: &[Kernel],
+    isa: Isa,
+    out: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<KernelCode>, CodegenError> {
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(kernels.len().max(1));
+    // Contiguous chunks, so the library's symbol order follows the manifest's.
+    let chunk = kernels.len().div_ceil(threads.max(1)).max(1);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let results: Vec<Result<cpu::CompiledObject, CodegenError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = kernels
+            .chunks(chunk)
+            .map(|part| {
+                let tx = tx.clone();
+                scope.spawn(move || {
+                    // Small objects per thread: progress per kernel, bounded memory.
+                    let mut objs = Vec::new();
+                    for k in part {
+                        let obj = cpu::compile_object(std::slice::from_ref(k), isa)?;
+                        let _ = tx.send(k.name.clone());
+                        objs.push(obj);
+                    }
+                    Ok::<_, CodegenError>(objs)
+                })
+            })
+            .collect();
+        drop(tx);
+        for (done, name) in rx.into_iter().enumerate() {
+            progress(Progress::Kernel { done, total: kernels.len(), id: &name });
+        }
+        handles
+            .into_iter()
+            .flat_map(|h| match h.join() {
+                Ok(Ok(objs)) => objs.into_iter().map(Ok).collect::<Vec<_>>(),
+                Ok(Err(e)) => vec![Err(e)],
+                Err(_) => vec![Err(CodegenError::Llvm("a compiler thread panicked".into()))],
+            })
+            .collect()
+    });
+    let objs: Vec<cpu::CompiledObject> = results.into_iter().collect::<Result<_, _>>()?;
+    let bytes: Vec<&[u8]> = objs.iter().map(|o| o.object.as_slice()).collect();
+    cpu::link_shared_library(&bytes, out)?;
+    Ok(objs.into_iter().flat_map(|o| o.kernels).collect())
 }

@@ -87,8 +87,20 @@ impl Isa {
         }
     }
 
-    /// The best level this machine runs.
+    /// The level ejc builds for on this machine by default: the best one it runs,
+    /// except that AVX512_BF16 is used only when asked for (`cpu:avx512bf16`). On the
+    /// Intel Xeon (Emerald Rapids) that ejc is measured on, `vdpbf16ps` issues at half
+    /// the rate of two FMA pipes, so bf16 kernels run faster converted to f32
+    /// (docs/perf.md has the figures).
     pub fn host() -> Isa {
+        match Isa::host_max() {
+            Isa::Avx512Bf16 => Isa::Avx512,
+            other => other,
+        }
+    }
+
+    /// The best level this machine runs.
+    pub fn host_max() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             let v4 = std::is_x86_feature_detected!("avx512f")
@@ -110,7 +122,7 @@ impl Isa {
 
     /// Whether this machine can run code built for `self`.
     pub fn runs_here(self) -> bool {
-        self <= Isa::host()
+        self <= Isa::host_max()
     }
 
     /// LLVM target CPU and features.

@@ -82,6 +82,13 @@ pub struct Artifact {
     pub block: Option<[u32; 3]>,
     /// Dynamic shared memory in bytes (GPU targets; 0 elsewhere).
     pub dynamic_shared_memory: u32,
+    /// Per-thread scratch bytes the caller passes (CPU targets; 0 elsewhere).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub scratch_bytes: u64,
+}
+
+fn is_zero(x: &u64) -> bool {
+    *x == 0
 }
 
 /// One parameter of an artifact's launch ABI.

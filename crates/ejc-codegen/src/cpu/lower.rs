@@ -62,6 +62,9 @@ struct Buf {
     cols: usize,
     storage: DType,
     layout: Layout,
+    /// Run-time row stride (elements) of a row-major view into a tensor; None for
+    /// scratch buffers, whose rows are `cols` apart.
+    rstride: Option<V>,
 }
 
 /// A consumer's wish for how a tile is stored.
@@ -87,6 +90,13 @@ struct TensorInfo {
     strides: Vec<V>,
     dtype: DType,
 }
+
+/// Per axis of a tile access: the index (or range start), its optional limit, and
+/// the range's size (None for a fixed index), all i64.
+type AxisAccess = (V, Option<V>, Option<usize>);
+
+/// A loop body that carries values: (builder, induction variable, carried) → next.
+type CarryBody<'b, 'k> = dyn FnMut(&mut Lowering<'k>, V, &[V]) -> R<Vec<V>> + 'b;
 
 /// One coordinate of an element access.
 #[derive(Clone, Copy, Debug)]
@@ -359,7 +369,7 @@ impl<'k> Lowering<'k> {
         let off = self.scratch_top.div_ceil(align) * align;
         self.scratch_top = off + bytes.max(1);
         let ptr = self.ir.gep_const(self.ir.i8(), self.scratch, off as i64);
-        Buf { ptr, rows, cols, storage, layout }
+        Buf { ptr, rows, cols, storage, layout, rstride: None }
     }
 
     /// (rows, cols) of a tile type; rank-1 tiles are one row.
@@ -403,6 +413,46 @@ impl<'k> Lowering<'k> {
         self.ir.cond_br(self.ir.icmp(LLVMIntSLT, next, hi_v), head, exit);
         self.ir.at_end(exit);
         Ok(())
+    }
+
+    /// `for_const` carrying SSA values from one iteration to the next (phis);
+    /// returns their final values.
+    fn for_carry(
+        &mut self,
+        lo: usize,
+        hi: usize,
+        step: usize,
+        init: Vec<V>,
+        body: &mut CarryBody<'_, 'k>,
+    ) -> R<Vec<V>> {
+        if hi <= lo {
+            return Ok(init);
+        }
+        let pre = self.ir.current();
+        let head = self.ir.block("loop");
+        let exit = self.ir.block("loop.exit");
+        self.ir.br(head);
+        self.ir.at_end(head);
+        let iv = self.ir.phi(self.ir.i64());
+        self.ir.add_incoming(iv, self.ir.ci64(lo as i64), pre);
+        let phis: Vec<V> = init
+            .iter()
+            .map(|x| {
+                let p = self.ir.phi(self.ir.type_of(*x));
+                self.ir.add_incoming(p, *x, pre);
+                p
+            })
+            .collect();
+        let next_vals = body(self, iv, &phis)?;
+        let latch = self.ir.current();
+        let next = self.ir.add(iv, self.ir.ci64(step as i64));
+        self.ir.add_incoming(iv, next, latch);
+        for (p, x) in phis.iter().zip(&next_vals) {
+            self.ir.add_incoming(*p, *x, latch);
+        }
+        self.ir.cond_br(self.ir.icmp(LLVMIntSLT, next, self.ir.ci64(hi as i64)), head, exit);
+        self.ir.at_end(exit);
+        Ok(next_vals)
     }
 
     /// Emit an if/else on an i1; returns nothing (callers pass values through memory
@@ -460,7 +510,7 @@ impl<'k> Lowering<'k> {
         let (rr, cc) = (ir.ci64(b.rows as i64), ir.ci64(b.cols as i64));
         let two = ir.ci64(2);
         let idx = match b.layout {
-            Layout::RowMajor => ir.add(ir.mul(r, cc), c),
+            Layout::RowMajor => ir.add(ir.mul(r, b.rstride.unwrap_or(cc)), c),
             Layout::ColMajor => ir.add(ir.mul(c, rr), r),
             Layout::PairRows => {
                 let pr = ir.sdiv(r, two);
@@ -475,7 +525,7 @@ impl<'k> Lowering<'k> {
     }
 
     /// Convert a storage-typed value to the compute type of `want` dtype.
-    fn from_storage(&self, x: V, storage: DType, want: DType) -> V {
+    fn decode_storage(&self, x: V, storage: DType, want: DType) -> V {
         let ir = &self.ir;
         let n = ir.lanes(x);
         let x = if storage == DType::I1 { ir.trunc(x, ir.vec(ir.i1(), n)) } else { x };
@@ -521,13 +571,13 @@ impl<'k> Lowering<'k> {
                 let rv = if let Idx::S(rv) = r { rv } else { ir.ci64(0) };
                 let p = self.elem_ptr(b, rv, base);
                 let x = ir.load(ir.vec(st, n), p, b.storage.size_bytes() as u32);
-                return self.from_storage(x, b.storage, dtype);
+                return self.decode_storage(x, b.storage, dtype);
             }
             (Layout::ColMajor, Idx::Vc(base, n), Idx::Zero | Idx::S(_)) => {
                 let cv = if let Idx::S(cv) = c { cv } else { ir.ci64(0) };
                 let p = self.elem_ptr(b, base, cv);
                 let x = ir.load(ir.vec(st, n), p, b.storage.size_bytes() as u32);
-                return self.from_storage(x, b.storage, dtype);
+                return self.decode_storage(x, b.storage, dtype);
             }
             _ => {}
         }
@@ -535,7 +585,7 @@ impl<'k> Lowering<'k> {
         if n == 1 {
             let p = self.elem_ptr(b, self.idx_value(r), self.idx_value(c));
             let x = ir.load(st, p, b.storage.size_bytes() as u32);
-            return self.from_storage(x, b.storage, dtype);
+            return self.decode_storage(x, b.storage, dtype);
         }
         // Gather lane by lane.
         let mut out = ir.poison(ir.vec(st, n));
@@ -548,7 +598,7 @@ impl<'k> Lowering<'k> {
             let p = self.elem_ptr(b, pick(r), pick(c));
             out = ir.insert(out, ir.load(st, p, b.storage.size_bytes() as u32), lane);
         }
-        self.from_storage(out, b.storage, dtype)
+        self.decode_storage(out, b.storage, dtype)
     }
 
     /// Write element(s) (compute type of `dtype`) at (r, c).
@@ -1096,7 +1146,7 @@ impl<'k> Lowering<'k> {
     // ---- memory ----
 
     /// Per-axis (index or start, optional limit) as i64 values.
-    fn access(&self, axes: &[AxisIndex], operands: &[Value]) -> R<Vec<(V, Option<V>, Option<usize>)>> {
+    fn access(&self, axes: &[AxisIndex], operands: &[Value]) -> R<Vec<AxisAccess>> {
         let mut out = Vec::new();
         let mut it = operands.iter();
         for a in axes {
@@ -1139,7 +1189,7 @@ impl<'k> Lowering<'k> {
     /// The shared structure of tile loads and stores: fixed-axis offset and validity,
     /// and which axes are the tile's rows and columns.
     #[allow(clippy::type_complexity)]
-    fn plan_access(&self, t: usize, acc: &[(V, Option<V>, Option<usize>)]) -> (V, V, Vec<usize>) {
+    fn plan_access(&self, t: usize, acc: &[AxisAccess]) -> (V, V, Vec<usize>) {
         let ir = &self.ir;
         let info = &self.tensors[t];
         let mut base = ir.ci64(0);
@@ -1183,12 +1233,23 @@ impl<'k> Lowering<'k> {
                 &mut |_| Ok(()),
             )?;
             let x = self.ir.load(st, slot.ptr, esize);
-            let x = self.from_storage(x, dtype, dtype);
+            let x = self.decode_storage(x, dtype, dtype);
             self.vals[res.index()] = Some(Val::Scalar(x));
             return Ok(());
         }
         let want = self.wants.get(&res).copied().unwrap_or(Want { layout: Layout::RowMajor, storage: dtype });
         let (rows, cols) = self.dims(res);
+        if ranges.len() == 2 && dtype != DType::I1 {
+            // A view of the tensor (or a padded row-major copy), then, if a consumer
+            // wants another layout or storage type, one pass that builds it.
+            let staging = self.alloc(rows, cols, dtype, Layout::RowMajor);
+            self.load_view(res, &acc, base, valid, (ranges[0], ranges[1]), staging, pad)?;
+            if want.layout != Layout::RowMajor || want.storage != dtype {
+                let b = self.buffer(res, Some(want))?;
+                self.vals[res.index()] = Some(Val::Buf(b));
+            }
+            return Ok(());
+        }
         let dst = self.alloc(rows, cols, want.storage, want.layout);
         // Row axis (when 2-D) and column axis.
         let (ra, ca) = if ranges.len() == 2 { (Some(ranges[0]), ranges[1]) } else { (None, ranges[0]) };
@@ -1198,7 +1259,6 @@ impl<'k> Lowering<'k> {
         let cstride = info_strides[ca];
         let cdim = info_shape[ca];
         let w = self.vec_width(cols);
-        let contiguous_layout = matches!(want.layout, Layout::RowMajor) || rows == 1;
         let mut body = |cg: &mut Self, r: V| -> R<()> {
             let ir = &cg.ir;
             // Row validity and offset.
@@ -1227,13 +1287,9 @@ impl<'k> Lowering<'k> {
                         let off = ir.add(ir.add(row_off, cstart), c);
                         let p = ir.gep(st, data, off);
                         let x = ir.load(ir.vec(st, w), p, esize);
-                        let x = cg.from_storage(x, dtype, dtype);
+                        let x = cg.decode_storage(x, dtype, dtype);
                         let at = At { r: Idx::S(r_idx), c: if w > 1 { Idx::Vc(c, w) } else { Idx::S(c) } };
-                        if contiguous_layout || w == 1 {
-                            cg.write(&dst, at, x, dtype);
-                        } else {
-                            cg.write(&dst, at, x, dtype);
-                        }
+                        cg.write(&dst, at, x, dtype);
                         Ok(())
                     })
                 },
@@ -1248,7 +1304,7 @@ impl<'k> Lowering<'k> {
                         // must not touch memory outside the tensor.
                         let safe = ir.select(ok, off, ir.ci64(0));
                         let x = ir.load(st, ir.gep(st, data, safe), esize);
-                        let x = cg.from_storage(x, dtype, dtype);
+                        let x = cg.decode_storage(x, dtype, dtype);
                         let x = ir.select(ok, x, pad_v);
                         cg.write(&dst, At { r: Idx::S(r_idx), c: Idx::S(c) }, x, dtype);
                         Ok(())
@@ -1258,6 +1314,73 @@ impl<'k> Lowering<'k> {
         };
         self.for_const(0, rows, 1, &mut body)?;
         self.vals[res.index()] = Some(Val::Buf(dst));
+        Ok(())
+    }
+
+    /// A row-major 2-D tile that is entirely inside its tensor with a unit column
+    /// stride is not copied: the tile becomes a view of the tensor (its row stride is
+    /// a run-time value). Otherwise it is copied into `dst` with padding. The choice
+    /// is made at run time; consumers see one buffer either way.
+    #[allow(clippy::too_many_arguments)]
+    fn load_view(
+        &mut self,
+        res: Value,
+        acc: &[AxisAccess],
+        base: V,
+        valid: V,
+        (ra, ca): (usize, usize),
+        dst: Buf,
+        pad: f64,
+    ) -> R<()> {
+        // `dst` is a row-major staging buffer of the tensor's dtype.
+        let dtype = self.ty(res).dtype();
+        let t = self.tensor_of(self.defs[&res].operands[0])?;
+        let (data, shape, strides) =
+            (self.tensors[t].data, self.tensors[t].shape.clone(), self.tensors[t].strides.clone());
+        let st = self.storage_ty(dtype);
+        let esize = dtype.size_bytes() as u32;
+        let (rows, cols) = (dst.rows, dst.cols);
+        let pad_v = self.constant_of(pad, dtype);
+        let ir = &self.ir;
+        let (rstart, rlimit, _) = acc[ra];
+        let (cstart, climit, _) = acc[ca];
+        let inside = |start: V, n: usize, dim: V, limit: Option<V>| {
+            let end = ir.add(start, ir.ci64(n as i64));
+            let mut ok = ir.and(ir.icmp(LLVMIntSGE, start, ir.ci64(0)), ir.icmp(LLVMIntSLE, end, dim));
+            if let Some(l) = limit {
+                ok = ir.and(ok, ir.icmp(LLVMIntSLE, end, l));
+            }
+            ok
+        };
+        let mut direct = ir.and(valid, inside(rstart, rows, shape[ra], rlimit));
+        direct = ir.and(direct, inside(cstart, cols, shape[ca], climit));
+        direct = ir.and(direct, ir.icmp(LLVMIntEQ, strides[ca], ir.ci64(1)));
+        let origin = ir.add(ir.add(base, ir.mul(rstart, strides[ra])), cstart);
+        let view_ptr = ir.gep(st, data, origin);
+        let ptr = ir.select(direct, view_ptr, dst.ptr);
+        let rstride = ir.select(direct, strides[ra], ir.ci64(cols as i64));
+        // The slow path: copy with bounds checks and padding.
+        self.if_then(direct, &mut |_| Ok(()), &mut |cg| {
+            cg.for_const(0, rows, 1, &mut |cg, r| {
+                let ir = &cg.ir;
+                let ri = ir.add(rstart, r);
+                let row_ok = ir.and(valid, cg.in_range(ri, shape[ra], rlimit));
+                let row_off = ir.add(base, ir.mul(ri, strides[ra]));
+                cg.for_const(0, cols, 1, &mut |cg, c| {
+                    let ir = &cg.ir;
+                    let ci = ir.add(cstart, c);
+                    let ok = ir.and(row_ok, cg.in_range(ci, shape[ca], climit));
+                    let off = ir.add(row_off, ir.mul(ci, strides[ca]));
+                    let safe = ir.select(ok, off, ir.ci64(0));
+                    let x = ir.load(st, ir.gep(st, data, safe), esize);
+                    let x = ir.select(ok, x, pad_v);
+                    let idx = ir.add(ir.mul(r, ir.ci64(cols as i64)), c);
+                    ir.store(x, ir.gep(st, dst.ptr, idx), esize);
+                    Ok(())
+                })
+            })
+        })?;
+        self.vals[res.index()] = Some(Val::Buf(Buf { ptr, rstride: Some(rstride), ..dst }));
         Ok(())
     }
 
@@ -1447,6 +1570,11 @@ impl<'k> Lowering<'k> {
         let m_new = self.alloc(1, rows, DType::F32, Layout::RowMajor);
         let l_new = self.alloc(1, rows, DType::F32, Layout::RowMajor);
         let s_read = Buf { layout, ..s };
+        // max that ignores NaN like the interpreter (`if x > acc then x`), and maps to
+        // a single vmaxps (llvm.maxnum would add NaN fix-ups).
+        fn vmax(ir: &Ir, acc: V, x: V) -> V {
+            ir.select(ir.fcmp(LLVMRealOGT, x, acc), x, acc)
+        }
         if layout == Layout::ColMajor {
             // Rows in vector lanes: every step is vertical.
             let w = self.vec_width(rows);
@@ -1455,33 +1583,25 @@ impl<'k> Lowering<'k> {
                 let row_idx = At { r: Idx::Zero, c: if w > 1 { Idx::Vc(r0, w) } else { Idx::S(r0) } };
                 let m_old = cg.read(&m, row_idx, DType::F32);
                 let l_old = cg.read(&l, row_idx, DType::F32);
-                let slot = cg.alloc(1, w, DType::F32, Layout::RowMajor);
-                cg.ir.store(m_old, slot.ptr, 4);
-                cg.for_const(0, cols, 1, &mut |cg, c| {
+                let mx = cg.for_carry(0, cols, 1, vec![m_old], &mut |cg, c, acc| {
                     let x = cg.read(&s_read, rows_at(c), DType::F32);
-                    let cur = cg.ir.load(cg.ir.type_of(x), slot.ptr, 4);
-                    cg.ir.store(cg.ir.maxnum(cur, x), slot.ptr, 4);
-                    Ok(())
-                })?;
+                    Ok(vec![vmax(&cg.ir, acc[0], x)])
+                })?[0];
                 let ir = &cg.ir;
-                let mx = ir.load(ir.type_of(m_old), slot.ptr, 4);
                 let ninf = ir.splat(ir.cf32(f64::NEG_INFINITY), w);
                 let none = ir.fcmp(LLVMRealOEQ, mx, ninf);
                 let msafe = ir.select(none, ir.splat(ir.cf32(0.0), w), mx);
                 let a = ir.select(none, ir.splat(ir.cf32(1.0), w), math::exp2(ir, ir.fsub(m_old, msafe)));
                 cg.write(&m_new, row_idx, mx, DType::F32);
                 cg.write(&alpha, row_idx, a, DType::F32);
-                cg.ir.store(cg.ir.splat(cg.ir.cf32(0.0), w), slot.ptr, 4);
-                cg.for_const(0, cols, 1, &mut |cg, c| {
+                let zero = cg.ir.splat(cg.ir.cf32(0.0), w);
+                let sum = cg.for_carry(0, cols, 1, vec![zero], &mut |cg, c, acc| {
                     let x = cg.read(&s_read, rows_at(c), DType::F32);
                     let e = math::exp2(&cg.ir, cg.ir.fsub(x, msafe));
                     cg.write(&p, rows_at(c), e, DType::F32);
-                    let cur = cg.ir.load(cg.ir.type_of(e), slot.ptr, 4);
-                    cg.ir.store(cg.ir.fadd(cur, e), slot.ptr, 4);
-                    Ok(())
-                })?;
+                    Ok(vec![cg.ir.fadd(acc[0], e)])
+                })?[0];
                 let ir = &cg.ir;
-                let sum = ir.load(ir.type_of(m_old), slot.ptr, 4);
                 let ln = ir.fadd(ir.fmul(l_old, a), sum);
                 cg.write(&l_new, row_idx, ln, DType::F32);
                 Ok(())
@@ -1493,34 +1613,27 @@ impl<'k> Lowering<'k> {
                 let row_idx = At { r: Idx::Zero, c: Idx::S(r) };
                 let m_old = cg.read(&m, row_idx, DType::F32);
                 let l_old = cg.read(&l, row_idx, DType::F32);
-                let slot = cg.alloc(1, w, DType::F32, Layout::RowMajor);
-                cg.ir.store(cg.ir.splat(cg.ir.cf32(f64::NEG_INFINITY), w), slot.ptr, 4);
                 let at = |c: V| At { r: Idx::S(r), c: if w > 1 { Idx::Vc(c, w) } else { Idx::S(c) } };
-                cg.for_const(0, cols, w, &mut |cg, c| {
+                let ninf = cg.ir.splat(cg.ir.cf32(f64::NEG_INFINITY), w);
+                let vmaxv = cg.for_carry(0, cols, w, vec![ninf], &mut |cg, c, acc| {
                     let x = cg.read(&s_read, at(c), DType::F32);
-                    let cur = cg.ir.load(cg.ir.type_of(x), slot.ptr, 4);
-                    cg.ir.store(cg.ir.maxnum(cur, x), slot.ptr, 4);
-                    Ok(())
-                })?;
+                    Ok(vec![vmax(&cg.ir, acc[0], x)])
+                })?[0];
                 let ir = &cg.ir;
-                let vmax = ir.load(ir.vec(ir.f32(), w), slot.ptr, 4);
-                let mx = ir.maxnum(m_old, ir.reduce_fmax(vmax));
+                let mx = vmax(ir, m_old, ir.reduce_fmax(vmaxv));
                 let none = ir.fcmp(LLVMRealOEQ, mx, ir.cf32(f64::NEG_INFINITY));
                 let msafe = ir.select(none, ir.cf32(0.0), mx);
                 let a = ir.select(none, ir.cf32(1.0), math::exp2(ir, ir.fsub(m_old, msafe)));
                 cg.write(&m_new, row_idx, mx, DType::F32);
                 cg.write(&alpha, row_idx, a, DType::F32);
-                cg.ir.store(cg.ir.splat(cg.ir.cf32(0.0), w), slot.ptr, 4);
-                cg.for_const(0, cols, w, &mut |cg, c| {
+                let zero = cg.ir.splat(cg.ir.cf32(0.0), w);
+                let vs = cg.for_carry(0, cols, w, vec![zero], &mut |cg, c, acc| {
                     let x = cg.read(&s_read, at(c), DType::F32);
                     let e = math::exp2(&cg.ir, cg.ir.fsub(x, cg.ir.splat(msafe, w)));
                     cg.write(&p, at(c), e, DType::F32);
-                    let cur = cg.ir.load(cg.ir.type_of(e), slot.ptr, 4);
-                    cg.ir.store(cg.ir.fadd(cur, e), slot.ptr, 4);
-                    Ok(())
-                })?;
+                    Ok(vec![cg.ir.fadd(acc[0], e)])
+                })?[0];
                 let ir = &cg.ir;
-                let vs = ir.load(ir.vec(ir.f32(), w), slot.ptr, 4);
                 let sum = ir.reduce_fadd(ir.cf32(0.0), vs);
                 let ln = ir.fadd(ir.fmul(l_old, a), sum);
                 cg.write(&l_new, row_idx, ln, DType::F32);
@@ -1672,7 +1785,7 @@ impl<'k> Lowering<'k> {
         let nrv = if jj % (2 * vl) == 0 && vl > 1 { 2 } else { 1 };
         let nr = nrv * vl;
         let regs = self.isa.registers();
-        let mr = [8usize, 6, 4, 2, 1].into_iter().find(|mr| ii % mr == 0 && mr * nrv + nrv + 1 <= regs).unwrap_or(1);
+        let mr = [8usize, 6, 4, 2, 1].into_iter().find(|mr| ii % mr == 0 && mr * nrv + nrv < regs).unwrap_or(1);
         if pairs && (kk % 2 != 0 || vl != 16) {
             return Err(self.err("bf16 dot needs an even K and 16 lanes".into()));
         }
@@ -1748,12 +1861,12 @@ impl<'k> Lowering<'k> {
                     } else {
                         ir.splat(ir.load(ir.f32(), p, 4), vl)
                     };
-                    for jv in 0..nrv {
+                    for (jv, b) in bv.iter().enumerate() {
                         let slot = i * nrv + jv;
                         next[slot] = if pairs {
-                            ir.call_intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", &[], &[next[slot], av, bv[jv]])
+                            ir.call_intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", &[], &[next[slot], av, *b])
                         } else {
-                            ir.fma(av, bv[jv], next[slot])
+                            ir.fma(av, *b, next[slot])
                         };
                     }
                 }
@@ -1782,7 +1895,8 @@ impl<'k> Lowering<'k> {
     /// Pointer to C'(i, j) of an init buffer whose layout matches C' row-major.
     fn elem_ptr_rm(&self, b: &Buf, i: V, j: V, jj: usize) -> V {
         let ir = &self.ir;
-        ir.gep(ir.f32(), b.ptr, ir.add(ir.mul(i, ir.ci64(jj as i64)), j))
+        let stride = b.rstride.unwrap_or(ir.ci64(jj as i64));
+        ir.gep(ir.f32(), b.ptr, ir.add(ir.mul(i, stride), j))
     }
 
     // ---- control flow ----

@@ -4,7 +4,7 @@
 //! use ejc_codegen::cpu::{compile_object, Isa};
 //! # let kernels: Vec<ejc_ir::ir::Kernel> = vec![];
 //! let obj = compile_object(&kernels, Isa::host()).unwrap();
-//! ejc_codegen::cpu::link_shared_library(&obj.object, "out/cpu/flash.avx512bf16.so".as_ref()).unwrap();
+//! ejc_codegen::cpu::link_shared_library(&[&obj.object], "out/cpu/flash.avx512.so".as_ref()).unwrap();
 //! ```
 //!
 //! Each kernel becomes one exported function with the C ABI of `ejc_ir::cpu_abi`. The
