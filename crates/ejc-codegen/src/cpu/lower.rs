@@ -1359,25 +1359,47 @@ impl<'k> Lowering<'k> {
         let view_ptr = ir.gep(st, data, origin);
         let ptr = ir.select(direct, view_ptr, dst.ptr);
         let rstride = ir.select(direct, strides[ra], ir.ci64(cols as i64));
-        // The slow path: copy with bounds checks and padding.
+        // Otherwise copy: whole rows with vector moves where they are inside the tensor
+        // and contiguous, element by element (with padding) elsewhere.
+        let w = self.vec_width(cols);
+        let cols_ok = {
+            let ok = inside(cstart, cols, shape[ca], climit);
+            ir.and(ok, ir.icmp(LLVMIntEQ, strides[ca], ir.ci64(1)))
+        };
         self.if_then(direct, &mut |_| Ok(()), &mut |cg| {
             cg.for_const(0, rows, 1, &mut |cg, r| {
                 let ir = &cg.ir;
                 let ri = ir.add(rstart, r);
                 let row_ok = ir.and(valid, cg.in_range(ri, shape[ra], rlimit));
                 let row_off = ir.add(base, ir.mul(ri, strides[ra]));
-                cg.for_const(0, cols, 1, &mut |cg, c| {
-                    let ir = &cg.ir;
-                    let ci = ir.add(cstart, c);
-                    let ok = ir.and(row_ok, cg.in_range(ci, shape[ca], climit));
-                    let off = ir.add(row_off, ir.mul(ci, strides[ca]));
-                    let safe = ir.select(ok, off, ir.ci64(0));
-                    let x = ir.load(st, ir.gep(st, data, safe), esize);
-                    let x = ir.select(ok, x, pad_v);
-                    let idx = ir.add(ir.mul(r, ir.ci64(cols as i64)), c);
-                    ir.store(x, ir.gep(st, dst.ptr, idx), esize);
-                    Ok(())
-                })
+                let fast = ir.and(row_ok, cols_ok);
+                cg.if_then(
+                    fast,
+                    &mut |cg| {
+                        cg.for_const(0, cols, w, &mut |cg, c| {
+                            let ir = &cg.ir;
+                            let src = ir.gep(st, data, ir.add(ir.add(row_off, cstart), c));
+                            let x = ir.load(ir.vec(st, w), src, esize);
+                            let idx = ir.add(ir.mul(r, ir.ci64(cols as i64)), c);
+                            ir.store(x, ir.gep(st, dst.ptr, idx), esize);
+                            Ok(())
+                        })
+                    },
+                    &mut |cg| {
+                        cg.for_const(0, cols, 1, &mut |cg, c| {
+                            let ir = &cg.ir;
+                            let ci = ir.add(cstart, c);
+                            let ok = ir.and(row_ok, cg.in_range(ci, shape[ca], climit));
+                            let off = ir.add(row_off, ir.mul(ci, strides[ca]));
+                            let safe = ir.select(ok, off, ir.ci64(0));
+                            let x = ir.load(st, ir.gep(st, data, safe), esize);
+                            let x = ir.select(ok, x, pad_v);
+                            let idx = ir.add(ir.mul(r, ir.ci64(cols as i64)), c);
+                            ir.store(x, ir.gep(st, dst.ptr, idx), esize);
+                            Ok(())
+                        })
+                    },
+                )
             })
         })?;
         self.vals[res.index()] = Some(Val::Buf(Buf { ptr, rstride: Some(rstride), ..dst }));
