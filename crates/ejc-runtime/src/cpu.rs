@@ -205,6 +205,20 @@ impl CpuKernel {
         grid: [i64; 3],
         threads: usize,
     ) -> Result<(), CpuError> {
+        self.launch_raw(tensors.as_ptr(), scalars.as_ptr(), grid, threads)
+    }
+
+    /// [`CpuKernel::launch`] on raw pointers (the C API's form).
+    ///
+    /// # Safety
+    /// As for `launch`; the pointers must stay valid for the call.
+    pub unsafe fn launch_raw(
+        &self,
+        tensors: *const EjcTensor,
+        scalars: *const u64,
+        grid: [i64; 3],
+        threads: usize,
+    ) -> Result<(), CpuError> {
         if grid.iter().any(|g| *g < 0) {
             return Err(CpuError::Invalid(format!("negative grid {grid:?}")));
         }
@@ -214,7 +228,7 @@ impl CpuKernel {
         }
         let threads =
             if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        let shared = Shared { tensors: tensors.as_ptr(), scalars: scalars.as_ptr(), grid: grid.as_ptr() };
+        let shared = Shared { tensors, scalars, grid: grid.as_ptr() };
         let next = AtomicI64::new(0);
         let entry = self.entry;
         let scratch_bytes = self.scratch_bytes;

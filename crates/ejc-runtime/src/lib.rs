@@ -12,6 +12,7 @@
 //! }
 //! ```
 
+pub mod capi;
 pub mod cpu;
 pub mod flash;
 pub mod manifest;
