@@ -358,6 +358,13 @@ impl Ir {
             LLVMBuildCall2(self.b, fty, decl, a.as_mut_ptr(), a.len() as u32, c("").as_ptr())
         }
     }
+    /// Copy `bytes` (a constant) inline: LLVM expands it into vector moves instead of
+    /// calling `memcpy`, whose call overhead is large for a tile row.
+    pub fn memcpy_inline(&self, dst: V, src: V, bytes: usize) {
+        let (p, i64t) = (self.ptr(), self.i64());
+        self.call_intrinsic("llvm.memcpy.inline", &[p, p, i64t], &[dst, src, self.ci64(bytes as i64), self.cfalse()]);
+    }
+
     pub fn fma(&self, a: V, b: V, acc: V) -> V {
         self.call_intrinsic("llvm.fma", &[self.type_of(a)], &[a, b, acc])
     }

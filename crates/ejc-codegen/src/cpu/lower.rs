@@ -1361,7 +1361,6 @@ impl<'k> Lowering<'k> {
         let rstride = ir.select(direct, strides[ra], ir.ci64(cols as i64));
         // Otherwise copy: whole rows with vector moves where they are inside the tensor
         // and contiguous, element by element (with padding) elsewhere.
-        let w = self.vec_width(cols);
         let cols_ok = {
             let ok = inside(cstart, cols, shape[ca], climit);
             ir.and(ok, ir.icmp(LLVMIntEQ, strides[ca], ir.ci64(1)))
@@ -1376,14 +1375,11 @@ impl<'k> Lowering<'k> {
                 cg.if_then(
                     fast,
                     &mut |cg| {
-                        cg.for_const(0, cols, w, &mut |cg, c| {
-                            let ir = &cg.ir;
-                            let src = ir.gep(st, data, ir.add(ir.add(row_off, cstart), c));
-                            let x = ir.load(ir.vec(st, w), src, esize);
-                            let idx = ir.add(ir.mul(r, ir.ci64(cols as i64)), c);
-                            ir.store(x, ir.gep(st, dst.ptr, idx), esize);
-                            Ok(())
-                        })
+                        let ir = &cg.ir;
+                        let src = ir.gep(st, data, ir.add(row_off, cstart));
+                        let dst_row = ir.gep(st, dst.ptr, ir.mul(r, ir.ci64(cols as i64)));
+                        ir.memcpy_inline(dst_row, src, cols * esize as usize);
+                        Ok(())
                     },
                     &mut |cg| {
                         cg.for_const(0, cols, 1, &mut |cg, c| {
@@ -1804,10 +1800,16 @@ impl<'k> Lowering<'k> {
         pairs: bool,
     ) -> R<()> {
         let vl = self.vec_width(jj);
-        let nrv = if jj % (2 * vl) == 0 && vl > 1 { 2 } else { 1 };
-        let nr = nrv * vl;
         let regs = self.isa.registers();
-        let mr = [8usize, 6, 4, 2, 1].into_iter().find(|mr| ii % mr == 0 && mr * nrv + nrv < regs).unwrap_or(1);
+        // Register blocking: MR rows x NRV vectors of accumulators, plus NRV B'
+        // vectors and one broadcast, within the register file. Wider blocks load less
+        // per FMA (MR + NRV loads for MR * NRV FMAs); rows that do not fill a block
+        // are done by a smaller one.
+        let nrv =
+            [4usize, 2, 1].into_iter().find(|n| vl > 1 && jj % (n * vl) == 0 && (*n <= 2 || regs >= 32)).unwrap_or(1);
+        let nr = nrv * vl;
+        let mr = [8usize, 6, 4, 2, 1].into_iter().find(|mr| mr * nrv + nrv < regs && *mr <= ii.max(1)).unwrap_or(1);
+        let main_rows = ii - ii % mr;
         if pairs && (kk % 2 != 0 || vl != 16) {
             return Err(self.err("bf16 dot needs an even K and 16 lanes".into()));
         }
@@ -1821,97 +1823,104 @@ impl<'k> Lowering<'k> {
             ir.gep(ir.f32(), out.ptr, idx)
         };
         let vt = self.ir.vec(self.ir.f32(), vl);
-        self.for_const(0, ii, mr, &mut |cg, i0| {
-            cg.for_const(0, jj, nr, &mut |cg, j0| {
-                // Initial accumulators.
-                let mut accs: Vec<V> = Vec::with_capacity(mr * nrv);
-                for i in 0..mr {
+        let mut blocks = vec![(0usize, main_rows, mr)];
+        if main_rows < ii {
+            blocks.push((main_rows, ii, ii - main_rows));
+        }
+        for (lo, hi, mr) in blocks {
+            self.for_const(lo, hi, mr, &mut |cg, i0| {
+                cg.for_const(0, jj, nr, &mut |cg, j0| {
+                    // Initial accumulators.
+                    let mut accs: Vec<V> = Vec::with_capacity(mr * nrv);
+                    for i in 0..mr {
+                        for jv in 0..nrv {
+                            let ir = &cg.ir;
+                            let iv = ir.add(i0, ir.ci64(i as i64));
+                            let jv_ = ir.add(j0, ir.ci64((jv * vl) as i64));
+                            let x = match &init {
+                                Init::Zero => ir.splat(ir.cf32(0.0), vl),
+                                Init::Buf(b) => ir.load(vt, cg.elem_ptr_rm(b, iv, jv_, jj), 4),
+                                Init::Scaled(b, al) => {
+                                    let x = ir.load(vt, cg.elem_ptr_rm(b, iv, jv_, jj), 4);
+                                    let s = ir.load(ir.f32(), ir.gep(ir.f32(), al.ptr, iv), 4);
+                                    ir.fmul(x, ir.splat(s, vl))
+                                }
+                            };
+                            accs.push(x);
+                        }
+                    }
+                    // The K loop, with the accumulators as phis.
+                    let ir = &cg.ir;
+                    let pre = ir.current();
+                    let head = ir.block("k");
+                    let exit = ir.block("k.exit");
+                    ir.br(head);
+                    ir.at_end(head);
+                    let kv = ir.phi(ir.i64());
+                    ir.add_incoming(kv, ir.ci64(0), pre);
+                    let phis: Vec<V> = accs
+                        .iter()
+                        .map(|x| {
+                            let p = ir.phi(vt);
+                            ir.add_incoming(p, *x, pre);
+                            p
+                        })
+                        .collect();
+                    let kstep = if pairs { 2 } else { 1 };
+                    let mut next = phis.clone();
+                    // B' vectors for this k.
+                    let mut bv = Vec::with_capacity(nrv);
                     for jv in 0..nrv {
-                        let ir = &cg.ir;
-                        let iv = ir.add(i0, ir.ci64(i as i64));
-                        let jv_ = ir.add(j0, ir.ci64((jv * vl) as i64));
-                        let x = match &init {
-                            Init::Zero => ir.splat(ir.cf32(0.0), vl),
-                            Init::Buf(b) => ir.load(vt, cg.elem_ptr_rm(b, iv, jv_, jj), 4),
-                            Init::Scaled(b, al) => {
-                                let x = ir.load(vt, cg.elem_ptr_rm(b, iv, jv_, jj), 4);
-                                let s = ir.load(ir.f32(), ir.gep(ir.f32(), al.ptr, iv), 4);
-                                ir.fmul(x, ir.splat(s, vl))
-                            }
-                        };
-                        accs.push(x);
-                    }
-                }
-                // The K loop, with the accumulators as phis.
-                let ir = &cg.ir;
-                let pre = ir.current();
-                let head = ir.block("k");
-                let exit = ir.block("k.exit");
-                ir.br(head);
-                ir.at_end(head);
-                let kv = ir.phi(ir.i64());
-                ir.add_incoming(kv, ir.ci64(0), pre);
-                let phis: Vec<V> = accs
-                    .iter()
-                    .map(|x| {
-                        let p = ir.phi(vt);
-                        ir.add_incoming(p, *x, pre);
-                        p
-                    })
-                    .collect();
-                let kstep = if pairs { 2 } else { 1 };
-                let mut next = phis.clone();
-                // B' vectors for this k.
-                let mut bv = Vec::with_capacity(nrv);
-                for jv in 0..nrv {
-                    let j = ir.add(j0, ir.ci64((jv * vl) as i64));
-                    let (r, c) = if b_swap { (j, kv) } else { (kv, j) };
-                    let p = cg.elem_ptr(&bbuf, r, c);
-                    if pairs {
-                        bv.push(ir.load(ir.vec(ir.bf16(), 2 * vl), p, 2));
-                    } else {
-                        bv.push(ir.load(vt, p, 4));
-                    }
-                }
-                for i in 0..mr {
-                    let iv = ir.add(i0, ir.ci64(i as i64));
-                    let (r, c) = if a_swap { (kv, iv) } else { (iv, kv) };
-                    let p = cg.elem_ptr(&abuf, r, c);
-                    let av = if pairs {
-                        let pair = ir.load(ir.i32(), p, 4);
-                        ir.bitcast(ir.splat(pair, vl), ir.vec(ir.bf16(), 2 * vl))
-                    } else {
-                        ir.splat(ir.load(ir.f32(), p, 4), vl)
-                    };
-                    for (jv, b) in bv.iter().enumerate() {
-                        let slot = i * nrv + jv;
-                        next[slot] = if pairs {
-                            ir.call_intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", &[], &[next[slot], av, *b])
-                        } else {
-                            ir.fma(av, *b, next[slot])
-                        };
-                    }
-                }
-                let kn = ir.add(kv, ir.ci64(kstep));
-                let latch = ir.current();
-                ir.add_incoming(kv, kn, latch);
-                for (p, x) in phis.iter().zip(&next) {
-                    ir.add_incoming(*p, *x, latch);
-                }
-                ir.cond_br(ir.icmp(LLVMIntSLT, kn, ir.ci64(kk as i64)), head, exit);
-                ir.at_end(exit);
-                // Store.
-                for i in 0..mr {
-                    for jv in 0..nrv {
-                        let ir = &cg.ir;
-                        let iv = ir.add(i0, ir.ci64(i as i64));
                         let j = ir.add(j0, ir.ci64((jv * vl) as i64));
-                        ir.store(next[i * nrv + jv], c_ptr(cg, iv, j), 4);
+                        let (r, c) = if b_swap { (j, kv) } else { (kv, j) };
+                        let p = cg.elem_ptr(&bbuf, r, c);
+                        if pairs {
+                            bv.push(ir.load(ir.vec(ir.bf16(), 2 * vl), p, 2));
+                        } else {
+                            bv.push(ir.load(vt, p, 4));
+                        }
                     }
-                }
-                Ok(())
-            })
-        })
+                    for i in 0..mr {
+                        let iv = ir.add(i0, ir.ci64(i as i64));
+                        let (r, c) = if a_swap { (kv, iv) } else { (iv, kv) };
+                        let p = cg.elem_ptr(&abuf, r, c);
+                        let av = if pairs {
+                            let pair = ir.load(ir.i32(), p, 4);
+                            ir.bitcast(ir.splat(pair, vl), ir.vec(ir.bf16(), 2 * vl))
+                        } else {
+                            ir.splat(ir.load(ir.f32(), p, 4), vl)
+                        };
+                        for (jv, b) in bv.iter().enumerate() {
+                            let slot = i * nrv + jv;
+                            next[slot] = if pairs {
+                                ir.call_intrinsic("llvm.x86.avx512bf16.dpbf16ps.512", &[], &[next[slot], av, *b])
+                            } else {
+                                ir.fma(av, *b, next[slot])
+                            };
+                        }
+                    }
+                    let kn = ir.add(kv, ir.ci64(kstep));
+                    let latch = ir.current();
+                    ir.add_incoming(kv, kn, latch);
+                    for (p, x) in phis.iter().zip(&next) {
+                        ir.add_incoming(*p, *x, latch);
+                    }
+                    ir.cond_br(ir.icmp(LLVMIntSLT, kn, ir.ci64(kk as i64)), head, exit);
+                    ir.at_end(exit);
+                    // Store.
+                    for i in 0..mr {
+                        for jv in 0..nrv {
+                            let ir = &cg.ir;
+                            let iv = ir.add(i0, ir.ci64(i as i64));
+                            let j = ir.add(j0, ir.ci64((jv * vl) as i64));
+                            ir.store(next[i * nrv + jv], c_ptr(cg, iv, j), 4);
+                        }
+                    }
+                    Ok(())
+                })
+            })?;
+        }
+        Ok(())
     }
 
     /// Pointer to C'(i, j) of an init buffer whose layout matches C' row-major.

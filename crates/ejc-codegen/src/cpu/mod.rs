@@ -104,6 +104,10 @@ fn emit_function(ctx: &Context, module: &Module, kernel: &Kernel, isa: Isa) -> R
         // emits (x86-64-v4 otherwise prefers 256-bit vectors).
         add_str("min-legal-vector-width", "512");
         add_str("prefer-vector-width", "512");
+        // No calls to memcpy/memset: the library imports nothing (and a libc call
+        // resolved through a library without libc as a dependency may pick a slow
+        // variant); LLVM keeps copies and fills as inline vector loops.
+        add_str("no-builtins", "");
         // The scratch buffer is private to the call: it aliases nothing else.
         let noalias = LLVMGetEnumAttributeKindForName("noalias".as_ptr() as *const _, 7);
         LLVMAddAttributeAtIndex(f, 6, LLVMCreateEnumAttribute(c, noalias, 0));
