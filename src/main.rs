@@ -20,6 +20,8 @@ Examples:
   ejc run specs/flash.yaml --backend interp  run every variant on random inputs against the reference
   ejc run specs/flash.yaml --backend cpu     the same with native code (JIT) for this CPU
   ejc bench specs/flash.yaml --variant causal --dtype f32 --shape 1,2048,2048,8,8,128
+  ejc tune specs/flash.yaml --variant causal --dtype bf16 --shape 1,2048,2048,8,8,128
+  ejc cache ls                               what this machine's tuning cache holds
 
 Exit status: 0 success, 1 a result outside its tolerance, 2 bad input or an unsupported request.
 Docs: docs/spec.md (spec format), docs/semantics.md (what each feature means), docs/abi.md (manifest).";
@@ -85,6 +87,55 @@ printed: pass it back with --seed to reproduce a run.\n\nExample: ejc run specs/
 Without --block-m/--block-n every tiling of the spec is timed (listed on stderr) and the fastest is reported."
     )]
     Bench(BenchArgs),
+    /// Autotune one call: compile every tiling of the spec for this CPU, check each
+    /// against the reference on a small case, time the rest on fresh random inputs, and
+    /// store the winner (with every timing) in this machine's tuning cache.
+    #[command(
+        after_help = "Example: ejc tune specs/flash.yaml --variant causal --dtype bf16 --shape 1,2048,2048,8,8,128 --threads 2\n\
+The cache lives in $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc (see `ejc cache`). A call tuned \
+here is found by `ejc_runtime::flash_attention` for the same shape bucket, features and build."
+    )]
+    Tune(TuneArgs),
+    /// Inspect or clear this machine's tuning cache.
+    Cache {
+        #[command(subcommand)]
+        action: CacheAction,
+        /// The cache directory (default: $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc).
+        #[arg(long, global = true)]
+        cache_dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum CacheAction {
+    /// One line per tuned call: the chosen configuration and the call.
+    Ls,
+    /// Everything about entries (all, or those whose key or call contains FILTER, or
+    /// the entry numbered FILTER in `ls`): key parts, every candidate's time and status.
+    Show { filter: Option<String> },
+    /// Remove every entry.
+    Clear,
+}
+
+#[derive(Args)]
+struct TuneArgs {
+    #[command(flatten)]
+    problem: ProblemArgs,
+    /// Where to tune (cpu).
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Timed runs per candidate (the median is kept).
+    #[arg(long, default_value_t = 7)]
+    reps: usize,
+    /// The cache directory (default: $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Tune again even if the cache already has this call.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args)]
@@ -237,6 +288,22 @@ fn main() -> ExitCode {
             json: a.json,
             problem: a.problem.flags(),
         }),
+        Command::Tune(a) => cli::tune::run(&cli::tune::Request {
+            backend: a.backend.name(),
+            threads: a.threads,
+            cache_dir: a.cache_dir,
+            force: a.force,
+            reps: a.reps,
+            problem: a.problem.flags(),
+        }),
+        Command::Cache { action, cache_dir } => cli::cache::run(
+            match action {
+                CacheAction::Ls => cli::cache::Action::Ls,
+                CacheAction::Show { filter } => cli::cache::Action::Show(filter.unwrap_or_default()),
+                CacheAction::Clear => cli::cache::Action::Clear,
+            },
+            cache_dir,
+        ),
         Command::Bench(a) => cli::bench::run(&cli::bench::Request {
             backend: a.backend.name(),
             threads: a.threads,

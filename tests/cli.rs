@@ -311,3 +311,40 @@ fn build_cpu_target_writes_a_library_the_runtime_loads() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn tune_stores_the_winner_and_cache_commands_show_it() {
+    let cache = temp_dir("tune-cache");
+    let args = [
+        "tune",
+        SPEC,
+        "--variant",
+        "full",
+        "--dtype",
+        "f32",
+        "--shape",
+        "1,128,128,2,2,64",
+        "--reps",
+        "1",
+        "--threads",
+        "2",
+    ];
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend(["--cache-dir", cache.to_str().unwrap()]);
+    let o = ejc(&a);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("winner: m") && out.contains("(autotune)") && out.contains("stored in"), "{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with('m') && l.contains(" ok")).count(), 6, "{out}");
+    // Again: answered by the cache.
+    let o = ejc(&a);
+    assert!(text(&o.stdout).contains("(persistent cache)"), "{}", text(&o.stdout));
+    let c = cache.to_str().unwrap();
+    let ls = text(&ejc(&["cache", "ls", "--cache-dir", c]).stdout);
+    assert!(ls.contains("(1 entries)") && ls.contains("flash_attention_fwd f32"), "{ls}");
+    let show = text(&ejc(&["cache", "show", "0", "--cache-dir", c]).stdout);
+    assert!(show.contains("candidates:") && show.matches(" ms  ok").count() == 6, "{show}");
+    assert_eq!(code(&ejc(&["cache", "show", "no-such-entry", "--cache-dir", c])), 2);
+    assert!(text(&ejc(&["cache", "clear", "--cache-dir", c]).stdout).contains("removed 1"));
+    let _ = std::fs::remove_dir_all(&cache);
+}

@@ -3,10 +3,12 @@
 
 pub mod bench;
 pub mod build;
+pub mod cache;
 pub mod check;
 pub mod common;
 pub mod list;
 pub mod run;
+pub mod tune;
 
 use std::path::Path;
 

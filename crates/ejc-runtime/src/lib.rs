@@ -1,18 +1,35 @@
 //! # ejc-runtime
 //!
-//! What a program needs at run time, without LLVM: reading the artifacts `ejc build`
-//! wrote. The registry, the configuration chain, the autotuner, the caches and the
-//! executors come with their issues (#5 for the chain and CPU execution, #4 for
-//! CUDA); this crate holds only what exists today.
+//! What a program needs at run time, without LLVM: the artifacts `ejc build` wrote, a
+//! registry of kernels, the configuration chain with its autotuner and caches, and the
+//! executors. The CUDA executor comes with issue #4.
 //!
 //! ```no_run
-//! let loaded = ejc_runtime::manifest::load("out/manifest.json").unwrap();
-//! for a in &loaded.manifest.artifacts {
-//!     println!("{} -> {}", a.artifact_id, loaded.path_of(a).display());
-//! }
+//! use ejc_runtime::api::{flash_attention, FlashArgs, FlashOptions};
+//! # let (q, k, v): (ejc_runtime::cpu::HostBuffer, ejc_runtime::cpu::HostBuffer, ejc_runtime::cpu::HostBuffer) = unimplemented!();
+//! let r = flash_attention(&FlashArgs::new(&q, &k, &v), &FlashOptions { causal: true, ..Default::default() }).unwrap();
 //! ```
+//!
+//! | module | what |
+//! |---|---|
+//! | [`manifest`] | load and verify a build's manifest |
+//! | [`registry`] | kernels by operation, platform, back end and priority |
+//! | [`key`] | cache keys: device fingerprint, `op@version`, call hash, candidate checksum, compiler |
+//! | [`chain`] | override → overlay → memory → persistent → autotune → heuristics → error |
+//! | [`cache`] | the persistent tuning cache (one file per machine) |
+//! | [`tune`] | the autotuner for flash attention on the CPU |
+//! | [`api`] | `flash_attention(q, k, v, &opts)` |
+//! | [`cpu`], [`flash`], [`capi`] | the CPU executor, flash call binding, the C entry point |
 
+pub mod api;
+pub mod cache;
 pub mod capi;
+pub mod chain;
 pub mod cpu;
 pub mod flash;
+pub mod key;
 pub mod manifest;
+pub mod registry;
+pub mod tune;
+
+pub use api::{flash_attention, FlashArgs, FlashOptions, FlashResult};

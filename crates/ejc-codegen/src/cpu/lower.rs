@@ -479,7 +479,7 @@ impl<'k> Lowering<'k> {
 
     fn vec_width(&self, len: usize) -> usize {
         let vl = self.isa.lanes();
-        if len >= vl && len % vl == 0 {
+        if len >= vl && len.is_multiple_of(vl) {
             vl
         } else {
             1
@@ -1805,12 +1805,14 @@ impl<'k> Lowering<'k> {
         // vectors and one broadcast, within the register file. Wider blocks load less
         // per FMA (MR + NRV loads for MR * NRV FMAs); rows that do not fill a block
         // are done by a smaller one.
-        let nrv =
-            [4usize, 2, 1].into_iter().find(|n| vl > 1 && jj % (n * vl) == 0 && (*n <= 2 || regs >= 32)).unwrap_or(1);
+        let nrv = [4usize, 2, 1]
+            .into_iter()
+            .find(|n| vl > 1 && jj.is_multiple_of(n * vl) && (*n <= 2 || regs >= 32))
+            .unwrap_or(1);
         let nr = nrv * vl;
         let mr = [8usize, 6, 4, 2, 1].into_iter().find(|mr| mr * nrv + nrv < regs && *mr <= ii.max(1)).unwrap_or(1);
         let main_rows = ii - ii % mr;
-        if pairs && (kk % 2 != 0 || vl != 16) {
+        if pairs && (!kk.is_multiple_of(2) || vl != 16) {
             return Err(self.err("bf16 dot needs an even K and 16 lanes".into()));
         }
         let (abuf, a_swap) = a;
@@ -2036,7 +2038,7 @@ impl<'k> Lowering<'k> {
         let bytes = n * es;
         let vl = 16usize;
         let ir = &self.ir;
-        if bytes % 64 == 0 {
+        if bytes.is_multiple_of(64) {
             let t = ir.vec(ir.i32(), vl);
             let (s, d) = (src.ptr, dst.ptr);
             let _ = self.for_const(0, bytes / 64, 1, &mut |cg, i| {

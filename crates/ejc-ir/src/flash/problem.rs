@@ -41,7 +41,7 @@ impl FlashShape {
         if self.batch == 0 || self.heads_q == 0 || self.heads_kv == 0 || self.head_dim == 0 {
             return Err("batch, heads_q, heads_kv and head_dim must be at least 1".into());
         }
-        if self.heads_q % self.heads_kv != 0 {
+        if !self.heads_q.is_multiple_of(self.heads_kv) {
             return Err(format!(
                 "heads_q ({}) must be a multiple of heads_kv ({}) (GQA/MQA groups query heads evenly)",
                 self.heads_q, self.heads_kv

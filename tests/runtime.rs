@@ -1,0 +1,146 @@
+//! The executor API end to end: a program calls `flash_attention` on the CPU; the
+//! first process autotunes and stores the choice, a second process finds it in the
+//! persistent cache (its log says so). Also: registry lookups over a real build.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const SPEC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash.yaml");
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ejc-runtime-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn build(out: &std::path::Path, variants: &[&str]) {
+    let mut args =
+        vec!["build", SPEC, "-o", out.to_str().unwrap(), "--target", "cpu", "--dtype", "f32", "--head-dim", "64", "-q"];
+    for v in variants {
+        args.extend(["--variant", v]);
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_ejc")).args(&args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Build an example of this package (a no-op when up to date) and return its path.
+fn example(name: &str) -> PathBuf {
+    let o = Command::new(env!("CARGO"))
+        .args(["build", "-q", "--example", name, "--message-format=json"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(o.status.success(), "building example {name}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["target"]["name"] == name)
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .expect("cargo reports the example's executable")
+}
+
+#[test]
+fn tunes_once_then_the_second_process_hits_the_persistent_cache() {
+    let kernels = temp("kernels");
+    let cache = temp("cache");
+    build(&kernels, &["causal"]);
+    let exe = example("flash_call");
+    let run = || {
+        let o = Command::new(&exe)
+            .env("EJC_KERNELS", &kernels)
+            .env("EJC_CACHE_DIR", &cache)
+            .env("EJC_LOG", "1")
+            .output()
+            .expect("the flash_call example runs");
+        let (out, err) =
+            (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned());
+        assert!(o.status.success(), "{out}{err}");
+        (out, err)
+    };
+    let (out1, log1) = run();
+    assert!(out1.contains("source=autotune"), "{out1}");
+    assert!(log1.contains("ejc: autotuning 6 candidates"), "{log1}");
+    let (out2, log2) = run();
+    assert!(out2.contains("source=persistent cache"), "{out2}");
+    assert!(log2.contains("from the persistent cache"), "{log2}");
+    assert!(!log2.contains("autotuning"), "{log2}");
+    // Same choice both times.
+    let cfg = |s: &str| s.split("config=").nth(1).and_then(|x| x.split(" source").next()).map(str::to_string);
+    assert_eq!(cfg(&out1), cfg(&out2));
+    let _ = std::fs::remove_dir_all(&kernels);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[test]
+fn registry_finds_families_and_says_what_exists() {
+    use ejc_ir::types::DType;
+    use ejc_runtime::registry::{CallFeatures, Query, Registry};
+    let kernels = temp("registry");
+    build(&kernels, &["full", "causal", "gpt_oss"]);
+    let mut reg = Registry::new();
+    assert_eq!(reg.load_manifest(&kernels).unwrap(), 18);
+    reg.check_signatures().unwrap();
+    let q = Query::new("flash_attention_fwd").dtype(DType::F32).head_dim(64);
+    let causal = reg.families(&q.clone().features(CallFeatures { causal: true, ..Default::default() })).unwrap();
+    assert_eq!((causal.len(), causal[0].variant.as_str(), causal[0].entries.len()), (1, "causal", 6));
+    // gpt_oss has a compile-time window (128, 0): only that window matches it.
+    let w = CallFeatures { causal: true, window: Some((128, 0)), sinks: true, ..Default::default() };
+    assert_eq!(reg.families(&q.clone().features(w.clone())).unwrap()[0].variant, "gpt_oss");
+    let err = reg.families(&q.clone().features(CallFeatures { window: Some((64, 0)), ..w })).unwrap_err().to_string();
+    assert!(
+        err.contains("no kernel for") && err.contains("causal [f32] d64 on cpu:") && err.contains("gpt_oss"),
+        "{err}"
+    );
+    let err = reg.families(&Query::new("flash_attention_fwd").dtype(DType::BF16)).unwrap_err().to_string();
+    assert!(err.contains("bf16") && err.contains("full [f32]"), "{err}");
+    // Two implementations of one kernel with different parameters are caught.
+    let mut bad = reg.entries()[0].clone();
+    bad.params.pop();
+    bad.backend = "cpu:other".into();
+    reg.add(bad);
+    assert!(reg.check_signatures().unwrap_err().to_string().contains("takes"));
+    let _ = std::fs::remove_dir_all(&kernels);
+}
+
+#[test]
+fn bad_arguments_are_errors_naming_the_argument() {
+    use ejc_ir::tensor::HostTensor;
+    use ejc_ir::types::DType;
+    use ejc_runtime::api::{FlashArgs, FlashOptions, Runtime, RuntimeOptions, SlidingWindow};
+    use ejc_runtime::cpu::HostBuffer;
+    let kernels = temp("args");
+    build(&kernels, &["full"]);
+    let mut rt = Runtime::new(RuntimeOptions {
+        kernels: vec![kernels.clone()],
+        cache_dir: Some(temp("args-cache")),
+        ..Default::default()
+    })
+    .unwrap();
+    let t = |d: DType, s: &[usize]| HostBuffer::from_host(&HostTensor::full(d, s, 0.5));
+    let (q, k, v) = (t(DType::F32, &[1, 10, 2, 64]), t(DType::F32, &[1, 12, 2, 64]), t(DType::F32, &[1, 12, 2, 64]));
+    let call = |a: FlashArgs, o: FlashOptions, rt: &mut Runtime| {
+        rt.flash_attention(&a, &o).map(|_| ()).unwrap_err().to_string()
+    };
+    let k16 = t(DType::BF16, &[1, 12, 2, 64]);
+    assert!(call(FlashArgs::new(&q, &k16, &v), FlashOptions::default(), &mut rt).contains("argument `k`: dtype bf16"));
+    let k3 = t(DType::F32, &[12, 2, 64]);
+    assert!(call(FlashArgs::new(&q, &k3, &v), FlashOptions::default(), &mut rt).contains("argument `k`: shape"));
+    let o = FlashOptions { sliding_window: Some(SlidingWindow::LeftRight(-1, 2)), ..Default::default() };
+    assert!(call(FlashArgs::new(&q, &k, &v), o, &mut rt).contains("argument `sliding_window`"));
+    let o = FlashOptions { dropout_p: Some(1.5), ..Default::default() };
+    assert!(call(FlashArgs::new(&q, &k, &v), o, &mut rt).contains("argument `dropout_p`"));
+    // A feature this build has no kernel for: the error lists what exists.
+    let o = FlashOptions { causal: true, ..Default::default() };
+    assert!(call(FlashArgs::new(&q, &k, &v), o, &mut rt).contains("full [f32] d64"));
+    // A mismatched v is caught by the kernel-ABI check, naming v.
+    let v2 = t(DType::F32, &[1, 11, 2, 64]);
+    let e = call(FlashArgs::new(&q, &k, &v2), FlashOptions::default(), &mut rt);
+    assert!(e.contains("`v`"), "{e}");
+    // And a good call works, with an explicit configuration that is used as given.
+    let cfg = ejc_runtime::registry::Config::from([("block_m".to_string(), 64), ("block_n".to_string(), 32)]);
+    let r = rt
+        .flash_attention(&FlashArgs::new(&q, &k, &v), &FlashOptions { config: Some(cfg.clone()), ..Default::default() })
+        .unwrap();
+    assert_eq!((r.config, r.source), (cfg, ejc_runtime::chain::Source::Override));
+    let _ = std::fs::remove_dir_all(&kernels);
+}
