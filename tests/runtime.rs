@@ -144,3 +144,79 @@ fn bad_arguments_are_errors_naming_the_argument() {
     assert_eq!((r.config, r.source), (cfg, ejc_runtime::chain::Source::Override));
     let _ = std::fs::remove_dir_all(&kernels);
 }
+
+#[test]
+fn the_autotuner_drops_wrong_candidates_and_prunes_oversized_ones() {
+    use ejc_ir::flash::inputs::default_runtime;
+    use ejc_ir::flash::FlashShape;
+    use ejc_ir::spec::Features;
+    use ejc_ir::types::DType;
+    use ejc_runtime::chain::Tunable;
+    use ejc_runtime::cpu::CpuLibrary;
+    use ejc_runtime::registry::{CallFeatures, Query, Registry};
+    use ejc_runtime::tune::{FlashCandidate, FlashTuner};
+    let kernels = temp("tuner");
+    build(&kernels, &["full", "causal"]);
+    let mut reg = Registry::new();
+    reg.load_manifest(&kernels).unwrap();
+    let q = Query::new("flash_attention_fwd").dtype(DType::F32).head_dim(64);
+    let causal =
+        reg.families(&q.clone().features(CallFeatures { causal: true, ..Default::default() })).unwrap().remove(0);
+    let full = reg.families(&q.features(CallFeatures::default())).unwrap().remove(0);
+    let lib = CpuLibrary::open(&causal.entries[0].artifact).unwrap();
+    fn cand<'e>(lib: &CpuLibrary, e: &'e ejc_runtime::registry::KernelEntry) -> FlashCandidate<'e> {
+        FlashCandidate {
+            config: &e.config,
+            kernel: lib.kernel(&e.entry, e.scratch_bytes as usize).unwrap(),
+            block_m: e.config["block_m"] as usize,
+        }
+    }
+    // Two honest causal kernels, and a full-attention kernel posing as a third causal
+    // candidate: it computes the wrong thing.
+    let mut impostor = full.entries[0].config.clone();
+    impostor.insert("block_m".into(), 999);
+    let mut cands: Vec<FlashCandidate> = causal.entries[..2].iter().map(|e| cand(&lib, e)).collect();
+    cands.push(FlashCandidate { config: &impostor, ..cand(&lib, full.entries[0]) });
+    let features = Features { causal: true, ..Default::default() };
+    let shape = FlashShape { batch: 1, seq_q: 96, seq_k: 96, heads_q: 2, heads_kv: 2, head_dim: 64 };
+    let mut t =
+        FlashTuner::new(features.clone(), DType::F32, 64, shape, default_runtime(&features, &shape, 1), cands.clone());
+    t.progress = false;
+    t.reps = 1;
+    let r = t.autotune(&t.candidates());
+    let status: Vec<&str> = r.timings.iter().map(|x| x.status.as_str()).collect();
+    assert_eq!(status[..2], ["ok", "ok"], "{status:?}");
+    assert!(status[2].starts_with("wrong result"), "{status:?}");
+    assert!(r.winner.is_some_and(|w| w != impostor));
+    // A scratch budget smaller than every kernel prunes them all.
+    t.scratch_limit = 1024;
+    let r = t.autotune(&t.candidates());
+    assert!(r.winner.is_none() && r.timings.iter().all(|x| x.status.starts_with("pruned")), "{:?}", r.timings);
+    let _ = std::fs::remove_dir_all(&kernels);
+}
+
+#[test]
+fn two_tune_processes_writing_one_cache_at_once_lose_nothing() {
+    let cache = temp("tune-race");
+    let spawn = |variant: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ejc"))
+            .args(["tune", SPEC, "--variant", variant, "--dtype", "f32", "--shape", "1,128,128,2,2,64", "--reps", "1"])
+            .args(["--threads", "1", "--cache-dir", cache.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let children: Vec<_> = ["full", "causal", "sliding_window", "softcap"].into_iter().map(spawn).collect();
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let ls = Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(["cache", "ls", "--cache-dir", cache.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let ls = String::from_utf8_lossy(&ls.stdout);
+    assert!(ls.contains("(4 entries)"), "{ls}");
+    let _ = std::fs::remove_dir_all(&cache);
+}
