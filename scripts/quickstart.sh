@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up, build, and run the main job: validate the flash spec, compile every kernel
-# it declares (artifacts + manifest in ./out), and run every variant on random inputs
-# against the reference.
+# it declares (tile IR and the CPU library + manifest in ./out), and run every variant on
+# random inputs against the reference, in the interpreter and as native CPU code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,3 +11,4 @@ ejc=target/release/ejc
 $ejc check specs/flash.yaml
 $ejc build specs/flash.yaml -o out
 $ejc run specs/flash.yaml --backend interp
+$ejc run specs/flash.yaml --backend cpu
