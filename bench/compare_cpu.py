@@ -4,7 +4,7 @@
 One run, one machine, the same input tensors for both: ejc's kernels come from the
 shared library that `ejc build --target cpu` writes and are launched on torch's tensors
 through the C ABI that manifest.json describes (docs/abi.md), from ctypes. The grid runs
-on ejc's own thread pool through libejc_runtime.so's C entry point (the pool `ejc bench`
+on ejc's own thread pool through libejc_runtime_capi.so's C entry point (the pool `ejc bench`
 uses), so Python's threads do not stand between the kernel and the clock.
 
     python3 bench/compare_cpu.py                  # the full table (b=1, h=8, 2 threads)
@@ -120,8 +120,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ejc", "-p", "ejc-runtime"], cwd=ROOT, check=True)
-    RUNTIME = ctypes.CDLL(os.path.join(ROOT, "target/release/libejc_runtime.so"))
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "ejc", "-p", "ejc-runtime-capi"], cwd=ROOT, check=True)
+    RUNTIME = ctypes.CDLL(os.path.join(ROOT, "target/release/libejc_runtime_capi.so"))
     RUNTIME.ejc_cpu_launch.argtypes = [ENTRY, ctypes.POINTER(EjcTensor), ctypes.POINTER(ctypes.c_uint64),
                                        ctypes.POINTER(ctypes.c_int64), ctypes.c_uint64, ctypes.c_uint32]
     RUNTIME.ejc_cpu_launch.restype = ctypes.c_int32

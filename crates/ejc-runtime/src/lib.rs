@@ -19,11 +19,10 @@
 //! | [`cache`] | the persistent tuning cache (one file per machine) |
 //! | [`tune`] | the autotuner for flash attention on the CPU |
 //! | [`api`] | `flash_attention(q, k, v, &opts)` |
-//! | [`cpu`], [`flash`], [`capi`] | the CPU executor, flash call binding, the C entry point |
+//! | [`cpu`], [`flash`] | the CPU executor, flash call binding (its C entry point is the `ejc-runtime-capi` crate) |
 
 pub mod api;
 pub mod cache;
-pub mod capi;
 pub mod chain;
 pub mod cpu;
 pub mod flash;

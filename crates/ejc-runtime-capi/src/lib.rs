@@ -1,7 +1,7 @@
 //! A C entry point into the CPU executor, for programs that are not Rust.
 //!
 //! ```c
-//! // libejc_runtime.so
+//! // libejc_runtime_capi.so (cargo build --release -p ejc-runtime-capi)
 //! int32_t ejc_cpu_launch(void (*entry)(...),           // a kernel's entry symbol
 //!                        const EjcTensor *tensors, const uint64_t *scalars,
 //!                        const int64_t grid[3], uint64_t scratch_bytes, uint32_t threads);
@@ -14,7 +14,7 @@
 
 use ejc_ir::cpu_abi::{EjcTensor, EntryFn};
 
-use crate::cpu::CpuKernel;
+use ejc_runtime::cpu::CpuKernel;
 
 /// # Safety
 /// `tensors`, `scalars` and `grid` must point to arrays as long as the kernel's ABI
