@@ -344,6 +344,34 @@ impl KernelBuilder {
         results
     }
 
+    /// `if cond { then } else { otherwise }` whose result types are those of the values
+    /// the `then` branch yields (the DSL's `if` expressions, whose types are only known
+    /// once the branch is built).
+    pub fn if_else_infer(
+        &mut self,
+        cond: Value,
+        then: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
+        otherwise: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
+    ) -> Vec<Value> {
+        self.stack.push(Block::default());
+        let y = then(self);
+        let result_types: Vec<Type> = y.iter().map(|v| self.ty(*v).clone()).collect();
+        self.yield_values(y);
+        let then_block = self.stack.pop().expect("region pushed above");
+        self.stack.push(Block::default());
+        let y = otherwise(self);
+        self.yield_values(y);
+        let else_block = self.stack.pop().expect("region pushed above");
+        let results: Vec<Value> = result_types.iter().map(|t| self.new_value(t.clone())).collect();
+        self.push(Op {
+            kind: OpKind::If,
+            operands: vec![cond],
+            results: results.clone(),
+            regions: vec![then_block, else_block],
+        });
+        results
+    }
+
     /// Terminate the open region (the verifier checks the yielded types).
     fn yield_values(&mut self, values: Vec<Value>) {
         self.push(Op { kind: OpKind::Yield, operands: values, results: vec![], regions: vec![] });

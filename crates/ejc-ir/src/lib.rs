@@ -18,6 +18,7 @@
 
 pub mod builder;
 pub mod cpu_abi;
+pub mod dsl;
 pub mod flash;
 pub mod infer;
 pub mod interp;

@@ -22,6 +22,7 @@
 use std::f64::consts::LOG2_E;
 
 use crate::builder::{Axis, KernelBuilder};
+use crate::dsl::{Dsl, MaskMod, ScoreMod};
 use crate::ir::{CmpPred, Kernel, MaskTerm, UnOp, Value};
 use crate::spec::{Features, Schedule, SoftCap, Spec, Variant, Window};
 use crate::types::DType;
@@ -63,6 +64,17 @@ pub fn build_kernel(
     Ok(k)
 }
 
+/// User hooks compiled into the kernel (from `#[ej_kernel(mask_mod)]` and
+/// `#[ej_kernel(score_mod)]`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FlashHooks {
+    /// ANDed with the variant's masks. An affine mod becomes analysable mask terms
+    /// (blocks it hides are skipped); any other is applied per element on every block.
+    pub mask_mod: Option<MaskMod>,
+    /// Applied to the scores after scale and bias, before the soft cap and the masks.
+    pub score_mod: Option<ScoreMod>,
+}
+
 /// Build a flash forward kernel for any feature combination, dtype, head dim and
 /// tiling (tests use tilings outside the spec's schedule space, e.g. 16 x 16).
 pub fn build_flash_kernel(
@@ -72,6 +84,19 @@ pub fn build_flash_kernel(
     head_dim: usize,
     block_m: usize,
     block_n: usize,
+) -> Result<Kernel, VerifyError> {
+    build_flash_kernel_with(name, f, dtype, head_dim, block_m, block_n, &FlashHooks::default())
+}
+
+/// [`build_flash_kernel`] with mask / score mods.
+pub fn build_flash_kernel_with(
+    name: &str,
+    f: &Features,
+    dtype: DType,
+    head_dim: usize,
+    block_m: usize,
+    block_n: usize,
+    hooks: &FlashHooks,
 ) -> Result<Kernel, VerifyError> {
     let (bm, bn, d) = (block_m, block_n, head_dim);
     let mut b = KernelBuilder::new(name);
@@ -157,8 +182,9 @@ pub fn build_flash_kernel(
         Some(SoftCap::Runtime) => Some(param("logits_soft_cap")),
         Some(SoftCap::Fixed(c)) => Some(b.const_f32(c)),
     };
-    // Without bias or soft cap, log2(e) folds into the scale (one multiply per score).
-    let fold_log2e = !f.bias && softcap.is_none();
+    // Without bias, soft cap or score mod, log2(e) folds into the scale (one multiply
+    // per score).
+    let fold_log2e = !f.bias && softcap.is_none() && hooks.score_mod.is_none();
     let qk_scale = if fold_log2e { b.mul(scale, log2e) } else { scale };
 
     // ---- analysable mask terms (bottom-right aligned) ----
@@ -182,6 +208,23 @@ pub fn build_flash_kernel(
         terms.push((MaskTerm::KvGe, lo));
         terms.push((MaskTerm::KvLe, hi));
     }
+
+    // A mask mod that is a conjunction of affine terms joins the analysable mask.
+    let mask_mod_terms = hooks.mask_mod.and_then(|m| m.affine);
+    if let Some(affine) = mask_mod_terms {
+        for (t, x) in affine {
+            let c = b.const_i32(*x);
+            terms.push((*t, c));
+        }
+    }
+    // Row indices of the block, for the mods.
+    let q_idx = if hooks.mask_mod.is_some() || hooks.score_mod.is_some() {
+        let r = b.arange(bm);
+        let r = b.add(r, i0);
+        Some(b.expand_dims(r, 1))
+    } else {
+        None
+    };
 
     // Loop invariants of the data-dependent masks and of dropout.
     let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
@@ -241,6 +284,14 @@ pub fn build_flash_kernel(
             let bias = b.cast(bias, DType::F32);
             s = b.add(s, bias);
         }
+        let kv_idx = q_idx.map(|_| {
+            let c = b.arange(bn);
+            let c = b.add(c, j0);
+            b.expand_dims(c, 0)
+        });
+        if let (Some(sm), Some(qi), Some(ki)) = (hooks.score_mod, q_idx, kv_idx) {
+            s = (sm.expand)(&mut Dsl::new(b), s, batch, head, qi, ki);
+        }
         if let Some(c) = softcap {
             let x = b.div(s, c);
             let t = b.unary(UnOp::Tanh, x);
@@ -250,6 +301,10 @@ pub fn build_flash_kernel(
             s = b.mul(s, log2e);
         }
         s = b.mask_apply(s, i0, j0, &terms);
+        if let (Some(mm), None, Some(qi), Some(ki)) = (hooks.mask_mod, mask_mod_terms, q_idx, kv_idx) {
+            let visible = (mm.expand)(&mut Dsl::new(b), batch, head, qi, ki);
+            s = b.select(visible, s, neg_inf);
+        }
         if f.mask {
             let m = b.load(
                 param("mask"),

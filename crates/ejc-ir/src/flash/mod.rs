@@ -22,5 +22,7 @@ pub mod inputs;
 pub mod problem;
 pub mod reference;
 
-pub use frontend::{build_flash_kernel, build_kernel, instances, kernel_id, KernelInstance};
+pub use frontend::{
+    build_flash_kernel, build_flash_kernel_with, build_kernel, instances, kernel_id, FlashHooks, KernelInstance,
+};
 pub use problem::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};

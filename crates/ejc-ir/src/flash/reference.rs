@@ -36,7 +36,31 @@ use crate::types::DType;
 /// `[B, Hq, Sq]` (varlen: `[1, Hq, total_q]`). Tensors that `features` does not use are
 /// ignored, like the unused fields of `rt`.
 pub fn reference(features: &Features, rt: &FlashRuntime, inputs: &FlashInputs) -> Result<FlashOutputs, String> {
-    let problem = Problem::new(features, rt, inputs)?;
+    reference_with_mods(features, rt, inputs, &Mods::default())
+}
+
+/// User hooks on top of a variant (FlexAttention style; `#[ej_kernel(mask_mod)]` and
+/// `#[ej_kernel(score_mod)]` compile the same functions into kernels). Indices are
+/// local to the sequence, `b` is the sequence index.
+#[derive(Clone, Copy, Default)]
+pub struct Mods<'a> {
+    /// `mask(b, h, q_idx, kv_idx)`: true = attend; ANDed with the variant's masks.
+    pub mask: Option<&'a dyn Fn(i64, i64, i64, i64) -> bool>,
+    /// `score(s, b, h, q_idx, kv_idx)`: applied after scale and bias, before the soft
+    /// cap and the masks.
+    pub score: Option<&'a dyn Fn(f64, i64, i64, i64, i64) -> f64>,
+}
+
+/// [`reference`] with a mask mod and/or a score mod.
+pub fn reference_with_mods(
+    features: &Features,
+    rt: &FlashRuntime,
+    inputs: &FlashInputs,
+    mods: &Mods,
+) -> Result<FlashOutputs, String> {
+    let mut problem = Problem::new(features, rt, inputs)?;
+    problem.mask_mod = mods.mask;
+    problem.score_mod = mods.score;
     let q_shape = &inputs.q.shape;
     let heads_q = q_shape[2];
 
@@ -112,6 +136,8 @@ struct Problem<'a> {
     window: Option<(i64, i64)>,
     dropout: Option<Dropout>,
     sequences: Vec<Sequence>,
+    mask_mod: Option<&'a dyn Fn(i64, i64, i64, i64) -> bool>,
+    score_mod: Option<&'a dyn Fn(f64, i64, i64, i64, i64) -> f64>,
 }
 
 /// K and V rows of one (sequence, KV head), gathered once and reused by every query
@@ -264,6 +290,8 @@ impl<'a> Problem<'a> {
             window,
             dropout,
             sequences,
+            mask_mod: None,
+            score_mod: None,
         })
     }
 
@@ -302,6 +330,11 @@ impl<'a> Problem<'a> {
                 return false;
             }
         }
+        if let Some(m) = self.mask_mod {
+            if !m(seq.index as i64, h as i64, i as i64, j as i64) {
+                return false;
+            }
+        }
         true
     }
 
@@ -311,6 +344,9 @@ impl<'a> Problem<'a> {
         let mut s = self.scale * dot;
         if let Some(bias) = self.bias {
             s += bias.get(&[seq.index, h, i, j]);
+        }
+        if let Some(f) = self.score_mod {
+            s = f(s, seq.index as i64, h as i64, i as i64, j as i64);
         }
         if let Some(c) = self.softcap {
             s = c * (s / c).tanh();
