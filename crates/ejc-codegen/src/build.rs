@@ -13,6 +13,8 @@ use ejc_ir::types::{DType, Type};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+pub mod dsl;
+
 use crate::cpu::{self, lower::KernelCode, Isa};
 use crate::targets::check_supported;
 use crate::{CodegenError, COMPILER_VERSION};
@@ -187,7 +189,7 @@ pub fn build(
 }
 
 /// Write through a temporary file and a rename, so a reader never sees half a file.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CodegenError> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CodegenError> {
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, bytes).map_err(|error| CodegenError::Io { path: tmp.clone(), error })?;
     std::fs::rename(&tmp, path).map_err(|error| CodegenError::Io { path: path.to_path_buf(), error })

@@ -47,7 +47,11 @@ pub struct KernelBuilder {
     values: Vec<Type>,
     /// Open blocks; ops go into the last one.
     stack: Vec<Block>,
-    error: Option<String>,
+    /// The first error, with the source location current when it happened.
+    error: Option<(String, Option<&'static str>)>,
+    /// Source location of the ops being built (front ends set it: `#[ej_kernel]` to
+    /// the `file:line:column` of the DSL expression), reported with errors.
+    location: Option<&'static str>,
 }
 
 impl KernelBuilder {
@@ -60,6 +64,7 @@ impl KernelBuilder {
             values: Vec::new(),
             stack: vec![Block::default()],
             error: None,
+            location: None,
         }
     }
 
@@ -86,10 +91,17 @@ impl KernelBuilder {
         Value(self.values.len() as u32 - 1)
     }
 
-    fn fail(&mut self, msg: String) {
+    /// Record an error (front ends report their own, e.g. an `if` on a tile); the
+    /// first one is what [`KernelBuilder::finish`] returns.
+    pub fn fail(&mut self, msg: String) {
         if self.error.is_none() {
-            self.error = Some(msg);
+            self.error = Some((msg, self.location));
         }
+    }
+
+    /// Set the source location that errors from now on are reported at.
+    pub fn set_location(&mut self, location: &'static str) {
+        self.location = Some(location);
     }
 
     /// Append a non-control op; returns its results.
@@ -379,8 +391,9 @@ impl KernelBuilder {
 
     /// Finish and verify the kernel.
     pub fn finish(mut self) -> Result<Kernel, VerifyError> {
-        if let Some(e) = self.error.take() {
-            return Err(VerifyError { kernel: self.name, location: "while building".into(), message: e });
+        if let Some((message, at)) = self.error.take() {
+            let location = at.map(|l| l.to_string()).unwrap_or_else(|| "while building".into());
+            return Err(VerifyError { kernel: self.name, location, message });
         }
         assert_eq!(self.stack.len(), 1, "unbalanced regions in KernelBuilder");
         let body = self.stack.pop().unwrap_or_default();

@@ -121,6 +121,25 @@ macro_rules! tile_ops {
 }
 tile_ops!(Add add, Sub sub, Mul mul, Div div);
 
+impl std::ops::BitAnd for Tile<bool> {
+    type Output = Tile<bool>;
+    fn bitand(self, _: Tile<bool>) -> Tile<bool> {
+        kernel_only()
+    }
+}
+impl std::ops::BitOr for Tile<bool> {
+    type Output = Tile<bool>;
+    fn bitor(self, _: Tile<bool>) -> Tile<bool> {
+        kernel_only()
+    }
+}
+impl std::ops::Not for Tile<bool> {
+    type Output = Tile<bool>;
+    fn not(self) -> Tile<bool> {
+        kernel_only()
+    }
+}
+
 impl<T: Elem> std::ops::Neg for Tile<T> {
     type Output = Tile<T>;
     fn neg(self) -> Tile<T> {
@@ -147,6 +166,14 @@ impl<T: Elem> Tile<T> {
     }
     /// A size-1 axis at `axis` (0 or 1): `[n] → [1, n]` or `[n, 1]`.
     pub fn expand(self, _axis: i32) -> Tile<T> {
+        kernel_only()
+    }
+    /// Element-wise maximum.
+    pub fn max(self, _: impl Into<Tile<T>>) -> Tile<T> {
+        kernel_only()
+    }
+    /// Element-wise minimum.
+    pub fn min(self, _: impl Into<Tile<T>>) -> Tile<T> {
         kernel_only()
     }
     /// Convert the element type.
@@ -179,6 +206,10 @@ pub fn span(_start: i32, _size: i32, _limit: i32) -> Axis {
 }
 /// Load a tile (elements outside the tensor or past a span's limit read as 0).
 pub fn load<T: Elem, const R: usize, const N: usize>(_t: Tensor<T, R>, _at: [Axis; N]) -> Tile<T> {
+    kernel_only()
+}
+/// [`load`] with `pad` (a literal) where elements are outside.
+pub fn load_pad<T: Elem, const R: usize, const N: usize>(_t: Tensor<T, R>, _at: [Axis; N], _pad: f32) -> Tile<T> {
     kernel_only()
 }
 /// Store a tile (elements outside the tensor or past a span's limit are not written).
@@ -322,18 +353,20 @@ pub fn minimum<X: Float>(a: X, b: X) -> X {
 
 // ---------------------------------------------------------------- expansion support
 
-/// An error while building a kernel's IR from its DSL body: where in the source
-/// (`file:line:column` of the DSL expression) and what.
+/// An error while building a kernel's IR from its DSL body: which kernel, where in
+/// the source (`file:line:column` of the DSL expression, or the op path the verifier
+/// found it at) and what.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("{location}: {message}")]
+#[error("#[ej_kernel] `{kernel}` at {location}: {message}")]
 pub struct DslError {
+    pub kernel: String,
     pub location: String,
     pub message: String,
 }
 
 impl From<VerifyError> for DslError {
     fn from(e: VerifyError) -> DslError {
-        DslError { location: e.kernel.clone(), message: e.to_string() }
+        DslError { kernel: e.kernel, location: e.location, message: e.message }
     }
 }
 
@@ -359,14 +392,12 @@ impl<'b> Dsl<'b> {
     pub fn boolean(&mut self, v: bool) -> V {
         self.b.constant(v as u8 as f64, DType::I1)
     }
-    /// `a op b` with numpy-style broadcasting of scalars; mixed i32/f32 is an error
-    /// (cast first), as in the IR.
+    /// `a op b` with numpy-style broadcasting (scalars against tiles, size-1 axes);
+    /// mixed i32/f32 is an error (cast first), as in the IR.
     pub fn bin(&mut self, op: BinOp, a: V, b: V) -> V {
-        let (a, b) = self.align(a, b);
         self.b.binary(op, a, b)
     }
     pub fn cmp(&mut self, p: CmpPred, a: V, b: V) -> V {
-        let (a, b) = self.align(a, b);
         self.b.cmp(p, a, b)
     }
     pub fn neg(&mut self, a: V) -> V {
@@ -381,13 +412,13 @@ impl<'b> Dsl<'b> {
     pub fn cast(&mut self, a: V, to: DType) -> V {
         self.b.cast(a, to)
     }
-    /// Broadcast tiles of rank 1 against rank 2 is the user's business (`expand`);
-    /// here only the ranks of two tiles are made equal when one is a scalar.
-    fn align(&mut self, a: V, b: V) -> (V, V) {
-        (a, b)
-    }
     pub fn ty(&self, v: V) -> &Type {
         self.b.ty(v)
+    }
+    /// Whether `v` is a scalar (an `if` on a scalar is control flow; on a tile it is
+    /// an element-wise select of both branches).
+    pub fn is_scalar(&self, v: V) -> bool {
+        matches!(self.b.ty(v), Type::Scalar(_))
     }
     pub fn program_id(&mut self, axis: i64) -> V {
         self.b.program_id(axis.clamp(0, 2) as u8)

@@ -134,6 +134,84 @@ impl HostBuffer {
     }
 }
 
+/// One tensor argument of a typed launch ([`launch_checked`]): what the kernel's
+/// parameter declares, and the buffer given for it. A kernel writes only the buffers
+/// passed as [`TensorArg::write`] (the borrow checker then keeps them apart from
+/// every other argument).
+pub struct TensorArg<'a> {
+    pub name: &'static str,
+    pub dtype: DType,
+    pub rank: usize,
+    buf: ArgBuf<'a>,
+}
+
+enum ArgBuf<'a> {
+    Read(&'a HostBuffer),
+    Write(&'a mut HostBuffer),
+}
+
+impl<'a> TensorArg<'a> {
+    /// A tensor the kernel only loads from.
+    pub fn read(name: &'static str, dtype: DType, rank: usize, buf: &'a HostBuffer) -> Self {
+        TensorArg { name, dtype, rank, buf: ArgBuf::Read(buf) }
+    }
+    /// A tensor the kernel stores to.
+    pub fn write(name: &'static str, dtype: DType, rank: usize, buf: &'a mut HostBuffer) -> Self {
+        TensorArg { name, dtype, rank, buf: ArgBuf::Write(buf) }
+    }
+    fn buffer(&self) -> &HostBuffer {
+        match &self.buf {
+            ArgBuf::Read(b) => b,
+            ArgBuf::Write(b) => b,
+        }
+    }
+    fn abi(&mut self) -> EjcTensor {
+        match &mut self.buf {
+            ArgBuf::Write(b) => b.abi(),
+            // Read-only arguments: the kernel never stores through this pointer.
+            ArgBuf::Read(b) => {
+                let mut shape = [1i64; MAX_RANK];
+                let mut strides = [0i64; MAX_RANK];
+                for (i, (&n, &st)) in b.shape.iter().zip(&b.strides).enumerate().take(MAX_RANK) {
+                    shape[i] = n as i64;
+                    strides[i] = st as i64;
+                }
+                let data = unsafe { b.bytes.as_ptr().add(b.offset * b.dtype.size_bytes()) } as *mut u8;
+                EjcTensor { data, shape, strides }
+            }
+        }
+    }
+}
+
+/// A safe launch: every tensor's dtype and rank must be what `kernel_name`'s parameter
+/// declares and its strides must stay inside its memory, the grid must be
+/// non-negative; then the kernel runs (`#[ej_kernel]`'s `launch` wrappers call this).
+/// Loads and stores are bounded by the tensors' shapes (docs/ir.md), so a checked
+/// launch cannot touch memory outside the buffers.
+pub fn launch_checked(
+    kernel: &CpuKernel,
+    kernel_name: &str,
+    tensors: &mut [TensorArg],
+    scalars: &[u64],
+    grid: [i64; 3],
+    threads: usize,
+) -> Result<(), CpuError> {
+    for t in tensors.iter() {
+        let b = t.buffer();
+        if b.dtype != t.dtype || b.shape.len() != t.rank || b.strides.len() != t.rank {
+            return Err(CpuError::Invalid(format!(
+                "`{kernel_name}`: `{}` must be a {} tensor of rank {}, got {} with shape {:?}",
+                t.name, t.dtype, t.rank, b.dtype, b.shape
+            )));
+        }
+        b.check_bounds().map_err(|e| CpuError::Invalid(format!("`{kernel_name}`: `{}`: {e}", t.name)))?;
+    }
+    let abi: Vec<EjcTensor> = tensors.iter_mut().map(|t| t.abi()).collect();
+    // Safety: dtypes, ranks and bounds are checked above; written tensors are
+    // exclusive borrows, so they overlap nothing else.
+    unsafe { kernel.launch(&abi, scalars, grid, threads) }
+}
+
 /// A scalar argument's 64-bit slot (see the ABI).
 pub fn scalar_slot(dtype: DType, x: f64) -> u64 {
     match dtype {

@@ -19,12 +19,14 @@
 //! | [`cache`] | the persistent tuning cache (one file per machine) |
 //! | [`tune`] | the autotuner for flash attention on the CPU |
 //! | [`api`] | `flash_attention(q, k, v, &opts)` |
+//! | [`dsl`] | kernels a crate compiled from `#[ej_kernel]` functions in its `build.rs` |
 //! | [`cpu`], [`flash`] | the CPU executor, flash call binding (its C entry point is the `ejc-runtime-capi` crate) |
 
 pub mod api;
 pub mod cache;
 pub mod chain;
 pub mod cpu;
+pub mod dsl;
 pub mod flash;
 pub mod key;
 pub mod manifest;

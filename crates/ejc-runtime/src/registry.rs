@@ -190,7 +190,7 @@ pub struct Registry {
     entries: Vec<KernelEntry>,
 }
 
-fn features_from_json(m: &BTreeMap<String, serde_json::Value>) -> Result<Features, String> {
+pub(crate) fn features_from_json(m: &BTreeMap<String, serde_json::Value>) -> Result<Features, String> {
     let flag = |k: &str| m.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
     let sliding_window = match m.get("sliding_window") {
         None | Some(serde_json::Value::Null) => None,
@@ -239,6 +239,15 @@ impl Registry {
     pub fn load_manifest(&mut self, path: impl AsRef<Path>) -> Result<usize, RegistryError> {
         let loaded = load(path)?;
         let m = &loaded.manifest;
+        if m.spec.op.starts_with(crate::dsl::OP_PREFIX) {
+            // Flash kernels with mods compute something else than plain flash attention:
+            // they must never answer a plain call.
+            return Err(RegistryError::Invalid(format!(
+                "{} is an #[ej_kernel] build (op `{}`); open it with ejc_runtime::dsl::DslLibrary",
+                loaded.dir.display(),
+                m.spec.op
+            )));
+        }
         let mut n = 0;
         for a in &m.artifacts {
             let Some(isa) = a.target.strip_prefix("cpu:") else { continue };

@@ -1,0 +1,191 @@
+//! A kernel: `fn name(params) { body }` → `struct name {}` with `kernel()` (builds
+//! the tile IR), `launch(...)` (typed, checked CPU launch), `DEF` and `NAME`, an
+//! `inventory` registration, and a type-checked, never-run copy of the function.
+
+use std::collections::HashMap;
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote};
+use syn::ItemFn;
+
+use super::body::{stmts, Scope};
+use crate::parse::attr::Attr;
+use crate::parse::body::{Expr_, Stmt};
+use crate::parse::signature::{Elem, Param, ParamTy};
+
+fn dtype(e: Elem) -> TokenStream {
+    let d = syn::Ident::new(e.dtype(), Span::call_site());
+    quote!(::ejc_ir::types::DType::#d)
+}
+
+/// Tensors a body stores to (these take `&mut` in `launch`).
+fn stored(list: &[Stmt], out: &mut Vec<String>) {
+    for s in list {
+        match s {
+            Stmt::Expr(Expr_::Call(f, args, _)) if f == "store" => {
+                if let Some(Expr_::Var(id)) = args.first() {
+                    let n = id.to_string();
+                    if !out.contains(&n) {
+                        out.push(n);
+                    }
+                }
+            }
+            Stmt::For { body, .. } => stored(body, out),
+            Stmt::If { then, els, .. } => {
+                stored(then, out);
+                stored(els, out);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The typecheck copy: the user's function, renamed, with the constants declared.
+pub fn typecheck_copy(f: &ItemFn, attr: &Attr) -> TokenStream {
+    let mut copy = f.clone();
+    copy.sig.ident = format_ident!("__ejc_typecheck_{}", f.sig.ident);
+    copy.vis = syn::Visibility::Inherited;
+    copy.attrs.retain(|a| !a.path().is_ident("doc"));
+    let consts = attr.consts.iter().map(|c| {
+        let (n, v) = (&c.name, c.value as i32);
+        quote! { const #n: i32 = #v; }
+    });
+    let body = &f.block.stmts;
+    copy.block = syn::parse_quote!({ #(#consts)* #(#body)* });
+    quote! {
+        // rustc checks the body against the DSL's types (`ejc_ir::dsl`); it never runs.
+        const _: () = {
+            #[allow(unused, non_snake_case, clippy::all, clippy::pedantic)]
+            #copy
+        };
+    }
+}
+
+pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn::Result<TokenStream> {
+    let name = &f.sig.ident;
+    let name_str = name.to_string();
+    let vis = &f.vis;
+    let docs: Vec<&syn::Attribute> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
+
+    let mut scope = Scope {
+        consts: attr.consts.iter().map(|c| (c.name.to_string(), c.value)).collect::<HashMap<_, _>>(),
+        tensors: params.iter().filter(|p| matches!(p.ty, ParamTy::Tensor { .. })).map(|p| p.name.to_string()).collect(),
+        readonly: params.iter().filter(|p| matches!(p.ty, ParamTy::Scalar(_))).map(|p| p.name.to_string()).collect(),
+        locals: vec![Vec::new()],
+        tile_conditions: false,
+    };
+    let code = stmts(body, &mut scope)?;
+
+    // IR parameters, in declaration order.
+    let ir_params = params.iter().map(|p| {
+        let n = &p.name;
+        let ns = n.to_string();
+        let ty = match &p.ty {
+            ParamTy::Tensor { elem, rank } => {
+                let d = dtype(*elem);
+                let r = *rank;
+                quote!(::ejc_ir::types::Type::Tensor(#d, #r))
+            }
+            ParamTy::Scalar(e) => {
+                let d = dtype(*e);
+                quote!(::ejc_ir::types::Type::Scalar(#d))
+            }
+        };
+        quote! { let #n: ::ejc_ir::ir::Value = __b.param(#ns, #ty); }
+    });
+    let const_values = attr.consts.iter().map(|c| {
+        let (n, v) = (&c.name, c.value);
+        quote! { let #n: ::ejc_ir::ir::Value = __d.int(#v); }
+    });
+    let const_items = attr.consts.iter().map(|c| {
+        let (n, v) = (&c.name, c.value);
+        let doc = format!("`#[ej_kernel({} = {v})]`", n.to_string().to_lowercase());
+        quote! { #[doc = #doc] pub const #n: i64 = #v; }
+    });
+
+    // launch(): tensors by reference (&mut when stored to), scalars by value.
+    let mut written = Vec::new();
+    stored(body, &mut written);
+    let mut launch_params = Vec::new();
+    let mut tensor_args = Vec::new();
+    let mut scalar_args = Vec::new();
+    for p in params {
+        let n = &p.name;
+        let ns = n.to_string();
+        match &p.ty {
+            ParamTy::Tensor { elem, rank } => {
+                let d = dtype(*elem);
+                if written.contains(&ns) {
+                    launch_params.push(quote!(#n: &mut ::ejc_runtime::cpu::HostBuffer));
+                    tensor_args.push(quote!(::ejc_runtime::cpu::TensorArg::write(#ns, #d, #rank, #n)));
+                } else {
+                    launch_params.push(quote!(#n: &::ejc_runtime::cpu::HostBuffer));
+                    tensor_args.push(quote!(::ejc_runtime::cpu::TensorArg::read(#ns, #d, #rank, #n)));
+                }
+            }
+            ParamTy::Scalar(e) => {
+                let (rust, value) = match e {
+                    Elem::F32 => (quote!(f32), quote!(#n as f64)),
+                    Elem::I32 => (quote!(i32), quote!(#n as f64)),
+                    Elem::U32 => (quote!(u32), quote!(#n as f64)),
+                    _ => (quote!(bool), quote!(if #n { 1.0 } else { 0.0 })),
+                };
+                let d = dtype(*e);
+                launch_params.push(quote!(#n: #rust));
+                scalar_args.push(quote!(::ejc_runtime::cpu::scalar_slot(#d, #value)));
+            }
+        }
+    }
+    let launch_doc = format!(
+        "Run `{name_str}` on the CPU over `grid` (programs along axes 0, 1, 2) on `threads` workers (0 = all cores). \
+         Tensors are checked against the parameters' dtypes and ranks first."
+    );
+    let typecheck = typecheck_copy(f, attr);
+
+    Ok(quote! {
+        #(#docs)*
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy, Debug, Default)]
+        #vis struct #name {}
+
+        #[allow(clippy::all)]
+        impl #name {
+            /// The kernel's name (its entry symbol in a build).
+            pub const NAME: &'static str = #name_str;
+            #(#const_items)*
+            /// What the build-script helper compiles.
+            pub const DEF: ::ejc_ir::dsl::KernelDef = ::ejc_ir::dsl::KernelDef { name: #name_str, build: #name::kernel };
+
+            /// Build the kernel's tile IR (verified).
+            #[allow(unused_mut, unused_variables, non_snake_case, unused_braces)]
+            pub fn kernel() -> ::core::result::Result<::ejc_ir::ir::Kernel, ::ejc_ir::dsl::DslError> {
+                let mut __b = ::ejc_ir::builder::KernelBuilder::new(#name_str);
+                #(#ir_params)*
+                __b.attr("frontend", "ej_kernel");
+                {
+                    let __d = &mut ::ejc_ir::dsl::Dsl::new(&mut __b);
+                    #(#const_values)*
+                    #code
+                }
+                __b.finish().map_err(::ejc_ir::dsl::DslError::from)
+            }
+
+            #[doc = #launch_doc]
+            #[allow(clippy::too_many_arguments)]
+            pub fn launch(
+                kernel: &::ejc_runtime::cpu::CpuKernel,
+                grid: [i64; 3],
+                threads: usize,
+                #(#launch_params),*
+            ) -> ::core::result::Result<(), ::ejc_runtime::cpu::CpuError> {
+                let mut __tensors: ::std::vec::Vec<::ejc_runtime::cpu::TensorArg> = ::std::vec![#(#tensor_args),*];
+                let __scalars: &[u64] = &[#(#scalar_args),*];
+                ::ejc_runtime::cpu::launch_checked(kernel, #name_str, &mut __tensors, __scalars, grid, threads)
+            }
+        }
+
+        ::ejc_ir::dsl::inventory::submit! { ::ejc_ir::dsl::Registration::Kernel(#name::DEF) }
+
+        #typecheck
+    })
+}

@@ -1,0 +1,70 @@
+//! From the parsed item to the generated code: [`kernel`] for kernels, [`mods`] for
+//! mask and score mods, both on top of [`body`] (DSL statements → IR-building Rust).
+
+pub mod body;
+pub mod kernel;
+pub mod mods;
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+use syn::ItemFn;
+
+use crate::parse::attr::{self, Kind};
+use crate::parse::{body as pbody, signature};
+
+/// The whole expansion of `#[ej_kernel(attr)] item`.
+pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let attr = attr::parse(attr)?;
+    let f: ItemFn = syn::parse2(item).map_err(|e| {
+        syn::Error::new(
+            e.span(),
+            "#[ej_kernel] goes on a function: `#[ej_kernel] fn name(x: Tensor<f32, 2>, ...) { ... }`",
+        )
+    })?;
+    let params = signature::parse(&f, attr.kind)?;
+    for c in &attr.consts {
+        if params.iter().any(|p| p.name == c.name) {
+            return Err(syn::Error::new(
+                c.name.span(),
+                format!("`{}` is both a parameter and an #[ej_kernel] constant", c.name),
+            ));
+        }
+    }
+    let (stmts, tail) = pbody::block(&f.block)?;
+    match attr.kind {
+        Kind::Kernel => {
+            if let Some(t) = tail {
+                return Err(syn::Error::new(
+                    t.span(),
+                    "a kernel returns nothing: end its body with a statement (`store(...);`)",
+                ));
+            }
+            kernel::generate(&f, &attr, &params, &stmts)
+        }
+        Kind::MaskMod | Kind::ScoreMod => {
+            let Some(tail) = tail else {
+                let what = if attr.kind == Kind::MaskMod { "`bool` (true = attend)" } else { "the new score (`f32`)" };
+                return Err(syn::Error::new(f.sig.ident.span(), format!("a mod's body ends with its value: {what}")));
+            };
+            mods::generate(&f, &attr, &params, &stmts, &tail)
+        }
+    }
+}
+
+/// What to emit next to an error: for a kernel, its signature on an empty body (no
+/// second round of errors from the body); for a mod, the function as written.
+pub fn fallback(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let Ok(f) = syn::parse2::<ItemFn>(item) else { return TokenStream::new() };
+    let kind = attr::parse(attr).map(|a| a.kind).unwrap_or(Kind::Kernel);
+    if kind != Kind::Kernel {
+        return quote!(#[allow(unused)] #f);
+    }
+    let mut sig = f.sig.clone();
+    sig.ident = format_ident!("__ejc_signature_{}", f.sig.ident);
+    quote! {
+        const _: () = {
+            #[allow(unused, non_snake_case, clippy::all)]
+            #sig {}
+        };
+    }
+}

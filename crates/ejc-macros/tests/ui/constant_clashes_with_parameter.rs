@@ -1,0 +1,9 @@
+// constant clashes with parameter: rejected with a span on the offending token
+use ejc_ir::dsl::*;
+use ejc_macros::ej_kernel;
+
+#[ej_kernel(block = 16)]
+fn k(x: Tensor<f32, 1>, BLOCK: i32) {
+}
+
+fn main() {}

@@ -1,0 +1,12 @@
+// early return: rejected with a span on the offending token
+use ejc_ir::dsl::*;
+use ejc_macros::ej_kernel;
+
+#[ej_kernel]
+fn k(x: Tensor<f32, 1>, n: i32) {
+    if n > 4 {
+        return;
+    }
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+// match expr: rejected with a span on the offending token
+use ejc_ir::dsl::*;
+use ejc_macros::ej_kernel;
+
+#[ej_kernel]
+fn k(x: Tensor<f32, 1>, n: i32) {
+    let y = match n {
+        0 => 1,
+        _ => 2,
+    };
+}
+
+fn main() {}

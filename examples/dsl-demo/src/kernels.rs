@@ -1,0 +1,71 @@
+//! The crate's kernels and attention mods, in ejc's tile DSL. This file is compiled
+//! twice: into the library (launch wrappers, mods as host functions) and into
+//! `build.rs` (which compiles the kernels to a CPU library at build time).
+
+use ejc_ir::dsl::*;
+use ejc_macros::ej_kernel;
+
+/// `out = alpha · (a · b)`, then `max(out, 0)` when `relu`: `a` is `[M, K]`, `b` is
+/// `[K, N]`; one program per `BM × BN` tile of `out`, `K` in steps of `BK`.
+#[ej_kernel(bm = 32, bn = 32, bk = 16)]
+pub fn scaled_matmul(a: Tensor<f32, 2>, b: Tensor<f32, 2>, out: Tensor<f32, 2>, alpha: f32, relu: bool) {
+    let m0 = program_id(0) * BM;
+    let n0 = program_id(1) * BN;
+    let m = dim(a, 0);
+    let n = dim(b, 1);
+    let k = dim(a, 1);
+    let mut acc = full([BM, BN], 0.0);
+    for k0 in range(0, k, BK) {
+        let a_tile = load(a, [span(m0, BM, m), span(k0, BK, k)]);
+        let b_tile = load(b, [span(k0, BK, k), span(n0, BN, n)]);
+        acc = dot(a_tile, b_tile, acc);
+    }
+    acc = acc * alpha;
+    if relu {
+        acc = maximum(acc, full([BM, BN], 0.0));
+    }
+    store(out, [span(m0, BM, m), span(n0, BN, n)], acc);
+}
+
+/// Row-wise softmax of `x` (`[R, C]`, any `C`): one program per `BR` rows, two
+/// passes over the columns in blocks of `BC` (online max and sum, then normalise).
+#[ej_kernel(br = 8, bc = 32)]
+pub fn softmax_rows(x: Tensor<f32, 2>, out: Tensor<f32, 2>) {
+    let r0 = program_id(0) * BR;
+    let rows = dim(x, 0);
+    let cols = dim(x, 1);
+    let mut m_i = full1(BR, f32::NEG_INFINITY);
+    let mut l_i = full1(BR, 0.0);
+    for c0 in range(0, cols, BC) {
+        let s = load_pad(x, [span(r0, BR, rows), span(c0, BC, cols)], f32::NEG_INFINITY);
+        let m_new = maximum(m_i, max_along(s, 1));
+        let p = exp(s - m_new.expand(1));
+        l_i = l_i * exp(m_i - m_new) + sum(p, 1);
+        m_i = m_new;
+    }
+    for c0 in range(0, cols, BC) {
+        let s = load_pad(x, [span(r0, BR, rows), span(c0, BC, cols)], f32::NEG_INFINITY);
+        store(out, [span(r0, BR, rows), span(c0, BC, cols)], exp(s - m_i.expand(1)) / l_i.expand(1));
+    }
+}
+
+/// Prefix-LM: every query sees the first `PREFIX` keys, and the keys up to itself.
+/// A disjunction: not affine, so the flash kernel applies it on every block.
+#[ej_kernel(mask_mod, prefix = 24)]
+pub fn prefix_lm(_b: i32, _h: i32, q_idx: i32, kv_idx: i32) -> bool {
+    kv_idx <= q_idx || kv_idx < PREFIX
+}
+
+/// Causal attention to the last `WINDOW` keys: affine in the indices, so the flash
+/// kernel skips the blocks it hides.
+#[ej_kernel(mask_mod, window = 40)]
+pub fn causal_window(_b: i32, _h: i32, q_idx: i32, kv_idx: i32) -> bool {
+    kv_idx <= q_idx && q_idx - kv_idx < WINDOW
+}
+
+/// ALiBi: scores fall linearly with distance, with per-head slopes `2^(-8(h+1)/HEADS)`.
+#[ej_kernel(score_mod, heads = 4)]
+pub fn alibi(score: f32, _b: i32, h: i32, q_idx: i32, kv_idx: i32) -> f32 {
+    let slope = exp2(-8.0 * (h + 1) as f32 / HEADS as f32);
+    score - slope * (q_idx - kv_idx) as f32
+}
