@@ -10,7 +10,11 @@ source .tools/env.sh
 export INSTA_UPDATE=no
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The CUDA executor and the GPU runner build without CUDA (the driver is opened at run
+# time); here they only say that there is no GPU.
+cargo clippy -p ejc-runtime --features cuda --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+cargo run -q -p ejc-runtime --features cuda --bin ejc-gpu --locked -- info
 pending=$(git ls-files --others --exclude-standard | grep -E '\.snap\.new$|\.pending-snap$' || true)
 if [ -n "$pending" ]; then
   echo "unreviewed snapshot files:"; echo "$pending"; exit 1

@@ -55,9 +55,11 @@ enum Command {
     /// Compile a spec: write one artifact per kernel x configuration x target, and
     /// DIR/manifest.json describing each (entry symbol, parameter ABI, launch grid).
     #[command(
-        after_help = "Targets: ir (tile IR text after the pass pipeline) is built; cpu, ptx:<arch> and mlir:<form> \
-are not built yet and are refused with the issue that brings them. Without --target, every target the spec \
-lists that this ejc can build is built, and the others are named on stderr."
+        after_help = "Targets: ir (tile IR text after the pass pipeline); cpu[:isa] (one .so per ISA); ptx:<arch> \
+(sm_80, sm_86, sm_89, sm_90, sm_90a; `ptx` = sm_80 and sm_90a): one .ptx per kernel x num_warps x num_stages, \
+bf16/f16 only. mlir:<form> is not built yet and is refused with the issue that brings it. Without --target, \
+every target the spec lists that this ejc can build is built, and the others are named on stderr. \
+--report runs ptxas on every PTX file (registers, spills, shared memory)."
     )]
     Build {
         spec: PathBuf,
@@ -69,6 +71,22 @@ lists that this ejc can build is built, and the others are named on stderr."
         targets: Vec<String>,
         #[command(flatten)]
         filter: Filter,
+        /// Only this block_m (repeat for several).
+        #[arg(long = "block-m", value_name = "N")]
+        block_m: Vec<u32>,
+        /// Only this block_n (repeat for several).
+        #[arg(long = "block-n", value_name = "N")]
+        block_n: Vec<u32>,
+        /// GPU targets: only this num_warps (repeat for several).
+        #[arg(long = "num-warps", value_name = "N")]
+        num_warps: Vec<u32>,
+        /// GPU targets: only this num_stages (repeat for several).
+        #[arg(long = "num-stages", value_name = "N")]
+        num_stages: Vec<u32>,
+        /// Assemble every PTX file with ptxas and print registers, spills and shared
+        /// memory per kernel (ptxas from $EJC_PTXAS, .tools/ or the PATH).
+        #[arg(long)]
+        report: bool,
         /// Print nothing but errors.
         #[arg(short, long)]
         quiet: bool,
@@ -157,7 +175,7 @@ enum Backend {
     Interp,
     /// Native CPU code, compiled in-process (JIT) for the host ISA.
     Cpu,
-    /// CUDA through PTX (not built yet: issue 4).
+    /// CUDA through PTX (runs with `ejc-gpu`, the LLVM-free GPU runner: see docs/gpu.md).
     Cuda,
     /// MLIR (not built yet: issue 6).
     Mlir,
@@ -272,15 +290,22 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Check { spec } => cli::check::run(&spec),
         Command::List { spec, json } => cli::list::run(&spec, json),
-        Command::Build { spec, out, targets, filter, quiet } => cli::build::run(&cli::build::Request {
-            spec,
-            out,
-            targets,
-            variants: filter.variants,
-            dtypes: filter.dtypes,
-            head_dims: filter.head_dims,
-            quiet,
-        }),
+        Command::Build { spec, out, targets, filter, block_m, block_n, num_warps, num_stages, report, quiet } => {
+            cli::build::run(&cli::build::Request {
+                spec,
+                out,
+                targets,
+                variants: filter.variants,
+                dtypes: filter.dtypes,
+                head_dims: filter.head_dims,
+                block_m,
+                block_n,
+                num_warps,
+                num_stages,
+                report,
+                quiet,
+            })
+        }
         Command::Run(a) => cli::run::run(&cli::run::Request {
             backend: a.backend.name(),
             seed: a.seed,

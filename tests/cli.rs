@@ -102,9 +102,10 @@ fn build_writes_ir_and_a_manifest_the_runtime_verifies() {
     let o =
         ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--variant", "causal", "--dtype", "f32", "--head-dim", "64"]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("target `ptx:sm_80` is not built yet"), "default build names the skipped targets");
+    assert!(text(&o.stderr).contains("target `mlir:cpu` is not built yet"), "default build names the skipped targets");
+    assert!(text(&o.stderr).contains("f32 kernels left out"), "ptx says why f32 has no artifacts");
     let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-    assert_eq!(m.artifacts.len(), 12, "6 tilings x (ir, cpu)");
+    assert_eq!(m.artifacts.len(), 12, "6 tilings x (ir, cpu); no f32 PTX");
     let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--target", "ir"]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let loaded = ejc_runtime::manifest::load(&out).expect("manifest verifies");
@@ -154,12 +155,45 @@ fn build_filters_and_unsupported_targets() {
     let _ = std::fs::remove_dir_all(&out);
 
     let out = temp_dir("unsupported");
-    for t in ["ptx:sm_90a", "mlir:cpu"] {
+    for t in ["mlir:cpu", "mlir:gpu"] {
         let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--target", t]);
         assert_eq!(code(&o), 2);
         assert!(text(&o.stderr).contains("is not built yet"), "{}", text(&o.stderr));
         assert!(!out.join("manifest.json").exists(), "nothing is written for a refused target");
     }
+    // PTX: one tiling; 8 warps do not divide 64 rows, so 4 warps x the spec's 2 stage counts.
+    let o = ejc(&[
+        "build",
+        SPEC,
+        "-o",
+        out.to_str().unwrap(),
+        "--target",
+        "ptx:sm_90a",
+        "--variant",
+        "causal",
+        "--dtype",
+        "bf16",
+        "--head-dim",
+        "64",
+        "--block-m",
+        "64",
+        "--block-n",
+        "32",
+        "--report",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    assert_eq!(m.artifacts.len(), 2, "{:?}", m.artifacts.iter().map(|a| &a.artifact_id).collect::<Vec<_>>());
+    for a in &m.artifacts {
+        assert!(a.file.starts_with("ptx/sm_90a/") && a.file.ends_with(".ptx"), "{}", a.file);
+        assert_eq!(a.block, Some([128, 1, 1]));
+        assert!(a.dynamic_shared_memory > 0);
+        assert_eq!(a.config.get("num_warps"), Some(&4));
+    }
+    if ejc_codegen::ptx::find_ptxas().is_some() {
+        assert!(text(&o.stdout).contains("regs"), "--report prints ptxas's figures: {}", text(&o.stdout));
+    }
+    let _ = std::fs::remove_dir_all(&out);
     for (args, needle) in [
         (vec!["--target", "ptx:sm_70"], "unknown target"),
         (vec!["--variant", "nope"], "has no variant `nope`"),

@@ -16,6 +16,11 @@ pub struct Request {
     pub variants: Vec<String>,
     pub dtypes: Vec<String>,
     pub head_dims: Vec<usize>,
+    pub block_m: Vec<u32>,
+    pub block_n: Vec<u32>,
+    pub num_warps: Vec<u32>,
+    pub num_stages: Vec<u32>,
+    pub report: bool,
     pub quiet: bool,
 }
 
@@ -42,9 +47,15 @@ pub fn run(req: &Request) -> Outcome {
         }
     } else {
         for t in &req.targets {
+            if t == "ptx" {
+                // Both code paths: sm_80 (runs on Ampere and later) and Hopper's sm_90a.
+                targets.push(Target::Ptx("sm_80".into()));
+                targets.push(Target::Ptx("sm_90a".into()));
+                continue;
+            }
             match t.parse::<Target>() {
                 Ok(t) => targets.push(t),
-                Err(e) => return Outcome::Error(format!("error: --target: {e}")),
+                Err(e) => return Outcome::Error(format!("error: --target: {e} (or `ptx` for sm_80 + sm_90a)")),
             }
         }
     }
@@ -61,6 +72,10 @@ pub fn run(req: &Request) -> Outcome {
         variants: req.variants.clone(),
         dtypes,
         head_dims: req.head_dims.clone(),
+        block_m: req.block_m.clone(),
+        block_n: req.block_n.clone(),
+        num_warps: req.num_warps.clone(),
+        num_stages: req.num_stages.clone(),
     };
     let quiet = req.quiet;
     let started = std::time::Instant::now();
@@ -87,8 +102,57 @@ pub fn run(req: &Request) -> Outcome {
                     started.elapsed().as_secs_f64()
                 );
             }
+            if req.report {
+                return ptx_report(&report.manifest, &req.out);
+            }
             Outcome::Ok
         }
         Err(e) => Outcome::Error(format!("error: {e}")),
     }
+}
+
+/// `--report`: ptxas on every PTX artifact; one line per file, spills flagged.
+fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> Outcome {
+    use ejc_codegen::ptx::{find_ptxas, ptxas, Arch};
+    let ptx: Vec<_> = manifest.artifacts.iter().filter(|a| a.target.starts_with("ptx:")).collect();
+    if ptx.is_empty() {
+        println!("--report: no PTX artifacts in this build");
+        return Outcome::Ok;
+    }
+    let Some(tool) = find_ptxas() else {
+        return Outcome::Error(
+            "error: --report needs ptxas: set EJC_PTXAS, or run scripts/setup.sh (it installs one into .tools/)".into(),
+        );
+    };
+    println!("{:<72} {:>5} {:>7} {:>7} {:>8}", "artifact", "regs", "spill_st", "spill_ld", "smem");
+    let mut spilled = 0;
+    for a in ptx {
+        let arch: Arch = match a.target.trim_start_matches("ptx:").parse() {
+            Ok(a) => a,
+            Err(e) => return Outcome::Error(format!("error: {e}")),
+        };
+        let text = match std::fs::read_to_string(dir.join(&a.file)) {
+            Ok(t) => t,
+            Err(e) => return Outcome::Error(format!("error: {}: {e}", a.file)),
+        };
+        match ptxas(&tool, &text, arch) {
+            Ok(r) => {
+                let flag = if r.spill_stores + r.spill_loads > 0 {
+                    spilled += 1;
+                    "  SPILLS"
+                } else {
+                    ""
+                };
+                println!(
+                    "{:<72} {:>5} {:>7} {:>7} {:>8}{flag}",
+                    a.artifact_id, r.registers, r.spill_stores, r.spill_loads, a.dynamic_shared_memory
+                );
+            }
+            Err(e) => return Outcome::Error(format!("error: {}: {e}", a.artifact_id)),
+        }
+    }
+    if spilled > 0 {
+        println!("{spilled} artifact(s) spill registers: slower candidates the autotuner will rank low");
+    }
+    Outcome::Ok
 }

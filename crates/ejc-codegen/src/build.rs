@@ -30,6 +30,12 @@ pub struct BuildOptions {
     pub dtypes: Vec<DType>,
     /// Only these head dims (empty = all of the spec's).
     pub head_dims: Vec<usize>,
+    /// Only these tilings (empty = all of the schedule's).
+    pub block_m: Vec<u32>,
+    pub block_n: Vec<u32>,
+    /// Only these launch configurations of GPU targets (empty = all).
+    pub num_warps: Vec<u32>,
+    pub num_stages: Vec<u32>,
 }
 
 /// Progress events, for a progress bar or log lines.
@@ -84,6 +90,8 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Vec<KernelInsta
         .filter(|i| opts.variants.is_empty() || opts.variants.contains(&i.variant.name))
         .filter(|i| opts.dtypes.is_empty() || opts.dtypes.contains(&i.dtype))
         .filter(|i| opts.head_dims.is_empty() || opts.head_dims.contains(&i.head_dim))
+        .filter(|i| opts.block_m.is_empty() || opts.block_m.contains(&i.block_m))
+        .filter(|i| opts.block_n.is_empty() || opts.block_n.contains(&i.block_n))
         .collect())
 }
 
@@ -167,6 +175,10 @@ pub fn build(
                     ));
                 }
             }
+            Target::Ptx(arch) => {
+                let arch: crate::ptx::Arch = arch.parse().map_err(CodegenError::Empty)?;
+                artifacts.extend(build_ptx(spec, opts, &selected, &kernels, arch, progress)?);
+            }
             other => check_supported(other)?,
         }
     }
@@ -186,6 +198,111 @@ pub fn build(
     let manifest_path = opts.out_dir.join("manifest.json");
     write_atomic(&manifest_path, manifest.to_json().as_bytes())?;
     Ok(BuildReport { manifest, manifest_path, kernels: selected.len() })
+}
+
+/// One candidate configuration of a PTX kernel.
+struct PtxJob<'a> {
+    inst: &'a KernelInstance<'a>,
+    kernel: &'a Kernel,
+    warps: u32,
+    stages: u32,
+}
+
+/// Every (kernel × num_warps × num_stages) of the schedule for `arch`, compiled in
+/// parallel. f32 kernels and configurations whose tiles do not fit the warps are left
+/// out (a note says so); everything else must compile.
+fn build_ptx(
+    spec: &Spec,
+    opts: &BuildOptions,
+    selected: &[KernelInstance],
+    kernels: &[Kernel],
+    arch: crate::ptx::Arch,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<Artifact>, CodegenError> {
+    let out_dir = &opts.out_dir;
+    let mut jobs = Vec::new();
+    let mut skipped_f32 = 0;
+    for (inst, kernel) in selected.iter().zip(kernels) {
+        if inst.dtype == DType::F32 {
+            skipped_f32 += 1;
+            continue;
+        }
+        for &warps in &spec.schedule.num_warps {
+            if !(inst.block_m as usize).is_multiple_of(16 * warps as usize)
+                || !(opts.num_warps.is_empty() || opts.num_warps.contains(&warps))
+            {
+                continue;
+            }
+            for &stages in &spec.schedule.num_stages {
+                if !(opts.num_stages.is_empty() || opts.num_stages.contains(&stages)) {
+                    continue;
+                }
+                jobs.push(PtxJob { inst, kernel, warps, stages });
+            }
+        }
+    }
+    if skipped_f32 > 0 {
+        eprintln!(
+            "note: ptx:{arch}: {skipped_f32} f32 kernels left out (tensor cores take bf16/f16; f32 attention runs on the cpu target)"
+        );
+    }
+    let dir = out_dir.join("ptx").join(arch.name());
+    std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<crate::ptx::PtxKernel, CodegenError>)>();
+    let mut results: Vec<Option<crate::ptx::PtxKernel>> = (0..jobs.len()).map(|_| None).collect();
+    std::thread::scope(|scope| -> Result<(), CodegenError> {
+        for _ in 0..threads.min(jobs.len().max(1)) {
+            let tx = tx.clone();
+            let (jobs, next) = (&jobs, &next);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(j) = jobs.get(i) else { break };
+                let cfg = crate::ptx::PtxConfig { arch, num_warps: j.warps as usize };
+                let _ = tx.send((i, crate::ptx::compile(j.kernel, &cfg)));
+            });
+        }
+        drop(tx);
+        for (done, (i, r)) in rx.into_iter().enumerate() {
+            progress(Progress::Kernel { done, total: jobs.len(), id: &jobs[i].inst.id });
+            results[i] = Some(r?);
+        }
+        Ok(())
+    })?;
+    let mut artifacts = Vec::new();
+    for (j, r) in jobs.iter().zip(results) {
+        let Some(k) = r else { continue };
+        let suffix = format!("w{}_s{}", j.warps, j.stages);
+        let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
+        let path = out_dir.join(&file);
+        std::fs::write(&path, &k.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
+        let mut config = BTreeMap::new();
+        config.insert("block_m".to_string(), j.inst.block_m);
+        config.insert("block_n".to_string(), j.inst.block_n);
+        config.insert("num_warps".to_string(), j.warps);
+        config.insert("num_stages".to_string(), j.stages);
+        let target = format!("ptx:{}", arch.name());
+        artifacts.push(Artifact {
+            kernel_id: j.inst.id.clone(),
+            variant: j.inst.variant.name.clone(),
+            features: features_json(&j.inst.variant.features),
+            dtype: j.inst.dtype.to_string(),
+            head_dim: j.inst.head_dim,
+            config,
+            artifact_id: format!("{}@{target}/{suffix}", j.inst.id),
+            target,
+            file,
+            sha256: sha256_hex(k.ptx.as_bytes()),
+            entry: k.code.entry.clone(),
+            params: params_info(&j.inst.variant.features, j.inst.dtype),
+            grid: ejc_ir::flash::abi::grid(&j.inst.variant.features, j.inst.block_m as usize).map(|g| g.to_string()),
+            block: Some([k.code.threads as u32, 1, 1]),
+            dynamic_shared_memory: k.code.smem_bytes as u32,
+            scratch_bytes: 0,
+        });
+    }
+    Ok(artifacts)
 }
 
 /// Write through a temporary file and a rename, so a reader never sees half a file.

@@ -20,9 +20,13 @@
 //! | `ptx:<arch>` | [`targets`] | not built yet (issue 4) |
 //! | `mlir:<form>` | [`targets`] | not built yet (issue 6) |
 
+pub mod arith;
 pub mod build;
 pub mod cpu;
 pub mod ir;
+pub(crate) mod llvm;
+pub(crate) mod math;
+pub mod ptx;
 pub mod targets;
 
 pub use build::{build, BuildOptions, BuildReport, Progress};

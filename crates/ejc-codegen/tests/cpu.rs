@@ -148,6 +148,7 @@ fn ahead_of_time_library_through_the_manifest() {
         variants: vec!["causal_window".into(), "mask".into()],
         dtypes: vec![DType::F32, DType::BF16],
         head_dims: vec![64],
+        ..Default::default()
     };
     let report = build(&spec, &opts, &mut |_| {}).unwrap();
     assert_eq!(report.manifest.artifacts.len(), 2 * 2 * 6);

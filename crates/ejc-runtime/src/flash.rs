@@ -66,7 +66,8 @@ impl FlashBuffers {
         FlashOutputs { out: self.out.to_host(), lse: self.lse.to_host() }
     }
 
-    fn get(&mut self, name: &str) -> Option<&mut HostBuffer> {
+    /// The buffer of ABI parameter `name`, if the call has it.
+    pub fn get(&mut self, name: &str) -> Option<&mut HostBuffer> {
         match name {
             "q" => Some(&mut self.q),
             "k" => Some(&mut self.k),
@@ -258,6 +259,33 @@ pub fn scalars(features: &Features, dtype: DType, rt: &FlashRuntime) -> Result<V
     Ok(out)
 }
 
+/// Check a call and work out its launch: the grid (from the ABI's formulas) and the
+/// scalar slots, in ABI order. Shared by every executor.
+pub fn launch_plan(
+    features: &Features,
+    dtype: DType,
+    head_dim: usize,
+    block_m: usize,
+    rt: &FlashRuntime,
+    call: &mut FlashBuffers,
+) -> Result<([i64; 3], Vec<u64>), CpuError> {
+    let syms = validate(features, dtype, head_dim, call)?;
+    let scalars = scalars(features, dtype, rt)?;
+    let sym = |n: &str| syms.iter().find(|(k, _)| *k == n).map(|(_, v)| *v).unwrap_or(0);
+    let grid = ejc_ir::flash::abi::grid(features, block_m);
+    let lookup = |s: &str| Some(sym(s));
+    let mut g = [0i64; 3];
+    for (i, e) in grid.iter().enumerate() {
+        g[i] = e.eval(&lookup).map_err(bad)?;
+    }
+    Ok((g, scalars))
+}
+
+/// The names of the tensor parameters, in ABI order.
+pub fn tensor_names(features: &Features, dtype: DType) -> Vec<&'static str> {
+    abi_params(features, dtype).into_iter().filter(|p| matches!(p.ty, Type::Tensor(..))).map(|p| p.name).collect()
+}
+
 /// Validate and run one flash kernel on the CPU; outputs land in `call.out` / `call.lse`.
 #[allow(clippy::too_many_arguments)]
 pub fn run_cpu(
@@ -270,15 +298,7 @@ pub fn run_cpu(
     call: &mut FlashBuffers,
     threads: usize,
 ) -> Result<(), CpuError> {
-    let syms = validate(features, dtype, head_dim, call)?;
-    let scalars = scalars(features, dtype, rt)?;
-    let sym = |n: &str| syms.iter().find(|(k, _)| *k == n).map(|(_, v)| *v).unwrap_or(0);
-    let grid = ejc_ir::flash::abi::grid(features, block_m);
-    let lookup = |s: &str| Some(sym(s));
-    let mut g = [0i64; 3];
-    for (i, e) in grid.iter().enumerate() {
-        g[i] = e.eval(&lookup).map_err(bad)?;
-    }
+    let (g, scalars) = launch_plan(features, dtype, head_dim, block_m, rt, call)?;
     let mut tensors = Vec::new();
     for p in abi_params(features, dtype) {
         if let Type::Tensor(..) = p.ty {

@@ -19,6 +19,7 @@
 //! | [`cache`] | the persistent tuning cache (one file per machine) |
 //! | [`tune`] | the autotuner for flash attention on the CPU |
 //! | [`api`] | `flash_attention(q, k, v, &opts)` |
+//! | [`cuda`] (feature `cuda`) | the CUDA executor: PTX through the driver, launches with the manifest's ABI, event timing |
 //! | [`dsl`] | kernels a crate compiled from `#[ej_kernel]` functions in its `build.rs` |
 //! | [`cpu`], [`flash`] | the CPU executor, flash call binding (its C entry point is the `ejc-runtime-capi` crate) |
 
@@ -26,6 +27,8 @@ pub mod api;
 pub mod cache;
 pub mod chain;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dsl;
 pub mod flash;
 pub mod key;

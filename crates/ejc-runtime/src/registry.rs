@@ -190,7 +190,7 @@ pub struct Registry {
     entries: Vec<KernelEntry>,
 }
 
-pub(crate) fn features_from_json(m: &BTreeMap<String, serde_json::Value>) -> Result<Features, String> {
+pub fn features_from_json(m: &BTreeMap<String, serde_json::Value>) -> Result<Features, String> {
     let flag = |k: &str| m.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
     let sliding_window = match m.get("sliding_window") {
         None | Some(serde_json::Value::Null) => None,

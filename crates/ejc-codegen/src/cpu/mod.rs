@@ -13,9 +13,7 @@
 //! system C compiler, and [`jit`] loads an object into the running process (ORC).
 
 pub mod jit;
-mod llvm;
 pub mod lower;
-mod math;
 
 pub use ejc_ir::cpu_abi::Isa;
 
@@ -111,7 +109,7 @@ fn emit_function(ctx: &Context, module: &Module, kernel: &Kernel, isa: Isa) -> R
         // The scratch buffer is private to the call: it aliases nothing else.
         let noalias = LLVMGetEnumAttributeKindForName("noalias".as_ptr() as *const _, 7);
         LLVMAddAttributeAtIndex(f, 6, LLVMCreateEnumAttribute(c, noalias, 0));
-        let ir = llvm::Ir::new(c, m, f);
+        let ir = crate::llvm::Ir::new(c, m, f);
         let scratch = lower::Lowering::new(ir, kernel, isa).run()?;
         Ok(lower::KernelCode { entry: kernel.name.clone(), scratch_bytes: scratch })
     }

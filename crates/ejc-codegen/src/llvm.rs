@@ -73,6 +73,10 @@ impl Ir {
     pub fn ptr(&self) -> T {
         unsafe { LLVMPointerTypeInContext(self.ctx, 0) }
     }
+    /// A pointer in an address space (NVPTX: 1 global, 3 shared).
+    pub fn ptr_in(&self, addrspace: u32) -> T {
+        unsafe { LLVMPointerTypeInContext(self.ctx, addrspace) }
+    }
     pub fn void(&self) -> T {
         unsafe { LLVMVoidTypeInContext(self.ctx) }
     }
@@ -343,6 +347,18 @@ impl Ir {
             let mv = LLVMConstVector(m.as_mut_ptr(), m.len() as u32);
             LLVMBuildShuffleVector(self.b, a, b, mv, c("").as_ptr())
         }
+    }
+
+    /// Field `i` of an aggregate (an intrinsic's struct result).
+    pub fn extract_value(&self, v: V, i: u32) -> V {
+        unsafe { LLVMBuildExtractValue(self.b, v, i, c("").as_ptr()) }
+    }
+    /// Convert between pointer address spaces.
+    pub fn addrspace_cast(&self, v: V, t: T) -> V {
+        unsafe { LLVMBuildAddrSpaceCast(self.b, v, t, c("").as_ptr()) }
+    }
+    pub fn ptr_to_int(&self, v: V, t: T) -> V {
+        unsafe { LLVMBuildPtrToInt(self.b, v, t, c("").as_ptr()) }
     }
 
     // ---- intrinsics ----

@@ -10,7 +10,7 @@ use std::f64::consts::{LN_2, LOG2_E};
 use llvm_sys::LLVMIntPredicate::*;
 use llvm_sys::LLVMRealPredicate::*;
 
-use super::llvm::{Ir, V};
+use crate::llvm::{Ir, V};
 
 fn splat_f(ir: &Ir, x: f64, n: usize) -> V {
     ir.splat(ir.cf32(x), n)

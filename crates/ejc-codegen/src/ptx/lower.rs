@@ -1,0 +1,1461 @@
+//! Tile IR → LLVM IR for NVPTX (one thread's program; `sm_80` instructions).
+//!
+//! * **Scalars** are uniform SSA values (every thread computes the same).
+//! * **Register tiles** follow the accumulator layout of `mma.m16n8k16` (see
+//!   [`super::layout`]): each thread holds a small grid of elements, one SSA value
+//!   each; element-wise ops are computed element by element, broadcasting along
+//!   extent-1 axes; `scf.for` / `scf.if` carry them as phis.
+//! * **Shared-memory tiles** are the dot operands loaded from global memory with
+//!   `cp.async` (16-byte chunks, zero-filled out of bounds) when the tensor's last
+//!   axis is contiguous and aligned, element by element otherwise (the choice is made
+//!   at run time, once per load). Rows are padded by 16 bytes, so `ldmatrix` reads
+//!   them without bank conflicts.
+//! * **`tile.dot`** is a grid of `mma.sync.m16n8k16` per warp: `a` fragments from
+//!   shared memory (`ldmatrix`), or straight from registers when `a` is a register
+//!   tile (the softmax probabilities: an accumulator fragment pair is an `a`
+//!   fragment); `b` fragments by `ldmatrix` (`.trans` for `a·b`, plain for `a·bᵀ`).
+//! * **The online softmax** reduces rows inside a thread, then across the four lanes
+//!   of a row with two shuffles; `exp2` is `ex2.approx`.
+//!
+//! Parameters: each tensor is `(ptr, shape[rank] i64, strides[rank] i64)`, each scalar
+//! one value (i1 as i32); docs/abi.md states it.
+
+use std::collections::HashMap;
+
+use ejc_ir::ir::{AxisIndex, Block, Kernel, Op, OpKind, ReduceOp, Value};
+use ejc_ir::types::{DType, Type};
+use llvm_sys::LLVMIntPredicate::*;
+use llvm_sys::LLVMRealPredicate::*;
+
+use super::layout::{Orient, Plan};
+use super::nvvm;
+use crate::arith::Arith;
+use crate::llvm::{Ir, B, T, V};
+use crate::math;
+use crate::CodegenError;
+
+type R<X> = Result<X, CodegenError>;
+
+/// How one axis of a register tile is spread over the threads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ax {
+    /// Extent 1: every thread holds it.
+    One,
+    /// The accumulator layout's rows (extent R, split over warps) or columns (extent C).
+    Mma(usize),
+}
+
+/// A register tile: the calling thread's elements, row slot major.
+#[derive(Clone, Debug)]
+struct Dist {
+    rows: Ax,
+    cols: Ax,
+    e: Vec<V>,
+}
+
+/// A tile in shared memory: `rows × cols` elements of `dtype`, rows `row_bytes` apart.
+#[derive(Clone, Debug)]
+struct Smem {
+    off: usize,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    /// `a` fragments read right after the load: `[m-fragment][k-step]`.
+    afrags: Option<Vec<Vec<[V; 4]>>>,
+}
+
+impl Smem {
+    fn row_bytes(&self) -> usize {
+        self.cols * self.dtype.size_bytes() + 16
+    }
+}
+
+#[derive(Clone, Debug)]
+enum GV {
+    /// A rematerialisable rank-1 tile, built where used, along the axis the use needs.
+    Lazy,
+    Scalar(V),
+    Tensor(usize),
+    Dist(Dist),
+    Smem(Smem),
+}
+
+struct TensorInfo {
+    /// `ptr addrspace(1)` to element [0, …].
+    data: V,
+    shape: Vec<V>,
+    strides: Vec<V>,
+    dtype: DType,
+}
+
+/// What lowering one kernel produced besides its function.
+#[derive(Clone, Debug)]
+pub struct PtxCode {
+    pub entry: String,
+    /// Dynamic shared memory the launch must give, in bytes.
+    pub smem_bytes: usize,
+    pub threads: usize,
+}
+
+pub struct Lowering<'k> {
+    ir: Ir,
+    kernel: &'k Kernel,
+    plan: Plan,
+    warps: usize,
+    vals: Vec<Option<GV>>,
+    defs: HashMap<Value, &'k Op>,
+    tensors: Vec<TensorInfo>,
+    pid: [V; 3],
+    warp: V,
+    lane: V,
+    smem: V,
+    smem_top: usize,
+    /// Shared-memory regions by the op (and operand) that owns them, so that an op in
+    /// a loop body reuses its region every iteration.
+    regions: HashMap<(usize, usize), usize>,
+}
+
+fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
+    CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {what}") }
+}
+
+impl<'k> Lowering<'k> {
+    /// # Safety
+    /// `ir` must be positioned in a fresh kernel function with the parameters of
+    /// [`super::abi_llvm_params`] for `kernel`; `smem` the module's dynamic shared array.
+    pub unsafe fn new(ir: Ir, kernel: &'k Kernel, plan: Plan, warps: usize, smem: V) -> Lowering<'k> {
+        let null = std::ptr::null_mut();
+        let mut defs = HashMap::new();
+        ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &'k Op| {
+            for r in &op.results {
+                defs.insert(*r, op);
+            }
+        });
+        Lowering {
+            defs,
+            ir,
+            kernel,
+            plan,
+            warps,
+            vals: vec![None; kernel.values.len()],
+            tensors: Vec::new(),
+            pid: [null; 3],
+            warp: null,
+            lane: null,
+            smem,
+            smem_top: 0,
+            regions: HashMap::new(),
+        }
+    }
+
+    fn err(&self, what: String) -> CodegenError {
+        unsupported(self.kernel, what)
+    }
+
+    fn arith(&self) -> Arith<'_> {
+        Arith { ir: &self.ir, soft_f16: false, soft_bf16: false }
+    }
+
+    fn ty(&self, v: Value) -> &'k Type {
+        self.kernel.ty(v)
+    }
+
+    fn compute_ty(&self, d: DType) -> T {
+        self.arith().compute_ty(d)
+    }
+
+    fn storage_ty(&self, d: DType) -> T {
+        match d {
+            DType::I1 => self.ir.i8(),
+            other => self.compute_ty(other),
+        }
+    }
+
+    // ---------------------------------------------------------------- entry
+
+    pub fn run(mut self) -> R<PtxCode> {
+        let entry = self.ir.block("entry");
+        self.ir.at_end(entry);
+        let mut pi = 0u32;
+        for p in &self.kernel.params {
+            match &p.ty {
+                Type::Tensor(d, rank) => {
+                    let data = self.ir.param(pi);
+                    let shape = (0..*rank).map(|a| self.ir.param(pi + 1 + a as u32)).collect();
+                    let strides = (0..*rank).map(|a| self.ir.param(pi + 1 + (*rank + a) as u32)).collect();
+                    pi += 1 + 2 * *rank as u32;
+                    self.vals[p.value.index()] = Some(GV::Tensor(self.tensors.len()));
+                    self.tensors.push(TensorInfo { data, shape, strides, dtype: *d });
+                }
+                Type::Scalar(d) => {
+                    let raw = self.ir.param(pi);
+                    pi += 1;
+                    let v = match d {
+                        DType::I1 => self.ir.icmp(LLVMIntNE, raw, self.ir.ci32(0)),
+                        DType::F32 | DType::I32 | DType::U32 => raw,
+                        other => return Err(self.err(format!("scalar parameters of type {other} are not supported"))),
+                    };
+                    self.vals[p.value.index()] = Some(GV::Scalar(v));
+                }
+                Type::Tile(..) => return Err(self.err("tile parameters".into())),
+            }
+        }
+        let ir = &self.ir;
+        let tid = nvvm::tid_x(ir);
+        self.warp = ir.lshr(tid, ir.ci32(5));
+        self.lane = ir.and(tid, ir.ci32(31));
+        self.pid = [nvvm::ctaid(ir, 0), nvvm::ctaid(ir, 1), nvvm::ctaid(ir, 2)];
+        let body = &self.kernel.body;
+        self.block(body)?;
+        self.ir.ret_void();
+        Ok(PtxCode { entry: self.kernel.name.clone(), smem_bytes: self.smem_top, threads: self.warps * 32 })
+    }
+
+    fn block(&mut self, b: &'k Block) -> R<()> {
+        for op in &b.ops {
+            if matches!(op.kind, OpKind::Yield) {
+                continue;
+            }
+            self.op(op)?;
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, v: Value, g: GV) {
+        self.vals[v.index()] = Some(g);
+    }
+
+    fn get(&self, v: Value) -> R<&GV> {
+        self.vals[v.index()].as_ref().ok_or_else(|| self.err(format!("%{} used before it is defined", v.index())))
+    }
+
+    fn scalar(&self, v: Value) -> R<V> {
+        match self.get(v)? {
+            GV::Scalar(x) => Ok(*x),
+            _ => Err(self.err(format!("%{} is not a scalar", v.index()))),
+        }
+    }
+
+    fn tensor_of(&self, v: Value) -> R<usize> {
+        match self.get(v)? {
+            GV::Tensor(t) => Ok(*t),
+            _ => Err(self.err(format!("%{} is not a tensor parameter", v.index()))),
+        }
+    }
+
+    // ---------------------------------------------------------------- layouts
+
+    /// The register layout of tile `v`.
+    fn axes_of(&self, v: Value) -> R<(Ax, Ax)> {
+        let Type::Tile(_, shape) = self.ty(v) else {
+            return Err(self.err(format!("%{} is not a tile", v.index())));
+        };
+        let ax = |n: usize| if n == 1 { Ax::One } else { Ax::Mma(n) };
+        let (rows, cols) = match shape.len() {
+            2 => (ax(shape[0]), ax(shape[1])),
+            1 => match self.plan.orient.get(&v).copied().unwrap_or(Orient::Rows) {
+                Orient::Rows => (ax(shape[0]), Ax::One),
+                Orient::Cols => (Ax::One, ax(shape[0])),
+            },
+            _ => return Err(self.err(format!("tiles of rank {} are not supported", shape.len()))),
+        };
+        if let Ax::Mma(r) = rows {
+            if r % (16 * self.warps) != 0 {
+                return Err(self.err(format!(
+                    "a register tile of {r} rows needs a multiple of 16 × num_warps = {} rows (tile %{})",
+                    16 * self.warps,
+                    v.index()
+                )));
+            }
+        }
+        if let Ax::Mma(c) = cols {
+            if c % 8 != 0 {
+                return Err(
+                    self.err(format!("a register tile of {c} columns needs a multiple of 8 (tile %{})", v.index()))
+                );
+            }
+        }
+        Ok((rows, cols))
+    }
+
+    fn nrows(&self, a: Ax) -> usize {
+        match a {
+            Ax::One => 1,
+            Ax::Mma(r) => 2 * r / (16 * self.warps),
+        }
+    }
+
+    fn ncols(a: Ax) -> usize {
+        match a {
+            Ax::One => 1,
+            Ax::Mma(c) => c / 4,
+        }
+    }
+
+    /// Row index (i32, within the tile) of each of the thread's row slots.
+    fn row_coords(&self, a: Ax) -> Vec<V> {
+        let ir = &self.ir;
+        match a {
+            Ax::One => vec![ir.ci32(0)],
+            Ax::Mma(r) => {
+                let per_warp = r / self.warps;
+                let base = ir.add(ir.mul(self.warp, ir.ci32(per_warp as i64)), ir.lshr(self.lane, ir.ci32(2)));
+                let mut out = Vec::new();
+                for mf in 0..per_warp / 16 {
+                    for h in 0..2 {
+                        out.push(ir.add(base, ir.ci32((mf * 16 + h * 8) as i64)));
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Column index (i32) of each of the thread's column slots.
+    fn col_coords(&self, a: Ax) -> Vec<V> {
+        let ir = &self.ir;
+        match a {
+            Ax::One => vec![ir.ci32(0)],
+            Ax::Mma(c) => {
+                let base = ir.shl(ir.and(self.lane, ir.ci32(3)), ir.ci32(1));
+                let mut out = Vec::new();
+                for nf in 0..c / 8 {
+                    for j in 0..2 {
+                        out.push(ir.add(base, ir.ci32((nf * 8 + j) as i64)));
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Tile `v` in registers (shared-memory tiles are read out).
+    fn dist(&mut self, v: Value) -> R<Dist> {
+        match self.get(v)?.clone() {
+            GV::Dist(d) => Ok(d),
+            GV::Smem(s) => {
+                let d = self.smem_to_dist(v, &s)?;
+                Ok(d)
+            }
+            GV::Lazy => {
+                let first = self.plan.orient.get(&v).copied().unwrap_or(Orient::Rows);
+                let other = if first == Orient::Rows { Orient::Cols } else { Orient::Rows };
+                match self.remat(v, first) {
+                    Ok(d) => Ok(d),
+                    Err(_) => self.remat(v, other),
+                }
+            }
+            // A scalar broadcasts like a 1 × 1 tile.
+            GV::Scalar(x) => Ok(Dist { rows: Ax::One, cols: Ax::One, e: vec![x] }),
+            GV::Tensor(_) => Err(self.err(format!("tensor %{} used as a tile", v.index()))),
+        }
+    }
+
+    /// Rank-1 tile `v` along `o` (rows or columns), computed again if it was built
+    /// along the other axis (only rematerialisable tiles can be).
+    fn dist_oriented(&mut self, v: Value, o: Orient) -> R<Dist> {
+        if matches!(self.get(v)?, GV::Lazy) {
+            return self.remat(v, o);
+        }
+        let d = self.dist(v)?;
+        let is_rank1 = matches!(self.ty(v), Type::Tile(_, s) if s.len() == 1);
+        let along = if d.rows == Ax::One && d.cols != Ax::One { Orient::Cols } else { Orient::Rows };
+        let single = d.rows == Ax::One && d.cols == Ax::One;
+        if !is_rank1 || single || along == o {
+            return Ok(d);
+        }
+        if !self.plan.remat.contains(&v) {
+            return Err(self.err(format!("rank-1 tile %{} is needed along both axes", v.index())));
+        }
+        self.remat(v, o)
+    }
+
+    fn oriented_axes(&self, v: Value, o: Orient) -> R<(Ax, Ax)> {
+        let Type::Tile(_, shape) = self.ty(v) else { return Err(self.err("not a tile".into())) };
+        let n = shape[0];
+        let a = if n == 1 { Ax::One } else { Ax::Mma(n) };
+        Ok(match o {
+            Orient::Rows => (a, Ax::One),
+            Orient::Cols => (Ax::One, a),
+        })
+    }
+
+    /// Build rematerialisable rank-1 tile `v` along `o` (recursively).
+    fn remat(&mut self, v: Value, o: Orient) -> R<Dist> {
+        let op = *self.defs.get(&v).ok_or_else(|| self.err(format!("%{} has no definition", v.index())))?;
+        let (rows, cols) = self.oriented_axes(v, o)?;
+        match &op.kind {
+            OpKind::Arange { .. } => {
+                let e = if o == Orient::Cols { self.col_coords(cols) } else { self.row_coords(rows) };
+                Ok(Dist { rows, cols, e })
+            }
+            OpKind::Splat { .. } => {
+                let x = self.scalar(op.operands[0])?;
+                let n = self.nrows(rows) * Self::ncols(cols);
+                Ok(Dist { rows, cols, e: vec![x; n] })
+            }
+            _ => {
+                let dtypes: Vec<DType> = op.operands.iter().map(|x| self.ty(*x).dtype()).collect();
+                let dtypes = if matches!(op.kind, OpKind::Select) { dtypes[1..].to_vec() } else { dtypes };
+                let mut ins = Vec::new();
+                for x in &op.operands {
+                    ins.push(if matches!(self.ty(*x), Type::Scalar(_)) { self.dist(*x)? } else { self.remat(*x, o)? });
+                }
+                let (nr, nc) = (self.nrows(rows), Self::ncols(cols));
+                let mut e = Vec::new();
+                for ri in 0..nr {
+                    for ci in 0..nc {
+                        let xs: Vec<V> = ins.iter().map(|d| Self::elem(d, ri, ci, nc)).collect();
+                        e.push(self.elem_op(&op.kind, &dtypes, &xs));
+                    }
+                }
+                Ok(Dist { rows, cols, e })
+            }
+        }
+    }
+
+    fn elem(d: &Dist, ri: usize, ci: usize, ncols: usize) -> V {
+        let r = if d.rows == Ax::One { 0 } else { ri };
+        let c = if d.cols == Ax::One { 0 } else { ci };
+        let _ = ncols;
+        d.e[r * Self::ncols(d.cols) + c]
+    }
+
+    // ---------------------------------------------------------------- ops
+
+    fn op(&mut self, op: &'k Op) -> R<()> {
+        let res = |i: usize| op.results[i];
+        if op.results.len() == 1 && self.plan.remat.contains(&op.results[0]) {
+            self.set(op.results[0], GV::Lazy);
+            return Ok(());
+        }
+        match &op.kind {
+            OpKind::ProgramId { axis } => {
+                let p = self.pid[*axis as usize];
+                self.set(res(0), GV::Scalar(p));
+            }
+            OpKind::TensorDim { axis } => {
+                let t = self.tensor_of(op.operands[0])?;
+                let d =
+                    self.tensors[t].shape.get(*axis as usize).copied().ok_or_else(|| self.err("bad axis".into()))?;
+                let v = self.ir.trunc(d, self.ir.i32());
+                self.set(res(0), GV::Scalar(v));
+            }
+            OpKind::Const { value, dtype } => {
+                let v = self.constant(*value, *dtype);
+                self.set(res(0), GV::Scalar(v));
+            }
+            OpKind::Load { axes, pad } => self.load(op, axes, *pad)?,
+            OpKind::Store { axes } => self.store(op, axes)?,
+            OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast { .. } => {
+                self.elementwise(op)?
+            }
+            OpKind::Splat { .. } => {
+                let x = self.scalar(op.operands[0])?;
+                let (rows, cols) = self.axes_of(res(0))?;
+                let n = self.nrows(rows) * Self::ncols(cols);
+                self.set(res(0), GV::Dist(Dist { rows, cols, e: vec![x; n] }));
+            }
+            OpKind::Arange { .. } => {
+                let (rows, cols) = self.axes_of(res(0))?;
+                let e = if rows == Ax::One { self.col_coords(cols) } else { self.row_coords(rows) };
+                self.set(res(0), GV::Dist(Dist { rows, cols, e }));
+            }
+            OpKind::ExpandDims { axis } => {
+                let d = self.dist_oriented(op.operands[0], if *axis == 1 { Orient::Rows } else { Orient::Cols })?;
+                let (rows, cols) = self.axes_of(res(0))?;
+                if (rows, cols) != (d.rows, d.cols) {
+                    return Err(self.err(format!("expand_dims of %{} changes its layout", op.operands[0].index())));
+                }
+                self.set(res(0), GV::Dist(d));
+            }
+            OpKind::Broadcast { .. } => {
+                let d = self.dist(op.operands[0])?;
+                let (rows, cols) = self.axes_of(res(0))?;
+                let (nr, nc) = (self.nrows(rows), Self::ncols(cols));
+                let mut e = Vec::with_capacity(nr * nc);
+                for ri in 0..nr {
+                    for ci in 0..nc {
+                        e.push(Self::elem(&d, ri, ci, nc));
+                    }
+                }
+                self.set(res(0), GV::Dist(Dist { rows, cols, e }));
+            }
+            OpKind::Reduce { op: r, axis } => self.reduce(op, *r, *axis)?,
+            OpKind::Dot { trans_a, trans_b } => self.dot(op, *trans_a, *trans_b)?,
+            OpKind::SoftmaxUpdate => self.softmax_update(op)?,
+            OpKind::SoftmaxRescale => {
+                let acc = self.dist(op.operands[0])?;
+                let alpha = self.dist(op.operands[1])?;
+                let nc = Self::ncols(acc.cols);
+                let mut e = Vec::with_capacity(acc.e.len());
+                for ri in 0..self.nrows(acc.rows) {
+                    let a = Self::elem(&alpha, ri, 0, 1);
+                    for ci in 0..nc {
+                        e.push(self.ir.fmul(Self::elem(&acc, ri, ci, nc), a));
+                    }
+                }
+                self.set(res(0), GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e }));
+            }
+            OpKind::SoftmaxFinalize => self.softmax_finalize(op)?,
+            OpKind::RandUniform { .. } => self.rand_uniform(op)?,
+            OpKind::For => self.for_op(op)?,
+            OpKind::If => self.if_op(op)?,
+            OpKind::Yield => {}
+            other => {
+                return Err(self.err(format!(
+                    "`{}` is not supported (the pass pipeline lowers mask ops before code generation)",
+                    other.name()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn constant(&self, value: f64, dtype: DType) -> V {
+        let ir = &self.ir;
+        match dtype {
+            DType::F32 | DType::F64 => ir.cf32(value),
+            DType::BF16 => ir.cfloat(ir.bf16(), value),
+            DType::F16 => ir.cfloat(ir.f16(), value),
+            DType::I32 => ir.ci32(value as i64),
+            DType::U32 => ir.ci32(value as i64 as u32 as i64),
+            DType::I1 => {
+                if value != 0.0 {
+                    ir.ctrue()
+                } else {
+                    ir.cfalse()
+                }
+            }
+        }
+    }
+
+    /// One element of an element-wise op, with the interpreter's semantics.
+    fn elem_op(&self, kind: &OpKind, dtypes: &[DType], xs: &[V]) -> V {
+        let a = self.arith();
+        match kind {
+            OpKind::Binary(b) => a.binary(*b, dtypes[0], xs[0], xs[1]),
+            OpKind::Unary(u) => a.unary(*u, dtypes[0], xs[0]),
+            OpKind::Cmp(p) => a.compare(*p, dtypes[0], xs[0], xs[1]),
+            OpKind::Select => self.ir.select(xs[0], xs[1], xs[2]),
+            OpKind::Cast { to } => a.cast(xs[0], dtypes[0], *to),
+            _ => self.ir.poison(self.ir.f32()),
+        }
+    }
+
+    fn elementwise(&mut self, op: &'k Op) -> R<()> {
+        let r = op.results[0];
+        let dtypes: Vec<DType> = op.operands.iter().map(|o| self.ty(*o).dtype()).collect();
+        let dtypes: Vec<DType> = if matches!(op.kind, OpKind::Select) { dtypes[1..].to_vec() } else { dtypes };
+        if matches!(self.ty(r), Type::Scalar(_)) {
+            let xs: Vec<V> = op.operands.iter().map(|o| self.scalar(*o)).collect::<R<_>>()?;
+            let v = self.elem_op(&op.kind, &dtypes, &xs);
+            self.set(r, GV::Scalar(v));
+            return Ok(());
+        }
+        let (rows, cols) = self.axes_of(r)?;
+        let want = if rows == Ax::One && cols != Ax::One { Orient::Cols } else { Orient::Rows };
+        let mut ins = Vec::new();
+        for o in &op.operands {
+            ins.push(self.dist_oriented(*o, want)?);
+        }
+        let (nr, nc) = (self.nrows(rows), Self::ncols(cols));
+        let mut e = Vec::with_capacity(nr * nc);
+        for ri in 0..nr {
+            for ci in 0..nc {
+                let xs: Vec<V> = ins.iter().map(|d| Self::elem(d, ri, ci, nc)).collect();
+                e.push(self.elem_op(&op.kind, &dtypes, &xs));
+            }
+        }
+        self.set(r, GV::Dist(Dist { rows, cols, e }));
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- memory
+
+    /// Per tile axis: (tensor axis, start i32, limit, size); plus the fixed-index
+    /// byte offset (i64) and its validity.
+    fn access(&self, t: usize, axes: &[AxisIndex], operands: &[Value]) -> R<Access> {
+        let ir = &self.ir;
+        let info = &self.tensors[t];
+        let mut it = operands.iter();
+        let mut off = ir.ci64(0);
+        let mut valid = ir.ctrue();
+        let mut ranges = Vec::new();
+        for (ta, a) in axes.iter().enumerate() {
+            let first = *it.next().ok_or_else(|| self.err("missing index operand".into()))?;
+            let x = self.scalar(first)?;
+            let x64 = ir.sext(x, ir.i64());
+            match a {
+                AxisIndex::Index => {
+                    let ok = ir.and(ir.icmp(LLVMIntSGE, x64, ir.ci64(0)), ir.icmp(LLVMIntSLT, x64, info.shape[ta]));
+                    valid = ir.and(valid, ok);
+                    off = ir.add(off, ir.mul(x64, info.strides[ta]));
+                }
+                AxisIndex::Range { size, limit } => {
+                    let l = if *limit {
+                        let lv = *it.next().ok_or_else(|| self.err("missing limit operand".into()))?;
+                        Some(ir.sext(self.scalar(lv)?, ir.i64()))
+                    } else {
+                        None
+                    };
+                    ranges.push(RangeAx { axis: ta, start: x64, limit: l, size: *size });
+                }
+            }
+        }
+        Ok(Access { off, valid, ranges })
+    }
+
+    /// Whether tensor index `x` (i64) is inside axis `ta` and under `limit`.
+    fn in_range(&self, t: usize, ta: usize, x: V, limit: Option<V>) -> V {
+        let ir = &self.ir;
+        let ok = ir.and(ir.icmp(LLVMIntSGE, x, ir.ci64(0)), ir.icmp(LLVMIntSLT, x, self.tensors[t].shape[ta]));
+        match limit {
+            Some(l) => ir.and(ok, ir.icmp(LLVMIntSLT, x, l)),
+            None => ok,
+        }
+    }
+
+    /// `if cond { then() }` (no results).
+    fn if_then(&mut self, cond: V, then: &mut dyn FnMut(&mut Self) -> R<()>) -> R<()> {
+        let t = self.ir.block("then");
+        let j = self.ir.block("join");
+        self.ir.cond_br(cond, t, j);
+        self.ir.at_end(t);
+        then(self)?;
+        self.ir.br(j);
+        self.ir.at_end(j);
+        Ok(())
+    }
+
+    /// Load element `idx` (i64 element offset) of tensor `t` if `ok`, else `pad`.
+    fn load_elem(&mut self, t: usize, idx: V, ok: V, pad: V) -> V {
+        let dtype = self.tensors[t].dtype;
+        let st = self.storage_ty(dtype);
+        let data = self.tensors[t].data;
+        let pre = self.ir.current();
+        let lb = self.ir.block("ld");
+        let j = self.ir.block("ld.join");
+        self.ir.cond_br(ok, lb, j);
+        self.ir.at_end(lb);
+        let raw = self.ir.load(st, self.ir.gep(st, data, idx), dtype.size_bytes() as u32);
+        let x = if dtype == DType::I1 { self.ir.icmp(LLVMIntNE, raw, self.ir.cint(self.ir.i8(), 0)) } else { raw };
+        let lend = self.ir.current();
+        self.ir.br(j);
+        self.ir.at_end(j);
+        let phi = self.ir.phi(self.compute_ty(dtype));
+        self.ir.add_incoming(phi, x, lend);
+        self.ir.add_incoming(phi, pad, pre);
+        phi
+    }
+
+    fn load(&mut self, op: &'k Op, axes: &[AxisIndex], pad: f64) -> R<()> {
+        let r = op.results[0];
+        let t = self.tensor_of(op.operands[0])?;
+        let acc = self.access(t, axes, &op.operands[1..])?;
+        let dtype = self.tensors[t].dtype;
+        let padv = self.constant(pad, dtype);
+        if acc.ranges.is_empty() {
+            let x = self.load_elem(t, acc.off, acc.valid, padv);
+            self.set(r, GV::Scalar(x));
+            return Ok(());
+        }
+        if self.plan.smem_loads.contains(&r) {
+            let s = self.load_smem(op, t, &acc, pad)?;
+            self.set(r, GV::Smem(s));
+            return Ok(());
+        }
+        // Straight into registers.
+        let (rows, cols) = self.axes_of(r)?;
+        let rc = self.row_coords(rows);
+        let cc = self.col_coords(cols);
+        // Which tile axis each range is: with two ranges, (rows, cols); with one, the
+        // non-trivial axis of the layout.
+        let (row_rng, col_rng) = match acc.ranges.len() {
+            2 => (Some(acc.ranges[0]), Some(acc.ranges[1])),
+            _ if rows == Ax::One => (None, Some(acc.ranges[0])),
+            _ => (Some(acc.ranges[0]), None),
+        };
+        let mut e = Vec::new();
+        let strides = self.tensors[t].strides.clone();
+        for rcoord in &rc {
+            for ccoord in &cc {
+                let ir = &self.ir;
+                let mut idx = acc.off;
+                let mut ok = acc.valid;
+                for (rng, coord) in [(row_rng, *rcoord), (col_rng, *ccoord)] {
+                    if let Some(g) = rng {
+                        let x = ir.add(g.start, ir.sext(coord, ir.i64()));
+                        let inb = self.in_range(t, g.axis, x, g.limit);
+                        ok = ir.and(ok, inb);
+                        idx = ir.add(idx, ir.mul(x, strides[g.axis]));
+                    }
+                }
+                e.push(self.load_elem(t, idx, ok, padv));
+            }
+        }
+        self.set(r, GV::Dist(Dist { rows, cols, e }));
+        Ok(())
+    }
+
+    /// A shared-memory region for (op, slot), allocated once.
+    fn region(&mut self, op: &Op, slot: usize, bytes: usize) -> usize {
+        let key = (op as *const Op as usize, slot);
+        if let Some(o) = self.regions.get(&key) {
+            return *o;
+        }
+        let off = self.smem_top.div_ceil(128) * 128;
+        self.smem_top = off + bytes;
+        self.regions.insert(key, off);
+        off
+    }
+
+    /// `ptr addrspace(3)` at byte `off` (i32) of the dynamic shared array.
+    fn sptr(&self, off: V) -> V {
+        self.ir.gep(self.ir.i8(), self.smem, self.ir.sext(off, self.ir.i64()))
+    }
+
+    fn load_smem(&mut self, op: &'k Op, t: usize, acc: &Access, pad: f64) -> R<Smem> {
+        let Type::Tile(dtype, shape) = self.ty(op.results[0]).clone() else {
+            return Err(self.err("a shared-memory load must give a tile".into()));
+        };
+        if acc.ranges.len() != 2 || shape.len() != 2 {
+            return Err(self.err("dot operands are loaded as 2-D tiles".into()));
+        }
+        if dtype.size_bytes() != 2 {
+            return Err(self.err(format!(
+                "dot operands must be bf16 or f16 on the PTX targets (got {dtype}); f32 attention runs on the CPU back end"
+            )));
+        }
+        let (rows, cols) = (shape[0], shape[1]);
+        if cols % 8 != 0 {
+            return Err(self.err(format!("a dot operand tile needs a multiple of 8 columns (got [{rows}, {cols}])")));
+        }
+        let mut s = Smem { off: 0, rows, cols, dtype, afrags: None };
+        let off = self.region(op, 0, rows * s.row_bytes());
+        s.off = off;
+        self.fill_smem(t, acc, &s, pad)?;
+        if self.plan.a_only.contains(&op.results[0]) {
+            let frags = self.a_frags_from_smem(&s)?;
+            s.afrags = Some(frags);
+        }
+        Ok(s)
+    }
+
+    /// Copy the tile of `acc` into `s` (barrier before: previous readers are done;
+    /// barrier after: the data is visible to every warp).
+    fn fill_smem(&mut self, t: usize, acc: &Access, s: &Smem, pad: f64) -> R<()> {
+        let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
+        let threads = (self.warps * 32) as i64;
+        let esize = s.dtype.size_bytes() as i64;
+        let strides = self.tensors[t].strides.clone();
+        nvvm::barrier(&self.ir);
+        // Vector path: unit stride on the column axis, rows a multiple of 8 elements
+        // apart, 16-byte aligned start, zero padding.
+        let ir = &self.ir;
+        let data_i = ir.ptr_to_int(self.tensors[t].data, ir.i64());
+        let start_elems =
+            ir.add(ir.add(acc.off, ir.mul(ra.start, strides[ra.axis])), ir.mul(ca.start, strides[ca.axis]));
+        let start_bytes = ir.add(data_i, ir.mul(start_elems, ir.ci64(esize)));
+        let aligned = ir.icmp(LLVMIntEQ, ir.and(start_bytes, ir.ci64(15)), ir.ci64(0));
+        let unit = ir.icmp(LLVMIntEQ, strides[ca.axis], ir.ci64(1));
+        let rows8 = ir.icmp(LLVMIntEQ, ir.and(strides[ra.axis], ir.ci64(7)), ir.ci64(0));
+        let fast = ir.and(ir.and(aligned, unit), rows8);
+        let fast = if pad == 0.0 { fast } else { ir.cfalse() };
+        let fb = ir.block("smem.vec");
+        let sb = ir.block("smem.scalar");
+        let jb = ir.block("smem.done");
+        ir.cond_br(fast, fb, sb);
+
+        // ---- cp.async, 16 bytes per thread per step
+        ir.at_end(fb);
+        let per_chunk = 16 / esize as usize;
+        let chunks_per_row = s.cols.div_ceil(per_chunk);
+        let total = s.rows * chunks_per_row;
+        let tid = ir.add(ir.mul(self.warp, ir.ci32(32)), self.lane);
+        let mut i = 0usize;
+        while i < total {
+            let ir = &self.ir;
+            let c = ir.add(tid, ir.ci32(i as i64));
+            let in_tile = ir.icmp(LLVMIntSLT, c, ir.ci32(total as i64));
+            let row = ir.udiv(c, ir.ci32(chunks_per_row as i64));
+            let ch = ir.urem(c, ir.ci32(chunks_per_row as i64));
+            let gr = ir.add(ra.start, ir.sext(row, ir.i64()));
+            let gc = ir.add(ca.start, ir.mul(ir.sext(ch, ir.i64()), ir.ci64(per_chunk as i64)));
+            let row_ok = ir.and(acc.valid, self.in_range(t, ra.axis, gr, ra.limit));
+            // Elements of the chunk inside the column bound and limit.
+            let ir = &self.ir;
+            let mut cend = self.tensors[t].shape[ca.axis];
+            if let Some(l) = ca.limit {
+                cend = ir.select(ir.icmp(LLVMIntSLT, l, cend), l, cend);
+            }
+            let left = ir.sub(cend, gc);
+            let left = ir.select(ir.icmp(LLVMIntSLT, left, ir.ci64(0)), ir.ci64(0), left);
+            let left = ir.select(ir.icmp(LLVMIntSGT, left, ir.ci64(per_chunk as i64)), ir.ci64(per_chunk as i64), left);
+            let nbytes = ir.mul(ir.trunc(left, ir.i32()), ir.ci32(esize));
+            let nbytes = ir.select(ir.and(row_ok, ir.icmp(LLVMIntSGE, gc, ir.ci64(0))), nbytes, ir.ci32(0));
+            let idx = ir.add(ir.add(acc.off, ir.mul(gr, strides[ra.axis])), gc);
+            // Nothing to read: point at the (aligned) tile start, never outside.
+            let idx = ir.select(ir.icmp(LLVMIntSGT, nbytes, ir.ci32(0)), idx, start_elems);
+            let src = ir.gep(self.storage_ty(s.dtype), self.tensors[t].data, idx);
+            let dst_off = ir.add(
+                ir.ci32(s.off as i64),
+                ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(ch, ir.ci32(16))),
+            );
+            let dst = self.sptr(dst_off);
+            if total.is_multiple_of(threads as usize) || i + (threads as usize) <= total {
+                nvvm::cp_async_16(&self.ir, dst, src, nbytes);
+            } else {
+                let (dst, src, nbytes) = (dst, src, nbytes);
+                self.if_then(in_tile, &mut |cg| {
+                    nvvm::cp_async_16(&cg.ir, dst, src, nbytes);
+                    Ok(())
+                })?;
+            }
+            i += threads as usize;
+        }
+        nvvm::cp_async_commit(&self.ir);
+        nvvm::cp_async_wait(&self.ir, 0);
+        self.ir.br(jb);
+
+        // ---- element by element (any strides, any pad), as a loop over the thread's share
+        self.ir.at_end(sb);
+        let total = (s.rows * s.cols) as i64;
+        let padv = self.constant(pad, s.dtype);
+        let pre = self.ir.current();
+        let head = self.ir.block("smem.el.head");
+        let body = self.ir.block("smem.el.body");
+        let done = self.ir.block("smem.el.done");
+        let tid0 = self.ir.add(self.ir.mul(self.warp, self.ir.ci32(32)), self.lane);
+        self.ir.br(head);
+        self.ir.at_end(head);
+        let c = self.ir.phi(self.ir.i32());
+        self.ir.add_incoming(c, tid0, pre);
+        self.ir.cond_br(self.ir.icmp(LLVMIntSLT, c, self.ir.ci32(total)), body, done);
+        self.ir.at_end(body);
+        let ir = &self.ir;
+        let row = ir.udiv(c, ir.ci32(s.cols as i64));
+        let col = ir.urem(c, ir.ci32(s.cols as i64));
+        let gr = ir.add(ra.start, ir.sext(row, ir.i64()));
+        let gc = ir.add(ca.start, ir.sext(col, ir.i64()));
+        let ok = self.in_range(t, ra.axis, gr, ra.limit);
+        let ok = self.ir.and(acc.valid, ok);
+        let ok = self.ir.and(ok, self.in_range(t, ca.axis, gc, ca.limit));
+        let ir = &self.ir;
+        let idx = ir.add(ir.add(acc.off, ir.mul(gr, strides[ra.axis])), ir.mul(gc, strides[ca.axis]));
+        let x = self.load_elem(t, idx, ok, padv);
+        let ir = &self.ir;
+        let dst_off = ir.add(
+            ir.ci32(s.off as i64),
+            ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(col, ir.ci32(esize))),
+        );
+        ir.store(x, self.sptr(dst_off), esize as u32);
+        let next = self.ir.add(c, self.ir.ci32(threads));
+        self.ir.add_incoming(c, next, self.ir.current());
+        self.ir.br(head);
+        self.ir.at_end(done);
+        self.ir.br(jb);
+        self.ir.at_end(jb);
+        nvvm::barrier(&self.ir);
+        Ok(())
+    }
+
+    /// Read a shared-memory tile into the register layout.
+    fn smem_to_dist(&mut self, v: Value, s: &Smem) -> R<Dist> {
+        let (rows, cols) = self.axes_of(v)?;
+        let rc = self.row_coords(rows);
+        let cc = self.col_coords(cols);
+        let st = self.storage_ty(s.dtype);
+        let mut e = Vec::new();
+        for r in &rc {
+            for c in &cc {
+                let ir = &self.ir;
+                let off = ir.add(
+                    ir.ci32(s.off as i64),
+                    ir.add(ir.mul(*r, ir.ci32(s.row_bytes() as i64)), ir.mul(*c, ir.ci32(s.dtype.size_bytes() as i64))),
+                );
+                e.push(ir.load(st, self.sptr(off), s.dtype.size_bytes() as u32));
+            }
+        }
+        Ok(Dist { rows, cols, e })
+    }
+
+    /// Write a register tile (`[rows, cols]`, 16-bit) to a shared-memory region of
+    /// `op` (for a `b` operand computed in registers).
+    fn dist_to_smem(&mut self, op: &'k Op, slot: usize, v: Value) -> R<Smem> {
+        let Type::Tile(dtype, shape) = self.ty(v).clone() else {
+            return Err(self.err("not a tile".into()));
+        };
+        if dtype.size_bytes() != 2 || shape.len() != 2 {
+            return Err(
+                self.err(format!("dot operands must be 2-D bf16 or f16 tiles on the PTX targets (got {})", self.ty(v)))
+            );
+        }
+        let d = self.dist(v)?;
+        let mut s = Smem { off: 0, rows: shape[0], cols: shape[1], dtype, afrags: None };
+        s.off = self.region(op, slot, s.rows * s.row_bytes());
+        nvvm::barrier(&self.ir);
+        let rc = self.row_coords(d.rows);
+        let cc = self.col_coords(d.cols);
+        let nc = cc.len();
+        for (ri, r) in rc.iter().enumerate() {
+            for (ci, c) in cc.iter().enumerate() {
+                let ir = &self.ir;
+                let off = ir.add(
+                    ir.ci32(s.off as i64),
+                    ir.add(ir.mul(*r, ir.ci32(s.row_bytes() as i64)), ir.mul(*c, ir.ci32(2))),
+                );
+                ir.store(Self::elem(&d, ri, ci, nc), self.sptr(off), 2);
+            }
+        }
+        nvvm::barrier(&self.ir);
+        Ok(s)
+    }
+
+    fn store(&mut self, op: &'k Op, axes: &[AxisIndex]) -> R<()> {
+        let n = op.operands.len();
+        let value = op.operands[n - 1];
+        let t = self.tensor_of(op.operands[0])?;
+        let acc = self.access(t, axes, &op.operands[1..n - 1])?;
+        let dtype = self.tensors[t].dtype;
+        let vd = self.ty(value).dtype();
+        let st = self.storage_ty(dtype);
+        let esize = dtype.size_bytes() as u32;
+        let data = self.tensors[t].data;
+        if acc.ranges.is_empty() {
+            let x = self.scalar(value)?;
+            let x = self.to_storage(x, vd, dtype);
+            let ir = &self.ir;
+            // One thread writes a scalar.
+            let first = ir.and(ir.icmp(LLVMIntEQ, self.warp, ir.ci32(0)), ir.icmp(LLVMIntEQ, self.lane, ir.ci32(0)));
+            let ok = ir.and(acc.valid, first);
+            let p = ir.gep(st, data, acc.off);
+            self.if_then(ok, &mut |cg| {
+                cg.ir.store(x, p, esize);
+                Ok(())
+            })?;
+            return Ok(());
+        }
+        let d = self.dist(value)?;
+        let (rows, cols) = (d.rows, d.cols);
+        let rc = self.row_coords(rows);
+        let cc = self.col_coords(cols);
+        let (row_rng, col_rng) = match acc.ranges.len() {
+            2 => (Some(acc.ranges[0]), Some(acc.ranges[1])),
+            _ if rows == Ax::One => (None, Some(acc.ranges[0])),
+            _ => (Some(acc.ranges[0]), None),
+        };
+        // Replicated elements are written by one thread only: rows replicate over the
+        // lanes of a quad (lane % 4) when columns are broadcast; columns replicate over
+        // lane / 4 and over warps when rows are broadcast.
+        let ir = &self.ir;
+        let mut owner = ir.ctrue();
+        if cols == Ax::One {
+            owner = ir.and(owner, ir.icmp(LLVMIntEQ, ir.and(self.lane, ir.ci32(3)), ir.ci32(0)));
+        }
+        if rows == Ax::One {
+            owner = ir.and(owner, ir.icmp(LLVMIntULT, self.lane, ir.ci32(4)));
+            owner = ir.and(owner, ir.icmp(LLVMIntEQ, self.warp, ir.ci32(0)));
+        }
+        let strides = self.tensors[t].strides.clone();
+        let nc = cc.len();
+        for (ri, rcoord) in rc.iter().enumerate() {
+            for (ci, ccoord) in cc.iter().enumerate() {
+                let ir = &self.ir;
+                let mut idx = acc.off;
+                let mut ok = ir.and(acc.valid, owner);
+                for (rng, coord) in [(row_rng, *rcoord), (col_rng, *ccoord)] {
+                    if let Some(g) = rng {
+                        let x = ir.add(g.start, ir.sext(coord, ir.i64()));
+                        ok = ir.and(ok, self.in_range(t, g.axis, x, g.limit));
+                        idx = ir.add(idx, ir.mul(x, strides[g.axis]));
+                    }
+                }
+                let x = self.to_storage(Self::elem(&d, ri, ci, nc), vd, dtype);
+                let p = self.ir.gep(st, data, idx);
+                self.if_then(ok, &mut |cg| {
+                    cg.ir.store(x, p, esize);
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn to_storage(&self, x: V, from: DType, to: DType) -> V {
+        let x = self.arith().cast(x, from, to);
+        if to == DType::I1 {
+            self.ir.zext(x, self.ir.i8())
+        } else {
+            x
+        }
+    }
+
+    // ---------------------------------------------------------------- reductions
+
+    /// Reduce `x` over the four lanes of a quad (the column slots of a row).
+    fn quad_reduce(&self, x: V, max: bool) -> V {
+        let ir = &self.ir;
+        let mut x = x;
+        for m in [1, 2] {
+            let y = nvvm::shfl_xor_f32(ir, x, m);
+            x = if max { ir.maxnum(x, y) } else { ir.fadd(x, y) };
+        }
+        x
+    }
+
+    fn row_fold(&self, d: &Dist, ri: usize, max: bool, f: &dyn Fn(V) -> V) -> V {
+        let ir = &self.ir;
+        let nc = Self::ncols(d.cols);
+        let mut acc = f(Self::elem(d, ri, 0, nc));
+        for ci in 1..nc {
+            let x = f(Self::elem(d, ri, ci, nc));
+            acc = if max { ir.maxnum(acc, x) } else { ir.fadd(acc, x) };
+        }
+        if d.cols != Ax::One {
+            acc = self.quad_reduce(acc, max);
+        }
+        acc
+    }
+
+    fn reduce(&mut self, op: &'k Op, r: ReduceOp, axis: u8) -> R<()> {
+        let x = self.dist(op.operands[0])?;
+        let dt = self.ty(op.operands[0]).dtype();
+        if axis != 1 && !matches!(self.ty(op.operands[0]), Type::Tile(_, s) if s.len() == 1) {
+            return Err(self.err("reductions along axis 0 (across warps) are not supported yet".into()));
+        }
+        if dt != DType::F32 {
+            return Err(self.err(format!("reductions of {dt} tiles are not supported yet (f32 only)")));
+        }
+        let max = matches!(r, ReduceOp::Max);
+        if !matches!(r, ReduceOp::Max | ReduceOp::Sum) {
+            return Err(self.err(format!("reduction {r:?} is not supported yet")));
+        }
+        let (rows, cols) = self.axes_of(op.results[0])?;
+        if matches!(self.ty(op.operands[0]), Type::Tile(_, s) if s.len() == 1) {
+            return Err(self.err("reducing a rank-1 tile to a scalar is not supported yet".into()));
+        }
+        let mut e = Vec::new();
+        for ri in 0..self.nrows(x.rows) {
+            e.push(self.row_fold(&x, ri, max, &|v| v));
+        }
+        self.set(op.results[0], GV::Dist(Dist { rows, cols, e }));
+        Ok(())
+    }
+
+    fn softmax_update(&mut self, op: &'k Op) -> R<()> {
+        let s = self.dist(op.operands[0])?;
+        let m = self.dist(op.operands[1])?;
+        let l = self.dist(op.operands[2])?;
+        let neg_inf = self.ir.cf32(f64::NEG_INFINITY);
+        let nr = self.nrows(s.rows);
+        let nc = Self::ncols(s.cols);
+        let (mut pe, mut ae, mut me, mut le) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut p_all = vec![std::ptr::null_mut(); nr * nc];
+        for ri in 0..nr {
+            let rmax = self.row_fold(&s, ri, true, &|v| v);
+            let ir = &self.ir;
+            let mi = Self::elem(&m, ri, 0, 1);
+            let li = Self::elem(&l, ri, 0, 1);
+            let m_new = ir.maxnum(mi, rmax);
+            let dead = ir.fcmp(LLVMRealOEQ, m_new, neg_inf);
+            let m_use = ir.select(dead, ir.cf32(0.0), m_new);
+            let alpha = ir.select(dead, ir.cf32(1.0), nvvm::ex2(ir, ir.fsub(mi, m_use)));
+            for ci in 0..nc {
+                let x = Self::elem(&s, ri, ci, nc);
+                p_all[ri * nc + ci] = nvvm::ex2(ir, ir.fsub(x, m_use));
+            }
+            let prow = Dist { rows: Ax::One, cols: s.cols, e: p_all[ri * nc..(ri + 1) * nc].to_vec() };
+            let psum = self.row_fold(&prow, 0, false, &|v| v);
+            let ir = &self.ir;
+            let l_new = ir.fma(li, alpha, psum);
+            ae.push(alpha);
+            me.push(m_new);
+            le.push(l_new);
+        }
+        pe.extend(p_all);
+        let (rr, rc) = self.axes_of(op.results[1])?;
+        self.set(op.results[0], GV::Dist(Dist { rows: s.rows, cols: s.cols, e: pe }));
+        self.set(op.results[1], GV::Dist(Dist { rows: rr, cols: rc, e: ae }));
+        self.set(op.results[2], GV::Dist(Dist { rows: rr, cols: rc, e: me }));
+        self.set(op.results[3], GV::Dist(Dist { rows: rr, cols: rc, e: le }));
+        Ok(())
+    }
+
+    fn softmax_finalize(&mut self, op: &'k Op) -> R<()> {
+        let acc = self.dist(op.operands[0])?;
+        let m = self.dist(op.operands[1])?;
+        let l = self.dist(op.operands[2])?;
+        let nr = self.nrows(acc.rows);
+        let nc = Self::ncols(acc.cols);
+        let (mut oe, mut lse) = (Vec::new(), Vec::new());
+        for ri in 0..nr {
+            let ir = &self.ir;
+            let mi = Self::elem(&m, ri, 0, 1);
+            let li = Self::elem(&l, ri, 0, 1);
+            let empty = ir.fcmp(LLVMRealOEQ, li, ir.cf32(0.0));
+            let lsafe = ir.select(empty, ir.cf32(1.0), li);
+            let lg = math::log2(ir, lsafe);
+            let v = ir.fmul(ir.fadd(mi, lg), ir.cf32(std::f64::consts::LN_2));
+            lse.push(ir.select(empty, ir.cf32(f64::NEG_INFINITY), v));
+            let inv = nvvm::rcp(ir, lsafe);
+            for ci in 0..nc {
+                let x = ir.fmul(Self::elem(&acc, ri, ci, nc), inv);
+                oe.push(ir.select(empty, ir.cf32(0.0), x));
+            }
+        }
+        let (lr, lc) = self.axes_of(op.results[1])?;
+        self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: oe }));
+        self.set(op.results[1], GV::Dist(Dist { rows: lr, cols: lc, e: lse }));
+        Ok(())
+    }
+
+    fn rand_uniform(&mut self, op: &'k Op) -> R<()> {
+        let s: Vec<V> = op.operands.iter().map(|o| self.scalar(*o)).collect::<R<_>>()?;
+        let (rows, cols) = self.axes_of(op.results[0])?;
+        let rc = self.row_coords(rows);
+        let cc = self.col_coords(cols);
+        let mut e = Vec::new();
+        for r in &rc {
+            for c in &cc {
+                let ir = &self.ir;
+                let row = ir.add(*r, s[4]);
+                let col = ir.add(*c, s[5]);
+                let x0 = math::philox_first_word(ir, [row, col, s[3], s[2]], [s[0], s[1]]);
+                let top = ir.lshr(x0, ir.ci32(8));
+                let f = ir.uitofp(top, ir.f32());
+                e.push(ir.fmul(f, ir.cf32(1.0 / 16777216.0)));
+            }
+        }
+        self.set(op.results[0], GV::Dist(Dist { rows, cols, e }));
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- dot
+
+    /// Lane `l`'s `ldmatrix` row address for an `a` fragment (m-fragment `mf` of this
+    /// warp, k-step `ks`) of a shared tile `[M, K]`.
+    fn a_frag_ldmatrix(&self, s: &Smem, mf: usize, ks: usize) -> [V; 4] {
+        let ir = &self.ir;
+        let per_warp = s.rows / self.warps;
+        let row = ir.add(
+            ir.add(ir.mul(self.warp, ir.ci32(per_warp as i64)), ir.ci32((mf * 16) as i64)),
+            ir.and(self.lane, ir.ci32(15)),
+        );
+        let chunk = ir.add(ir.ci32((ks * 2) as i64), ir.lshr(self.lane, ir.ci32(4)));
+        let off = ir
+            .add(ir.ci32(s.off as i64), ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16))));
+        let r = nvvm::ldmatrix(ir, self.sptr(off), 4, false);
+        [r[0], r[1], r[2], r[3]]
+    }
+
+    fn a_frags_from_smem(&mut self, s: &Smem) -> R<Vec<Vec<[V; 4]>>> {
+        if !s.rows.is_multiple_of(16 * self.warps) || !s.cols.is_multiple_of(16) {
+            return Err(self.err(format!(
+                "a dot's `a` tile [{}, {}] needs rows a multiple of 16 × num_warps and a k a multiple of 16",
+                s.rows, s.cols
+            )));
+        }
+        let fm = s.rows / (16 * self.warps);
+        Ok((0..fm).map(|mf| (0..s.cols / 16).map(|ks| self.a_frag_ldmatrix(s, mf, ks)).collect()).collect())
+    }
+
+    /// Pack two 16-bit floats into the i32 an mma fragment register holds.
+    fn pack2(&self, lo: V, hi: V, dtype: DType) -> V {
+        let ir = &self.ir;
+        let et = self.compute_ty(dtype);
+        let v = ir.insert(ir.undef(ir.vec(et, 2)), lo, 0);
+        let v = ir.insert(v, hi, 1);
+        ir.bitcast(v, ir.i32())
+    }
+
+    fn dot(&mut self, op: &'k Op, trans_a: bool, trans_b: bool) -> R<()> {
+        if trans_a {
+            return Err(self.err("`tile.dot` with trans_a is not supported yet".into()));
+        }
+        let (av, bv, cv) = (op.operands[0], op.operands[1], op.operands[2]);
+        let Type::Tile(adt, ashape) = self.ty(av).clone() else { return Err(self.err("dot operand".into())) };
+        let bdt = self.ty(bv).dtype();
+        if adt != bdt || !matches!(adt, DType::BF16 | DType::F16) {
+            return Err(self.err(format!(
+                "`tile.dot` takes bf16 or f16 operands on the PTX targets (got {adt} · {bdt}); f32 runs on the CPU back end"
+            )));
+        }
+        let f16 = adt == DType::F16;
+        let (m, k) = (ashape[0], ashape[1]);
+        let acc = self.dist(cv)?;
+        let Ax::Mma(n) = acc.cols else { return Err(self.err("dot result must have 8 or more columns".into())) };
+        if k % 16 != 0 || n % 8 != 0 || m % (16 * self.warps) != 0 {
+            return Err(self.err(format!(
+                "`tile.dot` [{m}, {k}] · [{k}, {n}] needs m a multiple of 16 × num_warps, k of 16, n of 8"
+            )));
+        }
+        let fm = m / (16 * self.warps);
+        let (nn, ks_n) = (n / 8, k / 16);
+        // a fragments: [mf][ks]
+        let afr: Vec<Vec<[V; 4]>> = match self.get(av)?.clone() {
+            GV::Smem(s) => match &s.afrags {
+                Some(f) => f.clone(),
+                None => self.a_frags_from_smem(&s)?,
+            },
+            _ => {
+                // Registers: the accumulator layout of [m, k] (k in 8-column groups);
+                // an a fragment for k-step ks is groups 2ks and 2ks+1.
+                let d = self.dist(av)?;
+                let nc = Self::ncols(d.cols);
+                let mut out = Vec::new();
+                for mf in 0..fm {
+                    let mut row = Vec::new();
+                    for ks in 0..ks_n {
+                        let g = |h: usize, grp: usize, j: usize| Self::elem(&d, mf * 2 + h, grp * 2 + j, nc);
+                        let (g0, g1) = (2 * ks, 2 * ks + 1);
+                        row.push([
+                            self.pack2(g(0, g0, 0), g(0, g0, 1), adt),
+                            self.pack2(g(1, g0, 0), g(1, g0, 1), adt),
+                            self.pack2(g(0, g1, 0), g(0, g1, 1), adt),
+                            self.pack2(g(1, g1, 0), g(1, g1, 1), adt),
+                        ]);
+                    }
+                    out.push(row);
+                }
+                out
+            }
+        };
+        let bs = match self.get(bv)?.clone() {
+            GV::Smem(s) => s,
+            _ => self.dist_to_smem(op, 1, bv)?,
+        };
+        let mut c = acc.e.clone();
+        let ncols = Self::ncols(acc.cols);
+        for ks in 0..ks_n {
+            // b fragments for every n-fragment of this k-step.
+            let mut bfr: Vec<[V; 2]> = Vec::with_capacity(nn);
+            let mut nf = 0;
+            while nf < nn {
+                let cnt = if nf + 1 < nn { 4 } else { 2 };
+                let ir = &self.ir;
+                let l8 = ir.and(self.lane, ir.ci32(7));
+                let mi = ir.lshr(self.lane, ir.ci32(3)); // matrix index 0..3
+                let off = if trans_b {
+                    // b tile is [n, k]: rows n, chunks k. Matrix i: n-group i/2, k-half i%2.
+                    let row = ir.add(ir.ci32((nf * 8) as i64), ir.add(ir.mul(ir.lshr(mi, ir.ci32(1)), ir.ci32(8)), l8));
+                    let chunk = ir.add(ir.ci32((ks * 2) as i64), ir.and(mi, ir.ci32(1)));
+                    ir.add(ir.mul(row, ir.ci32(bs.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16)))
+                } else {
+                    // b tile is [k, n]: rows k, chunks n. Matrix i: k-half i%2, n-group i/2.
+                    let row = ir.add(ir.ci32((ks * 16) as i64), ir.add(ir.mul(ir.and(mi, ir.ci32(1)), ir.ci32(8)), l8));
+                    let chunk = ir.add(ir.ci32(nf as i64), ir.lshr(mi, ir.ci32(1)));
+                    ir.add(ir.mul(row, ir.ci32(bs.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16)))
+                };
+                let off = ir.add(off, ir.ci32(bs.off as i64));
+                let r = nvvm::ldmatrix(ir, self.sptr(off), cnt, !trans_b);
+                bfr.push([r[0], r[1]]);
+                if cnt == 4 {
+                    bfr.push([r[2], r[3]]);
+                }
+                nf += cnt / 2;
+            }
+            for (mf, arow) in afr.iter().enumerate() {
+                let a = arow[ks];
+                for (nf, b) in bfr.iter().enumerate() {
+                    let at = |h: usize, j: usize| (mf * 2 + h) * ncols + nf * 2 + j;
+                    let cin = [c[at(0, 0)], c[at(0, 1)], c[at(1, 0)], c[at(1, 1)]];
+                    let d = nvvm::mma_m16n8k16(&self.ir, f16, a, *b, cin);
+                    c[at(0, 0)] = d[0];
+                    c[at(0, 1)] = d[1];
+                    c[at(1, 0)] = d[2];
+                    c[at(1, 1)] = d[3];
+                }
+            }
+        }
+        self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: c }));
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- control flow
+
+    /// The LLVM values a register value is made of (for phis), and a rebuild.
+    fn flatten(&mut self, v: Value) -> R<(Vec<V>, Shape)> {
+        match self.get(v)?.clone() {
+            GV::Scalar(x) => Ok((vec![x], Shape::Scalar)),
+            GV::Dist(d) => Ok((d.e.clone(), Shape::Dist(d.rows, d.cols))),
+            GV::Smem(_) => {
+                let d = self.dist(v)?;
+                Ok((d.e.clone(), Shape::Dist(d.rows, d.cols)))
+            }
+            GV::Lazy => {
+                let d = self.dist(v)?;
+                Ok((d.e.clone(), Shape::Dist(d.rows, d.cols)))
+            }
+            GV::Tensor(_) => Err(self.err("tensors cannot be loop-carried".into())),
+        }
+    }
+
+    /// The layout a value of type `v` has in registers.
+    fn shape_of(&self, v: Value) -> R<Shape> {
+        match self.ty(v) {
+            Type::Scalar(_) => Ok(Shape::Scalar),
+            Type::Tile(..) => {
+                let (r, c) = self.axes_of(v)?;
+                Ok(Shape::Dist(r, c))
+            }
+            Type::Tensor(..) => Err(self.err("tensors cannot be loop-carried".into())),
+        }
+    }
+
+    fn shape_len(&self, s: Shape) -> usize {
+        match s {
+            Shape::Scalar => 1,
+            Shape::Dist(r, c) => self.nrows(r) * Self::ncols(c),
+        }
+    }
+
+    fn rebuild(s: Shape, xs: Vec<V>) -> GV {
+        match s {
+            Shape::Scalar => GV::Scalar(xs[0]),
+            Shape::Dist(rows, cols) => GV::Dist(Dist { rows, cols, e: xs }),
+        }
+    }
+
+    /// Flatten `v` into exactly the layout `want` (broadcast tiles are expanded).
+    fn flatten_as(&mut self, v: Value, want: Shape) -> R<Vec<V>> {
+        let (xs, have) = self.flatten(v)?;
+        if have == want {
+            return Ok(xs);
+        }
+        match (have, want) {
+            (Shape::Dist(hr, hc), Shape::Dist(wr, wc)) => {
+                let d = Dist { rows: hr, cols: hc, e: xs };
+                let (nr, nc) = (self.nrows(wr), Self::ncols(wc));
+                let mut out = Vec::new();
+                for ri in 0..nr {
+                    for ci in 0..nc {
+                        out.push(Self::elem(&d, ri, ci, nc));
+                    }
+                }
+                Ok(out)
+            }
+            (Shape::Scalar, Shape::Dist(..)) => Ok(vec![xs[0]; self.shape_len(want)]),
+            _ => Err(self.err(format!("%{} changes layout across a region boundary", v.index()))),
+        }
+    }
+
+    fn for_op(&mut self, op: &'k Op) -> R<()> {
+        let lo = self.scalar(op.operands[0])?;
+        let hi = self.scalar(op.operands[1])?;
+        let step = self.scalar(op.operands[2])?;
+        let region = &op.regions[0];
+        let n = op.results.len();
+        let shapes: Vec<Shape> = op.results.iter().map(|r| self.shape_of(*r)).collect::<R<_>>()?;
+        let mut inits = Vec::new();
+        for (i, s) in shapes.iter().enumerate() {
+            inits.push(self.flatten_as(op.operands[3 + i], *s)?);
+        }
+        let pre = self.ir.current();
+        let head = self.ir.block("for.head");
+        let body = self.ir.block("for.body");
+        let exit = self.ir.block("for.exit");
+        self.ir.br(head);
+        self.ir.at_end(head);
+        let iv = self.ir.phi(self.ir.i32());
+        self.ir.add_incoming(iv, lo, pre);
+        let mut phis = Vec::new();
+        for init in inits.iter() {
+            let ps: Vec<V> = init
+                .iter()
+                .map(|x| {
+                    let p = self.ir.phi(self.ir.type_of(*x));
+                    self.ir.add_incoming(p, *x, pre);
+                    p
+                })
+                .collect();
+            phis.push(ps);
+        }
+        let cond = self.ir.icmp(LLVMIntSLT, iv, hi);
+        self.ir.cond_br(cond, body, exit);
+        self.ir.at_end(body);
+        self.set(region.args[0], GV::Scalar(iv));
+        for i in 0..n {
+            self.set(region.args[1 + i], Self::rebuild(shapes[i], phis[i].clone()));
+        }
+        self.block(region)?;
+        let yields = region.ops.last().map(|y| y.operands.clone()).unwrap_or_default();
+        let mut nexts = Vec::new();
+        for i in 0..n {
+            nexts.push(self.flatten_as(yields[i], shapes[i])?);
+        }
+        let next_iv = self.ir.add(iv, step);
+        let latch = self.ir.current();
+        self.ir.add_incoming(iv, next_iv, latch);
+        for (ps, xs) in phis.iter().zip(&nexts) {
+            for (p, x) in ps.iter().zip(xs) {
+                self.ir.add_incoming(*p, *x, latch);
+            }
+        }
+        self.ir.br(head);
+        self.ir.at_end(exit);
+        for i in 0..n {
+            self.set(op.results[i], Self::rebuild(shapes[i], phis[i].clone()));
+        }
+        Ok(())
+    }
+
+    fn if_op(&mut self, op: &'k Op) -> R<()> {
+        let cond = self.scalar(op.operands[0])?;
+        let shapes: Vec<Shape> = op.results.iter().map(|r| self.shape_of(*r)).collect::<R<_>>()?;
+        let tb = self.ir.block("if.then");
+        let eb = self.ir.block("if.else");
+        let jb = self.ir.block("if.join");
+        self.ir.cond_br(cond, tb, eb);
+        let mut arms: Vec<(B, Vec<Vec<V>>)> = Vec::new();
+        for (bb, region) in [(tb, &op.regions[0]), (eb, &op.regions[1])] {
+            self.ir.at_end(bb);
+            self.block(region)?;
+            let yields = region.ops.last().map(|y| y.operands.clone()).unwrap_or_default();
+            let mut vals = Vec::new();
+            for (i, s) in shapes.iter().enumerate() {
+                vals.push(self.flatten_as(yields[i], *s)?);
+            }
+            arms.push((self.ir.current(), vals));
+            self.ir.br(jb);
+        }
+        self.ir.at_end(jb);
+        for (i, s) in shapes.iter().enumerate() {
+            let mut xs = Vec::new();
+            for j in 0..arms[0].1[i].len() {
+                let t = self.ir.type_of(arms[0].1[i][j]);
+                let p = self.ir.phi(t);
+                for (bb, vals) in &arms {
+                    self.ir.add_incoming(p, vals[i][j], *bb);
+                }
+                xs.push(p);
+            }
+            self.set(op.results[i], Self::rebuild(*s, xs));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    Scalar,
+    Dist(Ax, Ax),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct RangeAx {
+    axis: usize,
+    /// i64
+    start: V,
+    limit: Option<V>,
+    #[allow(dead_code)]
+    size: usize,
+}
+
+struct Access {
+    /// Element offset (i64) of the fixed indices.
+    off: V,
+    /// i1: the fixed indices are inside the tensor.
+    valid: V,
+    ranges: Vec<RangeAx>,
+}

@@ -1,0 +1,298 @@
+//! The PTX target: tile IR → LLVM IR with NVVM intrinsics → PTX (LLVM's NVPTX back
+//! end), for `sm_80` and `sm_90a`.
+//!
+//! ```no_run
+//! use ejc_codegen::ptx::{compile, Arch, PtxConfig};
+//! # let kernel: ejc_ir::ir::Kernel = unimplemented!();
+//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4 }).unwrap();
+//! println!("{} bytes of PTX, {} bytes of shared memory", k.ptx.len(), k.code.smem_bytes);
+//! ```
+//!
+//! The pieces, in order: [`layout`] decides where every tile lives (registers in
+//! the mma accumulator layout, or shared memory for dot operands); [`lower`] emits
+//! one thread's program; LLVM optimises it (`default<O3>`) and prints PTX.
+//! [`ptxas`] runs NVIDIA's assembler on the result when one is installed, for the
+//! tests and `ejc build --report` (registers, spills, shared memory).
+//!
+//! Kernel parameters: for each tensor `(ptr, shape[rank]: i64, strides[rank]: i64)`
+//! (strides in elements), for each scalar its value (`f32`, `i32`/`u32`, `i1` as
+//! `i32`). The block is `num_warps × 32` threads; the grid is the manifest's.
+
+pub mod layout;
+pub mod lower;
+mod nvvm;
+
+use std::path::{Path, PathBuf};
+
+use ejc_ir::ir::Kernel;
+use ejc_ir::types::{DType, Type};
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, FileType, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::OptimizationLevel;
+
+pub use lower::PtxCode;
+
+use crate::CodegenError;
+
+/// A GPU architecture the PTX target generates for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Arch {
+    /// Ampere (A100) and later: `mma.sync`, `ldmatrix`, `cp.async`.
+    Sm80,
+    Sm86,
+    Sm89,
+    Sm90,
+    /// Hopper (H100, H200) with its architecture-specific instructions.
+    Sm90a,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 5] = [Arch::Sm80, Arch::Sm86, Arch::Sm89, Arch::Sm90, Arch::Sm90a];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm86 => "sm_86",
+            Arch::Sm89 => "sm_89",
+            Arch::Sm90 => "sm_90",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+
+    /// ptxas's `-arch` value.
+    pub fn ptxas_arch(self) -> &'static str {
+        self.name()
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Arch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Arch, String> {
+        Arch::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| format!("unknown GPU architecture `{s}` (known: sm_80, sm_86, sm_89, sm_90, sm_90a)"))
+    }
+}
+
+/// Code-generation choices that are not part of the tile program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PtxConfig {
+    pub arch: Arch,
+    pub num_warps: usize,
+}
+
+/// One compiled kernel.
+#[derive(Clone, Debug)]
+pub struct PtxKernel {
+    pub ptx: String,
+    pub code: PtxCode,
+}
+
+fn target_machine(arch: Arch) -> Result<TargetMachine, CodegenError> {
+    Target::initialize_nvptx(&InitializationConfig::default());
+    let triple = TargetTriple::create("nvptx64-nvidia-cuda");
+    let target = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
+    target
+        .create_target_machine(
+            &triple,
+            arch.name(),
+            "+ptx80",
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| CodegenError::Llvm(format!("LLVM cannot create an NVPTX target machine for {arch}")))
+}
+
+/// The LLVM parameter list of a kernel (see the module docs).
+fn llvm_params(ir: &crate::llvm::Ir, kernel: &Kernel) -> Result<Vec<crate::llvm::T>, CodegenError> {
+    let mut out = Vec::new();
+    for p in &kernel.params {
+        match &p.ty {
+            Type::Tensor(_, rank) => {
+                out.push(ir.ptr_in(1));
+                out.extend(std::iter::repeat_n(ir.i64(), 2 * rank));
+            }
+            Type::Scalar(DType::F32) => out.push(ir.f32()),
+            Type::Scalar(DType::I32 | DType::U32 | DType::I1) => out.push(ir.i32()),
+            other => {
+                return Err(CodegenError::Kernel {
+                    kernel: kernel.name.clone(),
+                    message: format!("PTX back end: parameter `{}` of type {other} is not supported", p.name),
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Build the (unoptimised) LLVM module of one kernel.
+fn emit<'ctx>(
+    ctx: &'ctx Context,
+    kernel: &Kernel,
+    cfg: &PtxConfig,
+) -> Result<(inkwell::module::Module<'ctx>, PtxCode), CodegenError> {
+    use llvm_sys::core::*;
+    let plan = layout::plan(kernel)
+        .map_err(|m| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {m}") })?;
+    let module = ctx.create_module("ejc_ptx");
+    let tm = target_machine(cfg.arch)?;
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    unsafe {
+        let c = ctx.raw();
+        let m = module.as_mut_ptr();
+        // A throwaway builder just for types.
+        let probe = crate::llvm::Ir::new(c, m, std::ptr::null_mut());
+        let mut params = llvm_params(&probe, kernel)?;
+        drop(probe);
+        let fty = LLVMFunctionType(LLVMVoidTypeInContext(c), params.as_mut_ptr(), params.len() as u32, 0);
+        let name = std::ffi::CString::new(kernel.name.clone())
+            .map_err(|_| CodegenError::Llvm("kernel name has a NUL".into()))?;
+        let f = LLVMAddFunction(m, name.as_ptr(), fty);
+        // Calling convention 71 = PTX_Kernel: an `.entry`.
+        LLVMSetFunctionCallConv(f, 71);
+        let threads = (cfg.num_warps * 32).to_string();
+        for (k, v) in [("nvvm.maxntid", threads.as_str()), ("nvvm.minctasm", "1")] {
+            let a = LLVMCreateStringAttribute(
+                c,
+                k.as_ptr() as *const _,
+                k.len() as u32,
+                v.as_ptr() as *const _,
+                v.len() as u32,
+            );
+            LLVMAddAttributeAtIndex(f, u32::MAX, a);
+        }
+        // Tensor pointers never alias each other's written elements (the runtime
+        // checks outputs against inputs).
+        let noalias = LLVMGetEnumAttributeKindForName("noalias".as_ptr() as *const _, 7);
+        for (i, p) in params.iter().enumerate() {
+            if LLVMGetTypeKind(*p) == llvm_sys::LLVMTypeKind::LLVMPointerTypeKind {
+                LLVMAddAttributeAtIndex(f, i as u32 + 1, LLVMCreateEnumAttribute(c, noalias, 0));
+            }
+        }
+        let arr = LLVMArrayType2(LLVMInt8TypeInContext(c), 0);
+        let sname = std::ffi::CString::new("ejc_smem").unwrap_or_default();
+        let smem = LLVMAddGlobalInAddressSpace(m, arr, sname.as_ptr(), 3);
+        LLVMSetLinkage(smem, llvm_sys::LLVMLinkage::LLVMExternalLinkage);
+        LLVMSetAlignment(smem, 128);
+        let ir = crate::llvm::Ir::new(c, m, f);
+        let code = lower::Lowering::new(ir, kernel, plan, cfg.num_warps, smem).run()?;
+        module
+            .verify()
+            .map_err(|e| CodegenError::Llvm(format!("generated NVPTX LLVM IR does not verify: {}", e.to_string())))?;
+        Ok((module, code))
+    }
+}
+
+/// Compile one kernel to PTX.
+pub fn compile(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenError> {
+    if !matches!(cfg.num_warps, 1 | 2 | 4 | 8 | 16) {
+        return Err(CodegenError::Kernel {
+            kernel: kernel.name.clone(),
+            message: format!("PTX back end: num_warps must be 1, 2, 4, 8 or 16 (got {})", cfg.num_warps),
+        });
+    }
+    let ctx = Context::create();
+    let (module, code) = emit(&ctx, kernel, cfg)?;
+    let tm = target_machine(cfg.arch)?;
+    module
+        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::Llvm(format!("LLVM optimisation failed: {}", e.to_string())))?;
+    let buf = tm
+        .write_to_memory_buffer(&module, FileType::Assembly)
+        .map_err(|e| CodegenError::Llvm(format!("LLVM could not emit PTX: {}", e.to_string())))?;
+    let ptx = String::from_utf8_lossy(buf.as_slice()).trim_end_matches('\0').to_string();
+    Ok(PtxKernel { ptx, code })
+}
+
+/// The optimised LLVM IR of a kernel, as text (for inspection).
+pub fn llvm_ir(kernel: &Kernel, cfg: &PtxConfig) -> Result<String, CodegenError> {
+    let ctx = Context::create();
+    let (module, _) = emit(&ctx, kernel, cfg)?;
+    let tm = target_machine(cfg.arch)?;
+    module
+        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::Llvm(format!("LLVM optimisation failed: {}", e.to_string())))?;
+    Ok(module.print_to_string().to_string())
+}
+
+/// What `ptxas -v` says about a kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PtxasReport {
+    pub registers: u32,
+    pub spill_stores: u32,
+    pub spill_loads: u32,
+    pub stack_frame: u32,
+    /// Static shared memory (the dynamic part is the manifest's).
+    pub shared_static: u32,
+}
+
+/// Where `ptxas` is: `$EJC_PTXAS`, else `.tools/ptxas/...` under the workspace, else
+/// `ptxas` on the PATH. None when there is none.
+pub fn find_ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("EJC_PTXAS") {
+        let p = PathBuf::from(p);
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/ptxas/nvidia/cuda_nvcc/bin/ptxas");
+    if here.is_file() {
+        return Some(here);
+    }
+    std::env::var_os("PATH")
+        .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file()))
+}
+
+/// Assemble `ptx` for `arch` with ptxas and read its report. Errors carry ptxas's
+/// messages.
+pub fn ptxas(ptxas: &Path, ptx: &str, arch: Arch) -> Result<PtxasReport, String> {
+    let dir = std::env::temp_dir().join(format!("ejc-ptxas-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let src = dir.join("k.ptx");
+    std::fs::write(&src, ptx).map_err(|e| format!("{}: {e}", src.display()))?;
+    let out = std::process::Command::new(ptxas)
+        .arg(format!("-arch={}", arch.ptxas_arch()))
+        .arg("-v")
+        .arg(&src)
+        .arg("-o")
+        .arg(dir.join("k.cubin"))
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", ptxas.display()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        return Err(format!("ptxas rejected the PTX for {arch}:\n{text}"));
+    }
+    Ok(parse_report(&text))
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+fn number_before(text: &str, what: &str) -> u32 {
+    text.find(what).and_then(|i| text[..i].split_whitespace().last()).and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+fn parse_report(text: &str) -> PtxasReport {
+    PtxasReport {
+        registers: number_before(text, "registers"),
+        spill_stores: number_before(text, "bytes spill stores"),
+        spill_loads: number_before(text, "bytes spill loads"),
+        stack_frame: number_before(text, "bytes stack frame"),
+        shared_static: number_before(text, "bytes smem"),
+    }
+}

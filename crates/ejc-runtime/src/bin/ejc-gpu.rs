@@ -1,0 +1,322 @@
+//! `ejc-gpu`: run PTX artifacts of a build on the GPU, without LLVM (this binary is
+//! what travels to a GPU machine; `ejc build --target ptx:...` writes the artifacts).
+//!
+//! ```text
+//! ejc-gpu info
+//! ejc-gpu check DIR [--filter TEXT] [--seed N]      every artifact vs the reference, awkward shapes
+//! ejc-gpu bench DIR --variant V --dtype D --head-dim N --shape B,SQ,SK,HQ,HKV,D [--reps N] [--json FILE]
+//! ```
+//!
+//! `check` exits 1 when any artifact is outside DESIGN.md's tolerance (bf16 1e-2,
+//! f16 5e-3 by ‖out − ref‖/‖ref‖; NaN never passes); `bench` times every candidate
+//! configuration of the kernel with CUDA events (median of `--reps` after warm-up)
+//! and reports the fastest, as the autotuner would pick it. Without a driver both
+//! say so and exit 0.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use ejc_ir::flash::inputs::{default_runtime, random_inputs};
+use ejc_ir::flash::reference::reference;
+use ejc_ir::flash::FlashShape;
+use ejc_ir::manifest::Artifact;
+use ejc_ir::spec::Features;
+use ejc_ir::tensor::compare;
+use ejc_ir::types::DType;
+use ejc_runtime::cuda::{Cuda, CudaError, CudaKernel, FlashDevice};
+use ejc_runtime::flash::FlashBuffers;
+use ejc_runtime::manifest::{load, Loaded};
+use ejc_runtime::registry::features_from_json;
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N]\n  ejc-gpu bench DIR --variant V --dtype D \
+         --head-dim N --shape B,SQ,SK,HQ,HKV,D [--reps N] [--json FILE]"
+    );
+    ExitCode::from(2)
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+fn cuda_or_skip() -> Result<Cuda, ExitCode> {
+    match Cuda::new() {
+        Ok(c) => Ok(c),
+        Err(CudaError::NoDriver) => {
+            println!("skipped: no CUDA driver on this machine");
+            Err(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Which PTX archs this GPU runs: sm_80 code runs everywhere from sm_80 (the driver
+/// JIT-compiles it); `sm_90a` only on compute capability 9.0.
+fn runs_here(target: &str, cc: u32) -> bool {
+    match target.strip_prefix("ptx:") {
+        Some("sm_90a") => cc == 90,
+        Some(a) => a.trim_start_matches("sm_").parse::<u32>().map(|x| x <= cc).unwrap_or(false),
+        None => false,
+    }
+}
+
+struct Art<'a> {
+    a: &'a Artifact,
+    features: Features,
+    dtype: DType,
+}
+
+fn artifacts<'a>(m: &'a Loaded, cc: u32) -> Result<Vec<Art<'a>>, String> {
+    let mut out = Vec::new();
+    for a in &m.manifest.artifacts {
+        if !runs_here(&a.target, cc) {
+            continue;
+        }
+        let features = features_from_json(&a.features)?;
+        let dtype: DType = a.dtype.parse()?;
+        out.push(Art { a, features, dtype });
+    }
+    Ok(out)
+}
+
+fn kernel(cuda: &Cuda, m: &Loaded, a: &Artifact) -> Result<CudaKernel, String> {
+    let path = m.path_of(a);
+    let ptx = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let threads = a.block.map(|b| b[0]).unwrap_or(128);
+    cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory).map_err(|e| e.to_string())
+}
+
+fn tol(d: DType) -> f64 {
+    match d {
+        DType::F32 => 1e-5,
+        DType::F16 => 5e-3,
+        _ => 1e-2,
+    }
+}
+
+/// Run one artifact on one shape; returns (rel_err out, rel_err lse).
+fn run_one(cuda: &Cuda, k: &CudaKernel, art: &Art, shape: &FlashShape, seed: u64) -> Result<(f64, f64), String> {
+    let f = &art.features;
+    let inputs = random_inputs(f, art.dtype, shape, seed);
+    let rt = default_runtime(f, shape, seed);
+    let want = reference(f, &rt, &inputs)?;
+    let mut call = FlashBuffers::from_inputs(&inputs);
+    let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
+    let dev = FlashDevice::new(cuda, f, art.dtype, art.a.head_dim, bm, &rt, &mut call).map_err(|e| e.to_string())?;
+    dev.launch(cuda, k).map_err(|e| e.to_string())?;
+    cuda.synchronize().map_err(|e| e.to_string())?;
+    dev.read_outputs(cuda, &mut call).map_err(|e| e.to_string())?;
+    let got = call.outputs();
+    let (ro, _) = compare(&got.out.to_vec(), &want.out.to_vec());
+    let (rl, _) = compare(&got.lse.to_vec(), &want.lse.to_vec());
+    Ok((ro, rl))
+}
+
+fn check(args: &[String]) -> ExitCode {
+    let Some(dir) = args.first() else { return usage() };
+    let filter = flag(args, "--filter");
+    let seed: u64 = flag(args, "--seed").and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    let cuda = match cuda_or_skip() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let m = match load(PathBuf::from(dir)) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("device: {}   seed: {seed} (--seed {seed} replays)", cuda.device_name());
+    let arts = match artifacts(&m, cuda.compute_capability()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut pass, mut fail) = (0, 0);
+    for art in arts.iter().filter(|a| filter.as_ref().is_none_or(|f| a.a.artifact_id.contains(f.as_str()))) {
+        let d = art.a.head_dim;
+        // s_q ≠ s_k both ways, lengths off the block size, GQA 2:1 and 4:1, MQA, one query row.
+        let shapes = [
+            format!("2,77,93,4,2,{d}"),
+            format!("1,45,21,2,1,{d}"),
+            format!("1,19,140,8,2,{d}"),
+            format!("2,129,129,4,1,{d}"),
+            format!("1,1,23,2,2,{d}"),
+        ];
+        let k = match kernel(&cuda, &m, art.a) {
+            Ok(k) => k,
+            Err(e) => {
+                println!("FAIL {}: {e}", art.a.artifact_id);
+                fail += 1;
+                continue;
+            }
+        };
+        let mut worst = (0.0f64, 0.0f64);
+        let mut err = None;
+        for (i, s) in shapes.iter().enumerate() {
+            let shape = match FlashShape::parse(s) {
+                Ok(s) => s,
+                Err(e) => {
+                    err = Some(e);
+                    break;
+                }
+            };
+            match run_one(&cuda, &k, art, &shape, seed.wrapping_add(i as u64)) {
+                Ok((o, l)) => {
+                    let ok = |x: f64| x <= tol(art.dtype);
+                    if !ok(o) || !ok(l) {
+                        err = Some(format!("shape {s}: rel_err out {o:.2e}, lse {l:.2e}"));
+                    }
+                    worst = (worst.0.max(if o.is_nan() { f64::INFINITY } else { o }), worst.1.max(l));
+                }
+                Err(e) => {
+                    err = Some(format!("shape {s}: {e}"));
+                }
+            }
+            if err.is_some() {
+                break;
+            }
+        }
+        match err {
+            None => {
+                pass += 1;
+                println!("ok   {}  worst rel_err out {:.2e} lse {:.2e}", art.a.artifact_id, worst.0, worst.1);
+            }
+            Some(e) => {
+                fail += 1;
+                println!("FAIL {}: {e}", art.a.artifact_id);
+            }
+        }
+    }
+    println!("{pass} passed, {fail} failed");
+    if fail > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn median(mut xs: Vec<f32>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2] as f64
+}
+
+fn bench(args: &[String]) -> ExitCode {
+    let Some(dir) = args.first() else { return usage() };
+    let (Some(variant), Some(dtype), Some(hd), Some(shape)) =
+        (flag(args, "--variant"), flag(args, "--dtype"), flag(args, "--head-dim"), flag(args, "--shape"))
+    else {
+        return usage();
+    };
+    let reps: usize = flag(args, "--reps").and_then(|s| s.parse().ok()).unwrap_or(20);
+    let cuda = match cuda_or_skip() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let m = match load(PathBuf::from(dir)) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shape = match FlashShape::parse(&shape) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: --shape: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let arts = match artifacts(&m, cuda.compute_capability()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cands: Vec<&Art> = arts
+        .iter()
+        .filter(|a| a.a.variant == variant && a.a.dtype == dtype && a.a.head_dim.to_string() == hd)
+        .collect();
+    if cands.is_empty() {
+        eprintln!("error: no artifact for variant {variant}, dtype {dtype}, head_dim {hd} that runs on this GPU");
+        return ExitCode::FAILURE;
+    }
+    let f = &cands[0].features;
+    let s = &shape;
+    let mut flops = 4.0 * (s.batch * s.heads_q) as f64 * s.seq_q as f64 * s.seq_k as f64 * s.head_dim as f64;
+    if f.causal {
+        flops /= 2.0;
+    }
+    let inputs = random_inputs(f, cands[0].dtype, s, 7);
+    let rt = default_runtime(f, s, 7);
+    println!("device: {}   shape {shape}   {variant} {dtype} d={hd}", cuda.device_name());
+    let mut rows = Vec::new();
+    for art in &cands {
+        let k = match kernel(&cuda, &m, art.a) {
+            Ok(k) => k,
+            Err(e) => {
+                println!("  {:<60} failed to load: {e}", art.a.artifact_id);
+                continue;
+            }
+        };
+        let mut call = FlashBuffers::from_inputs(&inputs);
+        let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
+        let dev = match FlashDevice::new(&cuda, f, art.dtype, art.a.head_dim, bm, &rt, &mut call) {
+            Ok(d) => d,
+            Err(e) => {
+                println!("  {:<60} {e}", art.a.artifact_id);
+                continue;
+            }
+        };
+        let mut run = || dev.launch(&cuda, &k);
+        let _ = cuda.time(3, &mut run);
+        match cuda.time(reps, &mut run) {
+            Ok(ts) => {
+                let ms = median(ts);
+                let tf = flops / (ms * 1e-3) / 1e12;
+                println!("  {:<60} {ms:8.3} ms  {tf:7.1} TFLOP/s", art.a.artifact_id);
+                rows.push((art.a.artifact_id.clone(), ms, tf));
+            }
+            Err(e) => println!("  {:<60} {e}", art.a.artifact_id),
+        }
+    }
+    rows.sort_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some(best) = rows.first() {
+        println!("best: {} {:.3} ms {:.1} TFLOP/s", best.0, best.1, best.2);
+    }
+    if let Some(path) = flag(args, "--json") {
+        let j = serde_json::json!({
+            "device": cuda.device_name(), "shape": shape.to_string(), "variant": variant, "dtype": dtype,
+            "head_dim": hd, "flops": flops,
+            "candidates": rows.iter().map(|r| serde_json::json!({"artifact": r.0, "ms": r.1, "tflops": r.2})).collect::<Vec<_>>(),
+        });
+        let _ = std::fs::write(path, serde_json::to_string_pretty(&j).unwrap_or_default());
+    }
+    ExitCode::SUCCESS
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("info") => match cuda_or_skip() {
+            Ok(c) => {
+                println!("{}", c.device_name());
+                ExitCode::SUCCESS
+            }
+            Err(code) => code,
+        },
+        Some("check") => check(&args[1..]),
+        Some("bench") => bench(&args[1..]),
+        _ => usage(),
+    }
+}

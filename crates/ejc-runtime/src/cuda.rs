@@ -1,0 +1,309 @@
+//! The CUDA executor (feature `cuda`): loads PTX through the driver (which JIT-compiles
+//! it for the GPU at hand), keeps loaded modules, launches kernels with the
+//! manifest's ABI and times them with CUDA events.
+//!
+//! ```no_run
+//! use ejc_runtime::cuda::Cuda;
+//! let cuda = Cuda::new().unwrap_or_else(|e| { eprintln!("{e}"); std::process::exit(0) });
+//! println!("{}", cuda.device_name());
+//! ```
+//!
+//! libcuda is opened at run time (cudarc's dynamic loading), so building needs no CUDA
+//! installation; without a driver [`Cuda::new`] returns [`CudaError::NoDriver`] and
+//! nothing panics.
+//!
+//! A tensor is passed as `(ptr, shape[rank]: i64, strides[rank]: i64)` (strides in
+//! elements), a scalar as its value (`f32`, `i32`; `u32` and `i1` as `i32`): the ABI
+//! the PTX target generates (docs/abi.md).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use ejc_ir::flash::abi::abi_params;
+use ejc_ir::flash::FlashRuntime;
+use ejc_ir::spec::Features;
+use ejc_ir::types::{DType, Type};
+
+use crate::cpu::HostBuffer;
+use crate::flash::{launch_plan, tensor_names, FlashBuffers};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("no CUDA driver: libcuda could not be loaded on this machine (GPU work is skipped)")]
+    NoDriver,
+    #[error("CUDA: {0}")]
+    Driver(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn drv(e: cudarc::driver::DriverError) -> CudaError {
+    CudaError::Driver(format!("{e:?}"))
+}
+
+/// Whether a CUDA driver can be loaded here (no panic either way).
+pub fn driver_present() -> bool {
+    // Safety: only probes for the library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// A tensor in device memory (same layout as the [`HostBuffer`] it came from).
+pub struct DeviceBuffer {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
+    /// Element offset of index [0, …] from the start of `mem`.
+    pub offset: usize,
+    mem: CudaSlice<u8>,
+    ptr: u64,
+}
+
+impl DeviceBuffer {
+    /// Device address of element [0, …].
+    pub fn address(&self) -> u64 {
+        self.ptr + (self.offset * self.dtype.size_bytes()) as u64
+    }
+}
+
+/// A kernel ready to launch.
+#[derive(Clone)]
+pub struct CudaKernel {
+    func: CudaFunction,
+    pub entry: String,
+    pub threads: u32,
+    pub smem_bytes: u32,
+}
+
+/// One scalar argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Scalar {
+    F32(f32),
+    I32(i32),
+}
+
+enum Arg {
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    I32(i32),
+}
+
+pub struct Cuda {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// Loaded modules by PTX text hash and entry.
+    kernels: Mutex<HashMap<(u64, String), CudaKernel>>,
+}
+
+impl Cuda {
+    /// The first GPU, or why there is none.
+    pub fn new() -> Result<Cuda, CudaError> {
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        let n = CudaContext::device_count().map_err(drv)?;
+        if n < 1 {
+            return Err(CudaError::Driver("the driver reports no GPU".into()));
+        }
+        let ctx = CudaContext::new(0).map_err(drv)?;
+        let stream = ctx.default_stream();
+        Ok(Cuda { ctx, stream, kernels: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn device_name(&self) -> String {
+        let name = self.ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let (ma, mi) = self.ctx.compute_capability().unwrap_or((0, 0));
+        format!("{name} (sm_{ma}{mi})")
+    }
+
+    /// Compute capability as `major * 10 + minor`.
+    pub fn compute_capability(&self) -> u32 {
+        let (ma, mi) = self.ctx.compute_capability().unwrap_or((0, 0));
+        (ma * 10 + mi) as u32
+    }
+
+    pub fn upload(&self, h: &HostBuffer) -> Result<DeviceBuffer, CudaError> {
+        h.check_bounds().map_err(CudaError::Invalid)?;
+        // At least one byte: a zero-size allocation has no address.
+        let bytes: &[u8] = if h.bytes.is_empty() { &[0u8] } else { &h.bytes };
+        let mem = self.stream.clone_htod(bytes).map_err(drv)?;
+        let ptr = {
+            let (p, _sync) = mem.device_ptr(&self.stream);
+            p
+        };
+        Ok(DeviceBuffer {
+            dtype: h.dtype,
+            shape: h.shape.clone(),
+            strides: h.strides.clone(),
+            offset: h.offset,
+            mem,
+            ptr,
+        })
+    }
+
+    /// Copy a device buffer back (the whole allocation, same layout).
+    pub fn download(&self, d: &DeviceBuffer) -> Result<HostBuffer, CudaError> {
+        let bytes = self.stream.clone_dtoh(&d.mem).map_err(drv)?;
+        Ok(HostBuffer { dtype: d.dtype, shape: d.shape.clone(), strides: d.strides.clone(), offset: d.offset, bytes })
+    }
+
+    /// Load `entry` from PTX text (cached by content).
+    pub fn load(&self, ptx: &str, entry: &str, threads: u32, smem_bytes: u32) -> Result<CudaKernel, CudaError> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        ptx.hash(&mut h);
+        let key = (h.finish(), entry.to_string());
+        let mut cache = self.kernels.lock().map_err(|_| CudaError::Invalid("kernel cache poisoned".into()))?;
+        if let Some(k) = cache.get(&key) {
+            return Ok(k.clone());
+        }
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(ptx.to_string()))
+            .map_err(|e| CudaError::Driver(format!("the driver rejected the PTX of `{entry}`: {e:?}")))?;
+        let func = module.load_function(entry).map_err(drv)?;
+        if smem_bytes > 48 * 1024 {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_bytes as i32,
+            )
+            .map_err(|e| CudaError::Driver(format!("`{entry}` needs {smem_bytes} bytes of shared memory: {e:?}")))?;
+        }
+        let k = CudaKernel { func, entry: entry.to_string(), threads, smem_bytes };
+        cache.insert(key, k.clone());
+        Ok(k)
+    }
+
+    /// Launch `k` over `grid` with tensors and scalars in ABI order.
+    ///
+    /// # Safety
+    /// The tensors must match the kernel's parameters (dtypes, ranks) and outputs must
+    /// not overlap inputs; the flash binding checks this first.
+    pub unsafe fn launch(
+        &self,
+        k: &CudaKernel,
+        grid: [i64; 3],
+        tensors: &[&DeviceBuffer],
+        scalars: &[Scalar],
+    ) -> Result<(), CudaError> {
+        if grid.iter().any(|g| *g < 0 || *g > u32::MAX as i64) {
+            return Err(CudaError::Invalid(format!("grid {grid:?} is out of range")));
+        }
+        if grid.contains(&0) {
+            return Ok(());
+        }
+        let mut args = Vec::new();
+        for t in tensors {
+            args.push(Arg::U64(t.address()));
+            args.extend(t.shape.iter().map(|s| Arg::I64(*s as i64)));
+            args.extend(t.strides.iter().map(|s| Arg::I64(*s as i64)));
+        }
+        for s in scalars {
+            args.push(match s {
+                Scalar::F32(x) => Arg::F32(*x),
+                Scalar::I32(x) => Arg::I32(*x),
+            });
+        }
+        let mut b = self.stream.launch_builder(&k.func);
+        for a in &args {
+            match a {
+                Arg::U64(x) => b.arg(x),
+                Arg::I64(x) => b.arg(x),
+                Arg::F32(x) => b.arg(x),
+                Arg::I32(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid[0] as u32, grid[1] as u32, grid[2] as u32),
+            block_dim: (k.threads, 1, 1),
+            shared_mem_bytes: k.smem_bytes,
+        };
+        b.launch(cfg).map_err(|e| CudaError::Driver(format!("launching `{}`: {e:?}", k.entry)))?;
+        Ok(())
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.stream.synchronize().map_err(drv)
+    }
+
+    /// Milliseconds of GPU time for each of `reps` runs of `f` (CUDA events).
+    pub fn time(&self, reps: usize, f: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<Vec<f32>, CudaError> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut out = Vec::new();
+        for _ in 0..reps {
+            let a = self.stream.record_event(flags).map_err(drv)?;
+            f()?;
+            let b = self.stream.record_event(flags).map_err(drv)?;
+            out.push(a.elapsed_ms(&b).map_err(drv)?);
+        }
+        Ok(out)
+    }
+}
+
+/// A flash call with every tensor on the device.
+pub struct FlashDevice {
+    /// In ABI order (`tensor_names`).
+    pub tensors: Vec<DeviceBuffer>,
+    pub names: Vec<&'static str>,
+    pub grid: [i64; 3],
+    pub scalars: Vec<Scalar>,
+}
+
+impl FlashDevice {
+    /// Check `call` against the kernel's ABI (errors name the argument), then upload.
+    pub fn new(
+        cuda: &Cuda,
+        features: &Features,
+        dtype: DType,
+        head_dim: usize,
+        block_m: usize,
+        rt: &FlashRuntime,
+        call: &mut FlashBuffers,
+    ) -> Result<FlashDevice, CudaError> {
+        let (grid, slots) =
+            launch_plan(features, dtype, head_dim, block_m, rt, call).map_err(|e| CudaError::Invalid(e.to_string()))?;
+        let mut scalars = Vec::new();
+        let mut si = 0;
+        for p in abi_params(features, dtype) {
+            if let Type::Scalar(d) = p.ty {
+                let slot = slots[si];
+                si += 1;
+                scalars.push(match d {
+                    DType::F32 => Scalar::F32(f32::from_bits(slot as u32)),
+                    _ => Scalar::I32(slot as u32 as i32),
+                });
+            }
+        }
+        let names = tensor_names(features, dtype);
+        let mut tensors = Vec::new();
+        for n in &names {
+            let b = call.get(n).ok_or_else(|| CudaError::Invalid(format!("the call has no `{n}`")))?;
+            tensors.push(cuda.upload(b)?);
+        }
+        Ok(FlashDevice { tensors, names, grid, scalars })
+    }
+
+    /// Launch `k` on these tensors.
+    pub fn launch(&self, cuda: &Cuda, k: &CudaKernel) -> Result<(), CudaError> {
+        let refs: Vec<&DeviceBuffer> = self.tensors.iter().collect();
+        // Safety: `new` checked every tensor against the ABI; outputs are separate
+        // allocations.
+        unsafe { cuda.launch(k, self.grid, &refs, &self.scalars) }
+    }
+
+    /// Copy `out` and `lse` back into `call`.
+    pub fn read_outputs(&self, cuda: &Cuda, call: &mut FlashBuffers) -> Result<(), CudaError> {
+        for (n, d) in self.names.iter().zip(&self.tensors) {
+            if *n == "out" || *n == "lse" {
+                let h = cuda.download(d)?;
+                if let Some(b) = call.get(n) {
+                    *b = h;
+                }
+            }
+        }
+        Ok(())
+    }
+}

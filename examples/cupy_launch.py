@@ -1,0 +1,129 @@
+"""Launch an ejc PTX kernel from Python with CuPy, knowing nothing but the manifest.
+
+    ejc build specs/flash.yaml --target ptx:sm_80 --variant causal --dtype bf16 --head-dim 128 -o out
+    python3 examples/cupy_launch.py out            # on a machine with a GPU, torch and cupy
+
+The manifest (docs/abi.md) gives, per artifact: the PTX file and its entry symbol, the
+parameters in order, the grid as formulas of the call's sizes, the block, and the
+dynamic shared memory. A tensor parameter is passed as (pointer, shape[rank] int64,
+strides[rank] int64), strides in elements; a scalar as its value (f32, or int32 for
+i32/u32/i1). The script runs one kernel on an awkward shape and compares it with
+PyTorch's attention in float32; bench/compare_gpu.py uses the same loader.
+"""
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+TORCH_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32", "i32": "int32"}
+
+
+def load_manifest(build_dir):
+    with open(os.path.join(build_dir, "manifest.json")) as fh:
+        return json.load(fh)
+
+
+def eval_grid(formula, sizes):
+    """A grid formula from the manifest (`cdiv(seq_q, 128)`, `heads_q`, `batch`, `7`)."""
+    def cdiv(a, b):
+        return -(-a // b)
+
+    expr = re.sub(r"[A-Za-z_][A-Za-z_0-9]*", lambda m: m.group(0) if m.group(0) in ("cdiv", "max", "min") else str(sizes[m.group(0)]), formula)
+    return int(eval(expr, {"__builtins__": {}}, {"cdiv": cdiv, "max": max, "min": min}))
+
+
+class EjcKernel:
+    """One PTX artifact, callable on torch tensors."""
+
+    def __init__(self, build_dir, artifact):
+        import cupy as cp
+
+        self.a = artifact
+        self.module = cp.RawModule(path=os.path.join(build_dir, artifact["file"]))
+        self.fn = self.module.get_function(artifact["entry"])
+        self.smem = artifact["dynamic_shared_memory"]
+        if self.smem > 48 * 1024:
+            self.fn.max_dynamic_shared_size_bytes = self.smem
+        self.block = tuple(artifact["block"])
+
+    def args(self, tensors, scalars):
+        out = []
+        for p in self.a["params"]:
+            if p["kind"] == "tensor":
+                t = tensors[p["name"]]
+                if t.dim() != p["rank"]:
+                    raise ValueError(f"{p['name']}: rank {t.dim()}, the kernel takes {p['rank']}")
+                out.append(np.uint64(t.data_ptr()))
+                out.extend(np.int64(s) for s in t.shape)
+                out.extend(np.int64(s) for s in t.stride())
+            elif p["dtype"] == "f32":
+                out.append(np.float32(scalars[p["name"]]))
+            else:
+                out.append(np.int32(scalars[p["name"]]))
+        return tuple(out)
+
+    def grid(self, sizes):
+        return tuple(eval_grid(g, sizes) for g in self.a["grid"])
+
+    def __call__(self, tensors, scalars, sizes):
+        self.fn(self.grid(sizes), self.block, self.args(tensors, scalars), shared_mem=self.smem)
+
+
+def flash_sizes(q, k):
+    b, sq, hq, d = q.shape
+    return dict(batch=b, seq_q=sq, seq_k=k.shape[1], heads_q=hq, heads_kv=k.shape[2], head_dim=d)
+
+
+def reference(q, k, v, causal):
+    """float32 attention in [B, S, H, D], bottom-right aligned causal mask, GQA."""
+    import torch
+
+    hq, hkv = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(hq // hkv, dim=2)
+    v = v.repeat_interleave(hq // hkv, dim=2)
+    qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
+    s = qt @ kt.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        sq, sk = s.shape[-2], s.shape[-1]
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    return (s.softmax(-1) @ vt).transpose(1, 2)
+
+
+def main():
+    import torch
+
+    build_dir = sys.argv[1] if len(sys.argv) > 1 else "out"
+    m = load_manifest(build_dir)
+    major, minor = torch.cuda.get_device_capability()
+    arts = [a for a in m["artifacts"] if a["target"] == "ptx:sm_80" or (a["target"] == "ptx:sm_90a" and (major, minor) == (9, 0))]
+    arts = [a for a in arts if a["variant"] in ("full", "causal") and a["dtype"] in ("bf16", "f16")]
+    if not arts:
+        sys.exit("no full/causal bf16/f16 PTX artifact in " + build_dir)
+    a = arts[0]
+    causal = a["variant"] == "causal"
+    d = a["head_dim"]
+    dt = getattr(torch, TORCH_DTYPES[a["dtype"]])
+    torch.manual_seed(0)
+    b, sq, sk, hq, hkv = 2, 300, 301, 8, 2  # not block multiples, GQA 4:1
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, hq, sq, device="cuda", dtype=torch.float32)
+    kern = EjcKernel(build_dir, a)
+    kern(dict(q=q, k=k, v=v, out=out, lse=lse), dict(softmax_scale=1.0 / math.sqrt(d)), flash_sizes(q, k))
+    torch.cuda.synchronize()
+    want = reference(q, k, v, causal)
+    err = ((out.float() - want).norm() / want.norm()).item()
+    tol = 1e-2 if a["dtype"] == "bf16" else 5e-3
+    print(f"{a['artifact_id']}: rel_err {err:.2e} (tolerance {tol})")
+    sys.exit(0 if err <= tol else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build what a GPU run needs, here (no GPU needed): the LLVM-free runner `ejc-gpu` and
+# PTX artifacts, packed into .gpu/ (git-ignored) so that the device tool can carry them.
+#
+#   bash scripts/gpu_prepare.sh            # correctness set + benchmark set
+#   then, on the GPU machine:  bash scripts/gpu_run.sh [--full-bench]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
+source .tools/env.sh
+cargo build --release -q -p ejc -p ejc-runtime --features ejc-runtime/cuda --bin ejc --bin ejc-gpu
+rm -rf .gpu && mkdir -p .gpu
+cp target/release/ejc-gpu .gpu/
+EJC=target/release/ejc
+# Correctness: every variant x bf16/f16 x d64/d128, one tiling, both warp counts.
+$EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
+    --num-stages 2 -o .gpu/check
+# A second tiling and the Hopper target on two variants.
+$EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant causal --variant gemma2 \
+    --dtype bf16 --block-m 64 --block-n 32 --num-stages 2 -o .gpu/check2
+# Benchmark: every tiling and configuration of `full` and `causal`, bf16.
+$EJC build specs/flash.yaml -q --target ptx:sm_80 --variant full --variant causal --dtype bf16 -o .gpu/bench
+tar -C .gpu -czf .gpu/artifacts.tgz check check2 bench
+rm -rf .gpu/check .gpu/check2 .gpu/bench
+du -sh .gpu/*

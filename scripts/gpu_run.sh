@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# On the GPU machine (through the device tool, carrying .gpu): correctness of every
+# PTX artifact against the reference, the CuPy example, and the side-by-side benchmark.
+# Results go to $OUT (or /tmp/ejc-gpu-out).
+#   bash scripts/gpu_run.sh            # quick benchmark (3 rows)
+#   bash scripts/gpu_run.sh --full     # the whole standard grid
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/ejc-gpu-out}
+mkdir -p "$OUT" /tmp/ejc-art
+tar -C /tmp/ejc-art -xzf .gpu/artifacts.tgz
+nvidia-smi -L | tee "$OUT/device.txt"
+export PYTHONUNBUFFERED=1
+status=0
+echo "== ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
+./.gpu/ejc-gpu check /tmp/ejc-art/check 2>&1 | tee "$OUT/check.log" || status=1
+./.gpu/ejc-gpu check /tmp/ejc-art/check2 2>&1 | tee "$OUT/check2.log" || status=1
+echo "== examples/cupy_launch.py"
+python3 examples/cupy_launch.py /tmp/ejc-art/check 2>&1 | tee "$OUT/cupy.log" || status=1
+echo "== bench/compare_gpu.py"
+if [ "${1:-}" = "--full" ]; then
+    python3 bench/compare_gpu.py /tmp/ejc-art/bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+else
+    python3 bench/compare_gpu.py /tmp/ejc-art/bench --quick --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+fi
+exit $status
