@@ -81,8 +81,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--quick", action="store_true", help="three rows only")
+    ap.add_argument("--rows", default=None, help="comma-separated sequence lengths to keep (default: all)")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--top", type=int, default=0, help="time only the N best ejc candidates of a first pass")
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
@@ -99,6 +99,9 @@ def main():
     grid = [(d, s, c) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
     if args.quick:
         grid = [(128, 2048, False), (128, 2048, True), (64, 4096, False)]
+    if args.rows:
+        keep = {int(x) for x in args.rows.split(",")}
+        grid = [g for g in grid if g[1] in keep]
     kernels = {}
     for d, s, causal in grid:
         h = 2048 // d

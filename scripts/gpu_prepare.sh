@@ -15,11 +15,12 @@ EJC=target/release/ejc
 # Correctness: every variant x bf16/f16 x d64/d128, one tiling, both warp counts.
 $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
     --num-stages 2 -o .gpu/check
-# A second tiling and the Hopper target on two variants.
+# Other tilings, three stages, and the Hopper target on a few variants.
 $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant causal --variant gemma2 \
-    --dtype bf16 --block-m 64 --block-n 32 --num-stages 2 -o .gpu/check2
+    --variant varlen_causal --variant sinks --dtype bf16 --dtype f16 --block-m 64 --block-n 32 --block-n 128 \
+    --num-stages 3 -o .gpu/check2
 # Benchmark: every tiling and configuration of `full` and `causal`, bf16.
-$EJC build specs/flash.yaml -q --target ptx:sm_80 --variant full --variant causal --dtype bf16 -o .gpu/bench
+$EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 -o .gpu/bench
 tar -C .gpu -czf .gpu/artifacts.tgz check check2 bench
 rm -rf .gpu/check .gpu/check2 .gpu/bench
 du -sh .gpu/*

@@ -4,6 +4,7 @@
 # Results go to $OUT (or /tmp/ejc-gpu-out).
 #   bash scripts/gpu_run.sh            # quick benchmark (3 rows)
 #   bash scripts/gpu_run.sh --full     # the whole standard grid
+#   bash scripts/gpu_run.sh --rows 1024,8192   # those sequence lengths of the grid
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ejc-gpu-out}
@@ -20,6 +21,8 @@ python3 examples/cupy_launch.py /tmp/ejc-art/check 2>&1 | tee "$OUT/cupy.log" ||
 echo "== bench/compare_gpu.py"
 if [ "${1:-}" = "--full" ]; then
     python3 bench/compare_gpu.py /tmp/ejc-art/bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+elif [ "${1:-}" = "--rows" ]; then
+    python3 bench/compare_gpu.py /tmp/ejc-art/bench --rows "$2" --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 else
     python3 bench/compare_gpu.py /tmp/ejc-art/bench --quick --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 fi

@@ -259,7 +259,7 @@ fn build_ptx(
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(j) = jobs.get(i) else { break };
-                let cfg = crate::ptx::PtxConfig { arch, num_warps: j.warps as usize };
+                let cfg = crate::ptx::PtxConfig { arch, num_warps: j.warps as usize, num_stages: j.stages as usize };
                 let _ = tx.send((i, crate::ptx::compile(j.kernel, &cfg)));
             });
         }
@@ -271,8 +271,13 @@ fn build_ptx(
         Ok(())
     })?;
     let mut artifacts = Vec::new();
+    let mut too_big = 0;
     for (j, r) in jobs.iter().zip(results) {
         let Some(k) = r else { continue };
+        if k.code.smem_bytes > arch.max_shared_memory() {
+            too_big += 1;
+            continue;
+        }
         let suffix = format!("w{}_s{}", j.warps, j.stages);
         let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
         let path = out_dir.join(&file);
@@ -301,6 +306,12 @@ fn build_ptx(
             dynamic_shared_memory: k.code.smem_bytes as u32,
             scratch_bytes: 0,
         });
+    }
+    if too_big > 0 {
+        eprintln!(
+            "note: ptx:{arch}: {too_big} configuration(s) left out: they need more than the {} bytes of shared memory a block may have",
+            arch.max_shared_memory()
+        );
     }
     Ok(artifacts)
 }

@@ -35,7 +35,8 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
             for d in [64, 128] {
                 let k = kernel(&spec, &v.name, dtype, d, 128, 64);
                 for arch in [Arch::Sm80, Arch::Sm90a] {
-                    let p = compile(&k, &PtxConfig { arch, num_warps: 8 }).unwrap_or_else(|e| panic!("{e}"));
+                    let p =
+                        compile(&k, &PtxConfig { arch, num_warps: 8, num_stages: 2 }).unwrap_or_else(|e| panic!("{e}"));
                     assert!(p.ptx.contains(".entry") && p.ptx.contains("mma.sync.aligned.m16n8k16"), "{}", k.name);
                     assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
                     if let Some(t) = &tool {
@@ -62,7 +63,7 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
     for (bm, bn) in spec.schedule.tilings() {
         let k = kernel(&spec, "gemma2", DType::BF16, 128, bm, bn);
         for &w in &spec.schedule.num_warps {
-            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w as usize };
+            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w as usize, num_stages: 2 };
             match compile(&k, &cfg) {
                 Ok(p) => {
                     if let Some(t) = &tool {
@@ -83,6 +84,6 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
 fn f32_dots_are_refused_with_a_reason() {
     let spec = spec();
     let k = kernel(&spec, "full", DType::F32, 64, 64, 64);
-    let e = compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4 }).unwrap_err().to_string();
+    let e = compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1 }).unwrap_err().to_string();
     assert!(e.contains("bf16 or f16") && e.contains("CPU back end"), "{e}");
 }

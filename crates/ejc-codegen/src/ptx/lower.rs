@@ -56,7 +56,9 @@ struct Dist {
 /// A tile in shared memory: `rows × cols` elements of `dtype`, rows `row_bytes` apart.
 #[derive(Clone, Debug)]
 struct Smem {
-    off: usize,
+    /// Byte offset (i32 value) in the dynamic shared array; varies per iteration for
+    /// multi-buffered (pipelined) loads.
+    off: V,
     rows: usize,
     cols: usize,
     dtype: DType,
@@ -110,6 +112,14 @@ pub struct Lowering<'k> {
     lane: V,
     smem: V,
     smem_top: usize,
+    /// The most shared memory in use at once (the launch's dynamic size).
+    smem_peak: usize,
+    /// Pipeline depth for loads in loops (1 = none).
+    stages: usize,
+    /// Loop nesting depth at the op being lowered.
+    depth: usize,
+    /// Loads of the loop being lowered that are prefetched, by op address.
+    prefetch: HashMap<usize, Prefetch<'k>>,
     /// Shared-memory regions by the op (and operand) that owns them, so that an op in
     /// a loop body reuses its region every iteration.
     regions: HashMap<(usize, usize), usize>,
@@ -123,7 +133,7 @@ impl<'k> Lowering<'k> {
     /// # Safety
     /// `ir` must be positioned in a fresh kernel function with the parameters of
     /// [`super::abi_llvm_params`] for `kernel`; `smem` the module's dynamic shared array.
-    pub unsafe fn new(ir: Ir, kernel: &'k Kernel, plan: Plan, warps: usize, smem: V) -> Lowering<'k> {
+    pub unsafe fn new(ir: Ir, kernel: &'k Kernel, plan: Plan, warps: usize, stages: usize, smem: V) -> Lowering<'k> {
         let null = std::ptr::null_mut();
         let mut defs = HashMap::new();
         ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &'k Op| {
@@ -144,6 +154,10 @@ impl<'k> Lowering<'k> {
             lane: null,
             smem,
             smem_top: 0,
+            smem_peak: 0,
+            stages: stages.max(1),
+            depth: 0,
+            prefetch: HashMap::new(),
             regions: HashMap::new(),
         }
     }
@@ -208,7 +222,11 @@ impl<'k> Lowering<'k> {
         let body = &self.kernel.body;
         self.block(body)?;
         self.ir.ret_void();
-        Ok(PtxCode { entry: self.kernel.name.clone(), smem_bytes: self.smem_top, threads: self.warps * 32 })
+        Ok(PtxCode {
+            entry: self.kernel.name.clone(),
+            smem_bytes: self.smem_peak.max(self.smem_top),
+            threads: self.warps * 32,
+        })
     }
 
     fn block(&mut self, b: &'k Block) -> R<()> {
@@ -576,15 +594,33 @@ impl<'k> Lowering<'k> {
     /// Per tile axis: (tensor axis, start i32, limit, size); plus the fixed-index
     /// byte offset (i64) and its validity.
     fn access(&self, t: usize, axes: &[AxisIndex], operands: &[Value]) -> R<Access> {
+        self.access_subst(t, axes, operands, None)
+    }
+
+    /// The access of load `op`, with scalar `subst.0` replaced by `subst.1` (a loop's
+    /// induction variable by a later iteration's).
+    fn load_access(&self, op: &Op, subst: Option<(Value, V)>) -> R<Access> {
+        let OpKind::Load { axes, .. } = &op.kind else { return Err(self.err("not a load".into())) };
+        let t = self.tensor_of(op.operands[0])?;
+        self.access_subst(t, axes, &op.operands[1..], subst)
+    }
+
+    fn access_subst(&self, t: usize, axes: &[AxisIndex], operands: &[Value], subst: Option<(Value, V)>) -> R<Access> {
         let ir = &self.ir;
         let info = &self.tensors[t];
+        let scalar = |v: Value| -> R<V> {
+            match subst {
+                Some((from, to)) if from == v => Ok(to),
+                _ => self.scalar(v),
+            }
+        };
         let mut it = operands.iter();
         let mut off = ir.ci64(0);
         let mut valid = ir.ctrue();
         let mut ranges = Vec::new();
         for (ta, a) in axes.iter().enumerate() {
             let first = *it.next().ok_or_else(|| self.err("missing index operand".into()))?;
-            let x = self.scalar(first)?;
+            let x = scalar(first)?;
             let x64 = ir.sext(x, ir.i64());
             match a {
                 AxisIndex::Index => {
@@ -595,7 +631,7 @@ impl<'k> Lowering<'k> {
                 AxisIndex::Range { size, limit } => {
                     let l = if *limit {
                         let lv = *it.next().ok_or_else(|| self.err("missing limit operand".into()))?;
-                        Some(ir.sext(self.scalar(lv)?, ir.i64()))
+                        Some(ir.sext(scalar(lv)?, ir.i64()))
                     } else {
                         None
                     };
@@ -706,6 +742,7 @@ impl<'k> Lowering<'k> {
         }
         let off = self.smem_top.div_ceil(128) * 128;
         self.smem_top = off + bytes;
+        self.smem_peak = self.smem_peak.max(self.smem_top);
         self.regions.insert(key, off);
         off
     }
@@ -715,7 +752,7 @@ impl<'k> Lowering<'k> {
         self.ir.gep(self.ir.i8(), self.smem, self.ir.sext(off, self.ir.i64()))
     }
 
-    fn load_smem(&mut self, op: &'k Op, t: usize, acc: &Access, pad: f64) -> R<Smem> {
+    fn smem_shape(&self, op: &Op, acc: &Access) -> R<(usize, usize, DType)> {
         let Type::Tile(dtype, shape) = self.ty(op.results[0]).clone() else {
             return Err(self.err("a shared-memory load must give a tile".into()));
         };
@@ -731,27 +768,46 @@ impl<'k> Lowering<'k> {
         if cols % 8 != 0 {
             return Err(self.err(format!("a dot operand tile needs a multiple of 8 columns (got [{rows}, {cols}])")));
         }
-        let mut s = Smem { off: 0, rows, cols, dtype, afrags: None };
-        let off = self.region(op, 0, rows * s.row_bytes());
-        s.off = off;
-        self.fill_smem(t, acc, &s, pad)?;
-        if self.plan.a_only.contains(&op.results[0]) {
+        Ok((rows, cols, dtype))
+    }
+
+    fn load_smem(&mut self, op: &'k Op, t: usize, acc: &Access, pad: f64) -> R<Smem> {
+        let (rows, cols, dtype) = self.smem_shape(op, acc)?;
+        let mut s = Smem { off: self.ir.ci32(0), rows, cols, dtype, afrags: None };
+        let key = op as *const Op as usize;
+        if let Some(pf) = self.prefetch.get(&key).cloned() {
+            s.off = self.pipelined_load(&pf, t, acc, &s, pad)?;
+        } else {
+            let off = self.region(op, 0, rows * s.row_bytes());
+            s.off = self.ir.ci32(off as i64);
+            self.fill_smem(t, acc, &s, pad)?;
+        }
+        // Keep an `a` tile in registers when it is small: one m-fragment per warp (the
+        // query tile of attention with 16 rows per warp, like FlashAttention-2 with Q
+        // in registers). With more rows per warp its fragments would crowd out the
+        // accumulators, so it stays in shared memory and `ldmatrix` reads it per use.
+        let per_warp_frags = rows / (16 * self.warps).max(1) * cols.div_ceil(16);
+        if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 {
             let frags = self.a_frags_from_smem(&s)?;
             s.afrags = Some(frags);
+            if self.depth == 0 && self.prefetch.get(&key).is_none() {
+                // The tile lives on in registers: its shared memory is free again once
+                // every warp has read it.
+                nvvm::barrier(&self.ir);
+                if let Some(off) = self.regions.get(&(key, 0)) {
+                    self.smem_top = self.smem_top.min(*off);
+                }
+            }
         }
         Ok(s)
     }
 
-    /// Copy the tile of `acc` into `s` (barrier before: previous readers are done;
-    /// barrier after: the data is visible to every warp).
-    fn fill_smem(&mut self, t: usize, acc: &Access, s: &Smem, pad: f64) -> R<()> {
+    /// Whether the tile of `acc` can be copied with 16-byte `cp.async`: unit stride on
+    /// the column axis, rows a multiple of 8 elements apart, 16-byte aligned start,
+    /// zero padding (i1, uniform).
+    fn smem_fast(&self, t: usize, acc: &Access, esize: i64, pad: f64) -> V {
         let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
-        let threads = (self.warps * 32) as i64;
-        let esize = s.dtype.size_bytes() as i64;
-        let strides = self.tensors[t].strides.clone();
-        nvvm::barrier(&self.ir);
-        // Vector path: unit stride on the column axis, rows a multiple of 8 elements
-        // apart, 16-byte aligned start, zero padding.
+        let strides = &self.tensors[t].strides;
         let ir = &self.ir;
         let data_i = ir.ptr_to_int(self.tensors[t].data, ir.i64());
         let start_elems =
@@ -761,18 +817,36 @@ impl<'k> Lowering<'k> {
         let unit = ir.icmp(LLVMIntEQ, strides[ca.axis], ir.ci64(1));
         let rows8 = ir.icmp(LLVMIntEQ, ir.and(strides[ra.axis], ir.ci64(7)), ir.ci64(0));
         let fast = ir.and(ir.and(aligned, unit), rows8);
-        let fast = if pad == 0.0 { fast } else { ir.cfalse() };
-        let fb = ir.block("smem.vec");
-        let sb = ir.block("smem.scalar");
-        let jb = ir.block("smem.done");
-        ir.cond_br(fast, fb, sb);
+        if pad == 0.0 {
+            fast
+        } else {
+            ir.cfalse()
+        }
+    }
 
-        // ---- cp.async, 16 bytes per thread per step
-        ir.at_end(fb);
+    /// Issue the `cp.async` copies of the tile of `acc` into `s` (16 bytes per thread
+    /// per step; chunks outside the tensor are zero-filled). No commit, no wait.
+    fn issue_cp_async(&mut self, t: usize, acc: &Access, s: &Smem) -> R<()> {
+        let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
+        let threads = self.warps * 32;
+        let esize = s.dtype.size_bytes() as i64;
+        let strides = self.tensors[t].strides.clone();
+        let ir = &self.ir;
+        let start_elems =
+            ir.add(ir.add(acc.off, ir.mul(ra.start, strides[ra.axis])), ir.mul(ca.start, strides[ca.axis]));
         let per_chunk = 16 / esize as usize;
         let chunks_per_row = s.cols.div_ceil(per_chunk);
         let total = s.rows * chunks_per_row;
+        if threads.is_multiple_of(chunks_per_row) && total.is_multiple_of(threads) {
+            return self.issue_cp_async_rows(t, acc, s, start_elems);
+        }
+        let ir = &self.ir;
         let tid = ir.add(ir.mul(self.warp, ir.ci32(32)), self.lane);
+        // Elements of a row inside the column bound and limit (loop-invariant).
+        let mut cend = self.tensors[t].shape[ca.axis];
+        if let Some(l) = ca.limit {
+            cend = ir.select(ir.icmp(LLVMIntSLT, l, cend), l, cend);
+        }
         let mut i = 0usize;
         while i < total {
             let ir = &self.ir;
@@ -783,12 +857,7 @@ impl<'k> Lowering<'k> {
             let gr = ir.add(ra.start, ir.sext(row, ir.i64()));
             let gc = ir.add(ca.start, ir.mul(ir.sext(ch, ir.i64()), ir.ci64(per_chunk as i64)));
             let row_ok = ir.and(acc.valid, self.in_range(t, ra.axis, gr, ra.limit));
-            // Elements of the chunk inside the column bound and limit.
             let ir = &self.ir;
-            let mut cend = self.tensors[t].shape[ca.axis];
-            if let Some(l) = ca.limit {
-                cend = ir.select(ir.icmp(LLVMIntSLT, l, cend), l, cend);
-            }
             let left = ir.sub(cend, gc);
             let left = ir.select(ir.icmp(LLVMIntSLT, left, ir.ci64(0)), ir.ci64(0), left);
             let left = ir.select(ir.icmp(LLVMIntSGT, left, ir.ci64(per_chunk as i64)), ir.ci64(per_chunk as i64), left);
@@ -798,28 +867,80 @@ impl<'k> Lowering<'k> {
             // Nothing to read: point at the (aligned) tile start, never outside.
             let idx = ir.select(ir.icmp(LLVMIntSGT, nbytes, ir.ci32(0)), idx, start_elems);
             let src = ir.gep(self.storage_ty(s.dtype), self.tensors[t].data, idx);
-            let dst_off = ir.add(
-                ir.ci32(s.off as i64),
-                ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(ch, ir.ci32(16))),
-            );
+            let dst_off = ir.add(s.off, ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(ch, ir.ci32(16))));
             let dst = self.sptr(dst_off);
-            if total.is_multiple_of(threads as usize) || i + (threads as usize) <= total {
+            if total.is_multiple_of(threads) || i + threads <= total {
                 nvvm::cp_async_16(&self.ir, dst, src, nbytes);
             } else {
-                let (dst, src, nbytes) = (dst, src, nbytes);
                 self.if_then(in_tile, &mut |cg| {
                     nvvm::cp_async_16(&cg.ir, dst, src, nbytes);
                     Ok(())
                 })?;
             }
-            i += threads as usize;
+            i += threads;
         }
-        nvvm::cp_async_commit(&self.ir);
-        nvvm::cp_async_wait(&self.ir, 0);
-        self.ir.br(jb);
+        Ok(())
+    }
 
-        // ---- element by element (any strides, any pad), as a loop over the thread's share
-        self.ir.at_end(sb);
+    /// [`Self::issue_cp_async`] when every thread copies the same column chunk of rows
+    /// `r0, r0 + R, r0 + 2R, ...` (R = threads / chunks per row): one column bound, and
+    /// source addresses as a chain `a + R·stride` — few registers live across a loop.
+    fn issue_cp_async_rows(&mut self, t: usize, acc: &Access, s: &Smem, start_elems: V) -> R<()> {
+        let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
+        let threads = self.warps * 32;
+        let esize = s.dtype.size_bytes() as i64;
+        let per_chunk = 16 / esize as usize;
+        let cpr = s.cols.div_ceil(per_chunk);
+        let rstep = threads / cpr;
+        let steps = s.rows * cpr / threads;
+        let stride_r = self.tensors[t].strides[ra.axis];
+        let ir = &self.ir;
+        let tid = ir.add(ir.mul(self.warp, ir.ci32(32)), self.lane);
+        let r0 = ir.udiv(tid, ir.ci32(cpr as i64));
+        let ch = ir.urem(tid, ir.ci32(cpr as i64));
+        // Bytes of this thread's column chunk inside the tensor (the same on every row).
+        let gc = ir.add(ca.start, ir.mul(ir.sext(ch, ir.i64()), ir.ci64(per_chunk as i64)));
+        let mut cend = self.tensors[t].shape[ca.axis];
+        if let Some(l) = ca.limit {
+            cend = ir.select(ir.icmp(LLVMIntSLT, l, cend), l, cend);
+        }
+        let left = ir.sub(cend, gc);
+        let left = ir.select(ir.icmp(LLVMIntSLT, left, ir.ci64(0)), ir.ci64(0), left);
+        let left = ir.select(ir.icmp(LLVMIntSGT, left, ir.ci64(per_chunk as i64)), ir.ci64(per_chunk as i64), left);
+        let col_ok = ir.and(acc.valid, ir.icmp(LLVMIntSGE, gc, ir.ci64(0)));
+        let col_bytes = ir.select(col_ok, ir.mul(ir.trunc(left, ir.i32()), ir.ci32(esize)), ir.ci32(0));
+        // Rows: [0, rend) of the tensor axis.
+        let mut rend = self.tensors[t].shape[ra.axis];
+        if let Some(l) = ra.limit {
+            rend = ir.select(ir.icmp(LLVMIntSLT, l, rend), l, rend);
+        }
+        let gr0 = ir.add(ra.start, ir.sext(r0, ir.i64()));
+        let data = self.tensors[t].data;
+        let st = self.storage_ty(s.dtype);
+        let fallback = ir.gep(st, data, start_elems);
+        let mut src = ir.gep(st, data, ir.add(ir.add(acc.off, ir.mul(gr0, stride_r)), gc));
+        let delta = ir.mul(stride_r, ir.ci64(rstep as i64));
+        let dst0 = ir.add(s.off, ir.add(ir.mul(r0, ir.ci32(s.row_bytes() as i64)), ir.mul(ch, ir.ci32(16))));
+        for k in 0..steps {
+            let ir = &self.ir;
+            let gr = ir.add(gr0, ir.ci64((k * rstep) as i64));
+            let row_ok = ir.and(ir.icmp(LLVMIntSGE, gr, ir.ci64(0)), ir.icmp(LLVMIntSLT, gr, rend));
+            let nbytes = ir.select(row_ok, col_bytes, ir.ci32(0));
+            let from = ir.select(ir.icmp(LLVMIntSGT, nbytes, ir.ci32(0)), src, fallback);
+            let dst = self.sptr(ir.add(dst0, ir.ci32((k * rstep * s.row_bytes()) as i64)));
+            nvvm::cp_async_16(ir, dst, from, nbytes);
+            src = ir.gep(st, src, delta);
+        }
+        Ok(())
+    }
+
+    /// Copy the tile element by element (any strides, any pad), as a loop over the
+    /// thread's share. No barriers.
+    fn fill_slow(&mut self, t: usize, acc: &Access, s: &Smem, pad: f64) -> R<()> {
+        let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
+        let threads = (self.warps * 32) as i64;
+        let esize = s.dtype.size_bytes() as i64;
+        let strides = self.tensors[t].strides.clone();
         let total = (s.rows * s.cols) as i64;
         let padv = self.constant(pad, s.dtype);
         let pre = self.ir.current();
@@ -845,19 +966,76 @@ impl<'k> Lowering<'k> {
         let idx = ir.add(ir.add(acc.off, ir.mul(gr, strides[ra.axis])), ir.mul(gc, strides[ca.axis]));
         let x = self.load_elem(t, idx, ok, padv);
         let ir = &self.ir;
-        let dst_off = ir.add(
-            ir.ci32(s.off as i64),
-            ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(col, ir.ci32(esize))),
-        );
+        let dst_off = ir.add(s.off, ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(col, ir.ci32(esize))));
         ir.store(x, self.sptr(dst_off), esize as u32);
         let next = self.ir.add(c, self.ir.ci32(threads));
         self.ir.add_incoming(c, next, self.ir.current());
         self.ir.br(head);
         self.ir.at_end(done);
+        Ok(())
+    }
+
+    /// Copy the tile of `acc` into `s`, synchronously (barrier before: previous readers
+    /// are done; barrier after: the data is visible to every warp).
+    fn fill_smem(&mut self, t: usize, acc: &Access, s: &Smem, pad: f64) -> R<()> {
+        nvvm::barrier(&self.ir);
+        let fast = self.smem_fast(t, acc, s.dtype.size_bytes() as i64, pad);
+        let fb = self.ir.block("smem.vec");
+        let sb = self.ir.block("smem.scalar");
+        let jb = self.ir.block("smem.done");
+        self.ir.cond_br(fast, fb, sb);
+        self.ir.at_end(fb);
+        self.issue_cp_async(t, acc, s)?;
+        nvvm::cp_async_commit(&self.ir);
+        nvvm::cp_async_wait(&self.ir, 0);
+        self.ir.br(jb);
+        self.ir.at_end(sb);
+        self.fill_slow(t, acc, s, pad)?;
         self.ir.br(jb);
         self.ir.at_end(jb);
         nvvm::barrier(&self.ir);
         Ok(())
+    }
+
+    /// A prefetched load at its place in the loop body: wait for this iteration's
+    /// copy, make it visible, and start the copy `stages - 1` iterations ahead into the
+    /// buffer the previous iteration used. Returns the buffer's offset (i32).
+    fn pipelined_load(&mut self, pf: &Prefetch<'k>, t: usize, acc: &Access, s: &Smem, pad: f64) -> R<V> {
+        let st = self.stages as i64;
+        let ir = &self.ir;
+        let stage = ir.urem(pf.counter, ir.ci32(st));
+        let off = ir.add(ir.ci32(pf.base as i64), ir.mul(stage, ir.ci32(pf.stride as i64)));
+        let fb = ir.block("pipe.fast");
+        let sb = ir.block("pipe.slow");
+        let jb = ir.block("pipe.done");
+        ir.cond_br(pf.fast, fb, sb);
+        // ---- cp.async pipeline
+        self.ir.at_end(fb);
+        nvvm::cp_async_wait(&self.ir, pf.in_flight as i64);
+        nvvm::barrier(&self.ir);
+        let ir = &self.ir;
+        let ahead = ir.ci32(st - 1);
+        let next_iv = ir.add(pf.iv, ir.mul(pf.step, ahead));
+        let next_stage = ir.urem(ir.add(pf.counter, ahead), ir.ci32(st));
+        let next_off = ir.add(ir.ci32(pf.base as i64), ir.mul(next_stage, ir.ci32(pf.stride as i64)));
+        let more = ir.icmp(LLVMIntSLT, next_iv, pf.hi);
+        let (op, iv_value) = (pf.op, pf.iv_value);
+        let next = Smem { off: next_off, ..s.clone() };
+        self.if_then(more, &mut |cg| {
+            let acc = cg.load_access(op, Some((iv_value, next_iv)))?;
+            cg.issue_cp_async(t, &acc, &next)
+        })?;
+        nvvm::cp_async_commit(&self.ir);
+        self.ir.br(jb);
+        // ---- element by element, synchronous
+        self.ir.at_end(sb);
+        nvvm::barrier(&self.ir);
+        let here = Smem { off, ..s.clone() };
+        self.fill_slow(t, acc, &here, pad)?;
+        nvvm::barrier(&self.ir);
+        self.ir.br(jb);
+        self.ir.at_end(jb);
+        Ok(off)
     }
 
     /// Read a shared-memory tile into the register layout.
@@ -871,7 +1049,7 @@ impl<'k> Lowering<'k> {
             for c in &cc {
                 let ir = &self.ir;
                 let off = ir.add(
-                    ir.ci32(s.off as i64),
+                    s.off,
                     ir.add(ir.mul(*r, ir.ci32(s.row_bytes() as i64)), ir.mul(*c, ir.ci32(s.dtype.size_bytes() as i64))),
                 );
                 e.push(ir.load(st, self.sptr(off), s.dtype.size_bytes() as u32));
@@ -892,8 +1070,9 @@ impl<'k> Lowering<'k> {
             );
         }
         let d = self.dist(v)?;
-        let mut s = Smem { off: 0, rows: shape[0], cols: shape[1], dtype, afrags: None };
-        s.off = self.region(op, slot, s.rows * s.row_bytes());
+        let mut s = Smem { off: self.ir.ci32(0), rows: shape[0], cols: shape[1], dtype, afrags: None };
+        let off = self.region(op, slot, s.rows * s.row_bytes());
+        s.off = self.ir.ci32(off as i64);
         nvvm::barrier(&self.ir);
         let rc = self.row_coords(d.rows);
         let cc = self.col_coords(d.cols);
@@ -901,10 +1080,7 @@ impl<'k> Lowering<'k> {
         for (ri, r) in rc.iter().enumerate() {
             for (ci, c) in cc.iter().enumerate() {
                 let ir = &self.ir;
-                let off = ir.add(
-                    ir.ci32(s.off as i64),
-                    ir.add(ir.mul(*r, ir.ci32(s.row_bytes() as i64)), ir.mul(*c, ir.ci32(2))),
-                );
+                let off = ir.add(s.off, ir.add(ir.mul(*r, ir.ci32(s.row_bytes() as i64)), ir.mul(*c, ir.ci32(2))));
                 ir.store(Self::elem(&d, ri, ci, nc), self.sptr(off), 2);
             }
         }
@@ -1143,8 +1319,7 @@ impl<'k> Lowering<'k> {
             ir.and(self.lane, ir.ci32(15)),
         );
         let chunk = ir.add(ir.ci32((ks * 2) as i64), ir.lshr(self.lane, ir.ci32(4)));
-        let off = ir
-            .add(ir.ci32(s.off as i64), ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16))));
+        let off = ir.add(s.off, ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16))));
         let r = nvvm::ldmatrix(ir, self.sptr(off), 4, false);
         [r[0], r[1], r[2], r[3]]
     }
@@ -1167,6 +1342,15 @@ impl<'k> Lowering<'k> {
         let v = ir.insert(ir.undef(ir.vec(et, 2)), lo, 0);
         let v = ir.insert(v, hi, 1);
         ir.bitcast(v, ir.i32())
+    }
+
+    /// Round two f32 to a packed 16-bit pair in one instruction (`cvt.rn.bf16x2.f32`).
+    fn pack2_f32(&self, lo: V, hi: V, dtype: DType) -> V {
+        let ir = &self.ir;
+        let v = ir.insert(ir.undef(ir.vec(ir.f32(), 2)), lo, 0);
+        let v = ir.insert(v, hi, 1);
+        let h = ir.fptrunc(v, ir.vec(self.compute_ty(dtype), 2));
+        ir.bitcast(h, ir.i32())
     }
 
     fn dot(&mut self, op: &'k Op, trans_a: bool, trans_b: bool) -> R<()> {
@@ -1192,16 +1376,41 @@ impl<'k> Lowering<'k> {
         }
         let fm = m / (16 * self.warps);
         let (nn, ks_n) = (n / 8, k / 16);
-        // a fragments: [mf][ks]
+        // a fragments: [mf][ks] in registers, or read from shared memory per k-step
+        // (fewer registers live).
+        let mut a_smem: Option<Smem> = None;
         let afr: Vec<Vec<[V; 4]>> = match self.get(av)?.clone() {
             GV::Smem(s) => match &s.afrags {
                 Some(f) => f.clone(),
-                None => self.a_frags_from_smem(&s)?,
+                None => {
+                    if !s.rows.is_multiple_of(16 * self.warps) || !s.cols.is_multiple_of(16) {
+                        return Err(self.err(format!(
+                            "a dot's `a` tile [{}, {}] needs rows a multiple of 16 × num_warps and k of 16",
+                            s.rows, s.cols
+                        )));
+                    }
+                    a_smem = Some(s);
+                    Vec::new()
+                }
             },
             _ => {
                 // Registers: the accumulator layout of [m, k] (k in 8-column groups);
-                // an a fragment for k-step ks is groups 2ks and 2ks+1.
-                let d = self.dist(av)?;
+                // an a fragment for k-step ks is groups 2ks and 2ks+1. A tile just cast
+                // from f32 (the softmax probabilities) is rounded pairwise from the f32.
+                let from_f32 = match self.defs.get(&av) {
+                    Some(o)
+                        if matches!(o.kind, OpKind::Cast { .. }) && self.ty(o.operands[0]).dtype() == DType::F32 =>
+                    {
+                        Some(o.operands[0])
+                    }
+                    _ => None,
+                };
+                let (d, wide) = match from_f32 {
+                    Some(src) => (self.dist(src)?, true),
+                    None => (self.dist(av)?, false),
+                };
+                let pack =
+                    |cg: &Self, lo: V, hi: V| if wide { cg.pack2_f32(lo, hi, adt) } else { cg.pack2(lo, hi, adt) };
                 let nc = Self::ncols(d.cols);
                 let mut out = Vec::new();
                 for mf in 0..fm {
@@ -1210,10 +1419,10 @@ impl<'k> Lowering<'k> {
                         let g = |h: usize, grp: usize, j: usize| Self::elem(&d, mf * 2 + h, grp * 2 + j, nc);
                         let (g0, g1) = (2 * ks, 2 * ks + 1);
                         row.push([
-                            self.pack2(g(0, g0, 0), g(0, g0, 1), adt),
-                            self.pack2(g(1, g0, 0), g(1, g0, 1), adt),
-                            self.pack2(g(0, g1, 0), g(0, g1, 1), adt),
-                            self.pack2(g(1, g1, 0), g(1, g1, 1), adt),
+                            pack(self, g(0, g0, 0), g(0, g0, 1)),
+                            pack(self, g(1, g0, 0), g(1, g0, 1)),
+                            pack(self, g(0, g1, 0), g(0, g1, 1)),
+                            pack(self, g(1, g1, 0), g(1, g1, 1)),
                         ]);
                     }
                     out.push(row);
@@ -1228,8 +1437,12 @@ impl<'k> Lowering<'k> {
         let mut c = acc.e.clone();
         let ncols = Self::ncols(acc.cols);
         for ks in 0..ks_n {
-            // b fragments for every n-fragment of this k-step.
-            let mut bfr: Vec<[V; 2]> = Vec::with_capacity(nn);
+            let a_k: Vec<[V; 4]> = match &a_smem {
+                Some(sm) => (0..fm).map(|mf| self.a_frag_ldmatrix(sm, mf, ks)).collect(),
+                None => afr.iter().map(|row| row[ks]).collect(),
+            };
+            // b fragments two n-fragments at a time (one ldmatrix.x4), each pair used
+            // right away.
             let mut nf = 0;
             while nf < nn {
                 let cnt = if nf + 1 < nn { 4 } else { 2 };
@@ -1247,25 +1460,24 @@ impl<'k> Lowering<'k> {
                     let chunk = ir.add(ir.ci32(nf as i64), ir.lshr(mi, ir.ci32(1)));
                     ir.add(ir.mul(row, ir.ci32(bs.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16)))
                 };
-                let off = ir.add(off, ir.ci32(bs.off as i64));
+                let off = ir.add(off, bs.off);
                 let r = nvvm::ldmatrix(ir, self.sptr(off), cnt, !trans_b);
-                bfr.push([r[0], r[1]]);
+                let mut pairs = vec![(nf, [r[0], r[1]])];
                 if cnt == 4 {
-                    bfr.push([r[2], r[3]]);
+                    pairs.push((nf + 1, [r[2], r[3]]));
+                }
+                for (mf, a) in a_k.iter().enumerate() {
+                    for (n, b) in &pairs {
+                        let at = |h: usize, j: usize| (mf * 2 + h) * ncols + n * 2 + j;
+                        let cin = [c[at(0, 0)], c[at(0, 1)], c[at(1, 0)], c[at(1, 1)]];
+                        let d = nvvm::mma_m16n8k16(&self.ir, f16, *a, *b, cin);
+                        c[at(0, 0)] = d[0];
+                        c[at(0, 1)] = d[1];
+                        c[at(1, 0)] = d[2];
+                        c[at(1, 1)] = d[3];
+                    }
                 }
                 nf += cnt / 2;
-            }
-            for (mf, arow) in afr.iter().enumerate() {
-                let a = arow[ks];
-                for (nf, b) in bfr.iter().enumerate() {
-                    let at = |h: usize, j: usize| (mf * 2 + h) * ncols + nf * 2 + j;
-                    let cin = [c[at(0, 0)], c[at(0, 1)], c[at(1, 0)], c[at(1, 1)]];
-                    let d = nvvm::mma_m16n8k16(&self.ir, f16, a, *b, cin);
-                    c[at(0, 0)] = d[0];
-                    c[at(0, 1)] = d[1];
-                    c[at(1, 0)] = d[2];
-                    c[at(1, 1)] = d[3];
-                }
             }
         }
         self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: c }));
@@ -1340,6 +1552,25 @@ impl<'k> Lowering<'k> {
         }
     }
 
+    /// The shared-memory loads of a loop body worth prefetching: at the body's top level,
+    /// indexed only by the induction variable and values from outside the loop.
+    fn prefetchable(&self, op: &'k Op) -> Vec<&'k Op> {
+        if self.stages < 2 {
+            return Vec::new();
+        }
+        let region = &op.regions[0];
+        let iv = region.args[0];
+        let mut inside = std::collections::HashSet::new();
+        ejc_ir::ir::walk_ops(region, &mut |o: &Op| inside.extend(o.results.iter().copied()));
+        inside.extend(region.args.iter().copied());
+        region
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, OpKind::Load { .. }) && self.plan.smem_loads.contains(&o.results[0]))
+            .filter(|o| o.operands.iter().all(|x| *x == iv || !inside.contains(x)))
+            .collect()
+    }
+
     fn for_op(&mut self, op: &'k Op) -> R<()> {
         let lo = self.scalar(op.operands[0])?;
         let hi = self.scalar(op.operands[1])?;
@@ -1351,6 +1582,57 @@ impl<'k> Lowering<'k> {
         for (i, s) in shapes.iter().enumerate() {
             inits.push(self.flatten_as(op.operands[3 + i], *s)?);
         }
+
+        // ---- software pipeline: buffers, and the first `stages - 1` iterations' copies
+        let pf_ops = self.prefetchable(op);
+        let st = self.stages;
+        let mut pf_info = Vec::new(); // (op, tensor, smem template, base, stride)
+        let mut fast = self.ir.ctrue();
+        for o in &pf_ops {
+            let acc = self.load_access(o, Some((region.args[0], lo)))?;
+            let (rows, cols, dtype) = self.smem_shape(o, &acc)?;
+            let tmpl = Smem { off: self.ir.ci32(0), rows, cols, dtype, afrags: None };
+            let stride = (rows * tmpl.row_bytes()).div_ceil(128) * 128;
+            let base = self.region(o, 0, stride * st);
+            let t = self.tensor_of(o.operands[0])?;
+            let OpKind::Load { pad, .. } = o.kind else { continue };
+            let f = self.smem_fast(t, &acc, dtype.size_bytes() as i64, pad);
+            fast = self.ir.and(fast, f);
+            pf_info.push((*o, t, tmpl, base, stride));
+        }
+        if !pf_ops.is_empty() {
+            let fb = self.ir.block("pipe.prologue");
+            let jb = self.ir.block("pipe.prologue.done");
+            self.ir.cond_br(fast, fb, jb);
+            self.ir.at_end(fb);
+            // The shared memory may still be read by an earlier part of the program.
+            nvvm::barrier(&self.ir);
+            for k in 0..st - 1 {
+                let ivk = self.ir.add(lo, self.ir.mul(step, self.ir.ci32(k as i64)));
+                let more = self.ir.icmp(LLVMIntSLT, ivk, hi);
+                let infos = pf_info.clone();
+                let iv_value = region.args[0];
+                self.if_then(more, &mut |cg| {
+                    for (o, t, tmpl, base, stride) in &infos {
+                        let acc = cg.load_access(o, Some((iv_value, ivk)))?;
+                        let dst = Smem { off: cg.ir.ci32((base + k * stride) as i64), ..tmpl.clone() };
+                        cg.issue_cp_async(*t, &acc, &dst)?;
+                        nvvm::cp_async_commit(&cg.ir);
+                    }
+                    Ok(())
+                })?;
+                // Keep the group count uniform when there is no such iteration.
+                self.if_then(self.ir.not(more), &mut |cg| {
+                    for _ in &infos {
+                        nvvm::cp_async_commit(&cg.ir);
+                    }
+                    Ok(())
+                })?;
+            }
+            self.ir.br(jb);
+            self.ir.at_end(jb);
+        }
+
         let pre = self.ir.current();
         let head = self.ir.block("for.head");
         let body = self.ir.block("for.body");
@@ -1359,6 +1641,8 @@ impl<'k> Lowering<'k> {
         self.ir.at_end(head);
         let iv = self.ir.phi(self.ir.i32());
         self.ir.add_incoming(iv, lo, pre);
+        let counter = self.ir.phi(self.ir.i32());
+        self.ir.add_incoming(counter, self.ir.ci32(0), pre);
         let mut phis = Vec::new();
         for init in inits.iter() {
             let ps: Vec<V> = init
@@ -1378,15 +1662,40 @@ impl<'k> Lowering<'k> {
         for i in 0..n {
             self.set(region.args[1 + i], Self::rebuild(shapes[i], phis[i].clone()));
         }
-        self.block(region)?;
+        let saved = std::mem::take(&mut self.prefetch);
+        let p = pf_info.len();
+        for (o, _, _, base, stride) in &pf_info {
+            self.prefetch.insert(
+                *o as *const Op as usize,
+                Prefetch {
+                    op: o,
+                    iv_value: region.args[0],
+                    iv,
+                    step,
+                    hi,
+                    counter,
+                    fast,
+                    base: *base,
+                    stride: *stride,
+                    in_flight: (st - 1) * p - 1,
+                },
+            );
+        }
+        self.depth += 1;
+        let r = self.block(region);
+        self.depth -= 1;
+        self.prefetch = saved;
+        r?;
         let yields = region.ops.last().map(|y| y.operands.clone()).unwrap_or_default();
         let mut nexts = Vec::new();
         for i in 0..n {
             nexts.push(self.flatten_as(yields[i], shapes[i])?);
         }
         let next_iv = self.ir.add(iv, step);
+        let next_counter = self.ir.add(counter, self.ir.ci32(1));
         let latch = self.ir.current();
         self.ir.add_incoming(iv, next_iv, latch);
+        self.ir.add_incoming(counter, next_counter, latch);
         for (ps, xs) in phis.iter().zip(&nexts) {
             for (p, x) in ps.iter().zip(xs) {
                 self.ir.add_incoming(*p, *x, latch);
@@ -1394,6 +1703,10 @@ impl<'k> Lowering<'k> {
         }
         self.ir.br(head);
         self.ir.at_end(exit);
+        if !pf_ops.is_empty() {
+            // Nothing may still be copying into shared memory after the loop.
+            nvvm::cp_async_wait(&self.ir, 0);
+        }
         for i in 0..n {
             self.set(op.results[i], Self::rebuild(shapes[i], phis[i].clone()));
         }
@@ -1434,6 +1747,26 @@ impl<'k> Lowering<'k> {
         }
         Ok(())
     }
+}
+
+/// A load of a loop body that is copied `stages - 1` iterations ahead.
+#[derive(Clone, Copy)]
+struct Prefetch<'k> {
+    op: &'k Op,
+    /// The loop's induction variable (IR value) and its current value.
+    iv_value: Value,
+    iv: V,
+    step: V,
+    hi: V,
+    /// Iterations done so far (i32): selects the buffer.
+    counter: V,
+    /// Whether every prefetched load of the loop takes the cp.async path (uniform).
+    fast: V,
+    /// First buffer's byte offset and the distance between buffers.
+    base: usize,
+    stride: usize,
+    /// Copy groups that may still be in flight when this load's group must be done.
+    in_flight: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 //! ```no_run
 //! use ejc_codegen::ptx::{compile, Arch, PtxConfig};
 //! # let kernel: ejc_ir::ir::Kernel = unimplemented!();
-//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4 }).unwrap();
+//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2 }).unwrap();
 //! println!("{} bytes of PTX, {} bytes of shared memory", k.ptx.len(), k.code.smem_bytes);
 //! ```
 //!
@@ -60,6 +60,15 @@ impl Arch {
         }
     }
 
+    /// The most dynamic shared memory a block may use, in bytes.
+    pub fn max_shared_memory(self) -> usize {
+        match self {
+            Arch::Sm80 => 166_912,
+            Arch::Sm86 | Arch::Sm89 => 101_376,
+            Arch::Sm90 | Arch::Sm90a => 232_448,
+        }
+    }
+
     /// ptxas's `-arch` value.
     pub fn ptxas_arch(self) -> &'static str {
         self.name()
@@ -87,6 +96,9 @@ impl std::str::FromStr for Arch {
 pub struct PtxConfig {
     pub arch: Arch,
     pub num_warps: usize,
+    /// Shared-memory buffers per prefetched load of a loop (1 = copy, wait, compute;
+    /// 2 = double buffering: the next tile is copied while this one is used; ...).
+    pub num_stages: usize,
 }
 
 /// One compiled kernel.
@@ -96,8 +108,21 @@ pub struct PtxKernel {
     pub code: PtxCode,
 }
 
+/// 32-bit pointers for shared memory (`-nvptx-short-ptr`): shared addresses fit in 32
+/// bits, and 64-bit ones cost two registers each and 64-bit arithmetic. The option is
+/// process-wide and only concerns the NVPTX back end.
+fn short_shared_pointers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let args = [c"ejc".as_ptr(), c"-nvptx-short-ptr".as_ptr()];
+        // Safety: two valid NUL-terminated strings; LLVM copies what it keeps.
+        unsafe { llvm_sys::support::LLVMParseCommandLineOptions(2, args.as_ptr(), std::ptr::null()) };
+    });
+}
+
 fn target_machine(arch: Arch) -> Result<TargetMachine, CodegenError> {
     Target::initialize_nvptx(&InitializationConfig::default());
+    short_shared_pointers();
     let triple = TargetTriple::create("nvptx64-nvidia-cuda");
     let target = Target::from_triple(&triple).map_err(|e| CodegenError::Llvm(e.to_string()))?;
     target
@@ -185,7 +210,7 @@ fn emit<'ctx>(
         LLVMSetLinkage(smem, llvm_sys::LLVMLinkage::LLVMExternalLinkage);
         LLVMSetAlignment(smem, 128);
         let ir = crate::llvm::Ir::new(c, m, f);
-        let code = lower::Lowering::new(ir, kernel, plan, cfg.num_warps, smem).run()?;
+        let code = lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem).run()?;
         module
             .verify()
             .map_err(|e| CodegenError::Llvm(format!("generated NVPTX LLVM IR does not verify: {}", e.to_string())))?;
