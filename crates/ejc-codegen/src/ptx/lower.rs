@@ -790,7 +790,7 @@ impl<'k> Lowering<'k> {
         if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 {
             let frags = self.a_frags_from_smem(&s)?;
             s.afrags = Some(frags);
-            if self.depth == 0 && self.prefetch.get(&key).is_none() {
+            if self.depth == 0 && !self.prefetch.contains_key(&key) {
                 // The tile lives on in registers: its shared memory is free again once
                 // every warp has read it.
                 nvvm::barrier(&self.ir);
