@@ -249,7 +249,7 @@ fn run_json_and_flags() {
 fn run_refuses_what_it_cannot_do() {
     for (args, needle) in [
         (vec!["--backend", "cpu", "--isa", "neon"], "unknown CPU ISA"),
-        (vec!["--backend", "cuda"], "issue #4"),
+        (vec!["--backend", "cuda"], "ejc-gpu"),
         (vec!["--backend", "mlir"], "issue #6"),
         (vec!["--variant", "nope"], "--variant nope"),
         (vec!["--dtype", "i32"], "declares dtypes"),

@@ -166,7 +166,9 @@ pub fn unsupported_backend(backend: &str) -> Option<Outcome> {
     match backend {
         "interp" | "cpu" => None,
         "cuda" => Some(Outcome::Error(
-            "error: backend `cuda` is not built yet: the CUDA back end is issue #4 (use --backend cpu or interp)"
+            "error: `ejc` does not run CUDA kernels itself (it links LLVM and stays on the build machine): build them \
+with `ejc build SPEC --target ptx -o out`, then run `ejc-gpu check out` / `ejc-gpu bench out ...` on the GPU \
+machine (docs/gpu.md)"
                 .into(),
         )),
         "mlir" => Some(Outcome::Error(

@@ -268,7 +268,9 @@ impl Runtime {
         match o.platform {
             PlatformChoice::Cuda => {
                 return Err(ApiError::Unsupported(
-                    "platform cuda: the CUDA back end is not built yet (issue #4)".into(),
+                    "platform cuda: flash_attention does not choose CUDA kernels yet; run PTX artifacts with \
+ejc_runtime::cuda::FlashDevice (feature `cuda`) or the ejc-gpu runner (docs/gpu.md)"
+                        .into(),
                 ))
             }
             PlatformChoice::Auto | PlatformChoice::Cpu => {}

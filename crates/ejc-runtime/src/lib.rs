@@ -2,7 +2,7 @@
 //!
 //! What a program needs at run time, without LLVM: the artifacts `ejc build` wrote, a
 //! registry of kernels, the configuration chain with its autotuner and caches, and the
-//! executors. The CUDA executor comes with issue #4.
+//! executors (CPU; CUDA behind the `cuda` feature).
 //!
 //! ```no_run
 //! use ejc_runtime::api::{flash_attention, FlashArgs, FlashOptions};
