@@ -16,6 +16,13 @@ status=0
 echo "== ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
 ./.gpu/ejc-gpu check /tmp/ejc-art/check 2>&1 | tee "$OUT/check.log" || status=1
 ./.gpu/ejc-gpu check /tmp/ejc-art/check2 2>&1 | tee "$OUT/check2.log" || status=1
+echo "== compute-sanitizer memcheck on a sample (causal and varlen_causal, both archs)"
+if command -v compute-sanitizer >/dev/null; then
+    compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check /tmp/ejc-art/check2 --filter bf16_d64_m64_n32 \
+        2>&1 | tail -25 | tee "$OUT/memcheck.log" || status=1
+else
+    echo "compute-sanitizer not found: skipped" | tee "$OUT/memcheck.log"
+fi
 echo "== examples/cupy_launch.py"
 python3 examples/cupy_launch.py /tmp/ejc-art/check 2>&1 | tee "$OUT/cupy.log" || status=1
 echo "== bench/compare_gpu.py"

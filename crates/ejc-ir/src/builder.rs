@@ -338,22 +338,7 @@ impl KernelBuilder {
         then: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
         otherwise: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
     ) -> Vec<Value> {
-        self.stack.push(Block::default());
-        let y = then(self);
-        self.yield_values(y);
-        let then_block = self.stack.pop().expect("region pushed above");
-        self.stack.push(Block::default());
-        let y = otherwise(self);
-        self.yield_values(y);
-        let else_block = self.stack.pop().expect("region pushed above");
-        let results: Vec<Value> = result_types.iter().map(|t| self.new_value(t.clone())).collect();
-        self.push(Op {
-            kind: OpKind::If,
-            operands: vec![cond],
-            results: results.clone(),
-            regions: vec![then_block, else_block],
-        });
-        results
+        self.if_regions(cond, Some(result_types), then, otherwise)
     }
 
     /// `if cond { then } else { otherwise }` whose result types are those of the values
@@ -365,9 +350,22 @@ impl KernelBuilder {
         then: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
         otherwise: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
     ) -> Vec<Value> {
+        self.if_regions(cond, None, then, otherwise)
+    }
+
+    fn if_regions(
+        &mut self,
+        cond: Value,
+        result_types: Option<&[Type]>,
+        then: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
+        otherwise: impl FnOnce(&mut KernelBuilder) -> Vec<Value>,
+    ) -> Vec<Value> {
         self.stack.push(Block::default());
         let y = then(self);
-        let result_types: Vec<Type> = y.iter().map(|v| self.ty(*v).clone()).collect();
+        let result_types: Vec<Type> = match result_types {
+            Some(t) => t.to_vec(),
+            None => y.iter().map(|v| self.ty(*v).clone()).collect(),
+        };
         self.yield_values(y);
         let then_block = self.stack.pop().expect("region pushed above");
         self.stack.push(Block::default());

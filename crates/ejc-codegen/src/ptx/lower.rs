@@ -703,30 +703,11 @@ impl<'k> Lowering<'k> {
         }
         // Straight into registers.
         let (rows, cols) = self.axes_of(r)?;
-        let rc = self.row_coords(rows);
-        let cc = self.col_coords(cols);
-        // Which tile axis each range is: with two ranges, (rows, cols); with one, the
-        // non-trivial axis of the layout.
-        let (row_rng, col_rng) = match acc.ranges.len() {
-            2 => (Some(acc.ranges[0]), Some(acc.ranges[1])),
-            _ if rows == Ax::One => (None, Some(acc.ranges[0])),
-            _ => (Some(acc.ranges[0]), None),
-        };
+        let (rcs, ccs) = (self.row_coords(rows), self.col_coords(cols));
         let mut e = Vec::new();
-        let strides = self.tensors[t].strides.clone();
-        for rcoord in &rc {
-            for ccoord in &cc {
-                let ir = &self.ir;
-                let mut idx = acc.off;
-                let mut ok = acc.valid;
-                for (rng, coord) in [(row_rng, *rcoord), (col_rng, *ccoord)] {
-                    if let Some(g) = rng {
-                        let x = ir.add(g.start, ir.sext(coord, ir.i64()));
-                        let inb = self.in_range(t, g.axis, x, g.limit);
-                        ok = ir.and(ok, inb);
-                        idx = ir.add(idx, ir.mul(x, strides[g.axis]));
-                    }
-                }
+        for rc in &rcs {
+            for cc in &ccs {
+                let (idx, ok) = self.elem_address(t, &acc, rows, *rc, *cc);
                 e.push(self.load_elem(t, idx, ok, padv));
             }
         }
@@ -1114,13 +1095,6 @@ impl<'k> Lowering<'k> {
         }
         let d = self.dist(value)?;
         let (rows, cols) = (d.rows, d.cols);
-        let rc = self.row_coords(rows);
-        let cc = self.col_coords(cols);
-        let (row_rng, col_rng) = match acc.ranges.len() {
-            2 => (Some(acc.ranges[0]), Some(acc.ranges[1])),
-            _ if rows == Ax::One => (None, Some(acc.ranges[0])),
-            _ => (Some(acc.ranges[0]), None),
-        };
         // Replicated elements are written by one thread only: rows replicate over the
         // lanes of a quad (lane % 4) when columns are broadcast; columns replicate over
         // lane / 4 and over warps when rows are broadcast.
@@ -1133,21 +1107,97 @@ impl<'k> Lowering<'k> {
             owner = ir.and(owner, ir.icmp(LLVMIntULT, self.lane, ir.ci32(4)));
             owner = ir.and(owner, ir.icmp(LLVMIntEQ, self.warp, ir.ci32(0)));
         }
-        let strides = self.tensors[t].strides.clone();
-        let nc = cc.len();
-        for (ri, rcoord) in rc.iter().enumerate() {
-            for (ci, ccoord) in cc.iter().enumerate() {
-                let ir = &self.ir;
-                let mut idx = acc.off;
-                let mut ok = ir.and(acc.valid, owner);
-                for (rng, coord) in [(row_rng, *rcoord), (col_rng, *ccoord)] {
-                    if let Some(g) = rng {
-                        let x = ir.add(g.start, ir.sext(coord, ir.i64()));
-                        ok = ir.and(ok, self.in_range(t, g.axis, x, g.limit));
-                        idx = ir.add(idx, ir.mul(x, strides[g.axis]));
-                    }
+        let (rcs, ccs) = (self.row_coords(rows), self.col_coords(cols));
+        // 16-bit outputs whose columns are contiguous and 4-byte aligned are written two
+        // columns at a time (the pair a thread holds), rounded pairwise from f32 when the
+        // value was just cast; the choice is made at run time, once.
+        let col_axis = match acc.ranges.len() {
+            2 => Some(acc.ranges[1]),
+            1 if rows == Ax::One => Some(acc.ranges[0]),
+            _ => None,
+        };
+        if let (Some(ca), Ax::Mma(_), 2) = (col_axis, cols, dtype.size_bytes()) {
+            let src = match self.defs.get(&value) {
+                Some(o) if matches!(o.kind, OpKind::Cast { .. }) && self.ty(o.operands[0]).dtype() == DType::F32 => {
+                    Some(self.dist(o.operands[0])?)
                 }
-                let x = self.to_storage(Self::elem(&d, ri, ci, nc), vd, dtype);
+                _ => None,
+            };
+            let ir = &self.ir;
+            let strides = &self.tensors[t].strides;
+            let data_i = ir.ptr_to_int(data, ir.i64());
+            let first = ir.add(data_i, ir.mul(ir.add(acc.off, ca.start), ir.ci64(2)));
+            let mut even = ir.icmp(LLVMIntEQ, ir.and(first, ir.ci64(3)), ir.ci64(0));
+            even = ir.and(even, ir.icmp(LLVMIntEQ, strides[ca.axis], ir.ci64(1)));
+            if acc.ranges.len() == 2 {
+                let ra = acc.ranges[0];
+                even = ir.and(even, ir.icmp(LLVMIntEQ, ir.and(strides[ra.axis], ir.ci64(1)), ir.ci64(0)));
+            }
+            let pb = ir.block("st.pairs");
+            let eb = ir.block("st.elems");
+            let jb = ir.block("st.done");
+            ir.cond_br(even, pb, eb);
+            self.ir.at_end(pb);
+            let nc = Self::ncols(cols);
+            for ri in 0..self.nrows(rows) {
+                for pair in 0..nc / 2 {
+                    let (i0, i1) = (ri * nc + 2 * pair, ri * nc + 2 * pair + 1);
+                    let (idx, ok0) = self.elem_address(t, &acc, rows, rcs[ri], ccs[2 * pair]);
+                    let (_, ok1) = self.elem_address(t, &acc, rows, rcs[ri], ccs[2 * pair + 1]);
+                    let ok1 = self.ir.and(ok1, owner);
+                    let ok0 = self.ir.and(ok0, owner);
+                    let packed = match &src {
+                        Some(f) => self.pack2_f32(f.e[i0], f.e[i1], dtype),
+                        None => {
+                            let (a, b) = (self.to_storage(d.e[i0], vd, dtype), self.to_storage(d.e[i1], vd, dtype));
+                            self.pack2(a, b, dtype)
+                        }
+                    };
+                    let single = self.to_storage(d.e[i0], vd, dtype);
+                    let p = self.ir.gep(st, data, idx);
+                    self.if_then(ok1, &mut |cg| {
+                        cg.ir.store(packed, p, 4);
+                        Ok(())
+                    })?;
+                    let only_first = self.ir.and(ok0, self.ir.not(ok1));
+                    self.if_then(only_first, &mut |cg| {
+                        cg.ir.store(single, p, esize);
+                        Ok(())
+                    })?;
+                }
+            }
+            self.ir.br(jb);
+            self.ir.at_end(eb);
+            self.store_elems(t, &acc, &d, (&rcs, &ccs), owner, vd, dtype)?;
+            self.ir.br(jb);
+            self.ir.at_end(jb);
+            return Ok(());
+        }
+        self.store_elems(t, &acc, &d, (&rcs, &ccs), owner, vd, dtype)
+    }
+
+    /// One predicated store per element.
+    #[allow(clippy::too_many_arguments)]
+    fn store_elems(
+        &mut self,
+        t: usize,
+        acc: &Access,
+        d: &Dist,
+        coords: (&[V], &[V]),
+        owner: V,
+        vd: DType,
+        dtype: DType,
+    ) -> R<()> {
+        let st = self.storage_ty(dtype);
+        let esize = dtype.size_bytes() as u32;
+        let data = self.tensors[t].data;
+        let mut i = 0;
+        for rc in coords.0 {
+            for cc in coords.1 {
+                let (idx, ok) = self.elem_address(t, acc, d.rows, *rc, *cc);
+                let x = self.to_storage(d.e[i], vd, dtype);
+                i += 1;
+                let ok = self.ir.and(ok, owner);
                 let p = self.ir.gep(st, data, idx);
                 self.if_then(ok, &mut |cg| {
                     cg.ir.store(x, p, esize);
@@ -1156,6 +1206,30 @@ impl<'k> Lowering<'k> {
             }
         }
         Ok(())
+    }
+
+    /// Element offset (i64) and in-bounds flag of element (`rc`, `cc`) — a row and a
+    /// column coordinate of the thread — of a register tile accessed through `acc`.
+    fn elem_address(&self, t: usize, acc: &Access, rows: Ax, rc: V, cc: V) -> (V, V) {
+        // Which tile axis each range is: with two ranges, (rows, cols); with one, the
+        // non-trivial axis of the layout.
+        let (row_rng, col_rng) = match acc.ranges.len() {
+            2 => (Some(acc.ranges[0]), Some(acc.ranges[1])),
+            _ if rows == Ax::One => (None, Some(acc.ranges[0])),
+            _ => (Some(acc.ranges[0]), None),
+        };
+        let strides = &self.tensors[t].strides;
+        let ir = &self.ir;
+        let mut idx = acc.off;
+        let mut ok = acc.valid;
+        for (rng, coord) in [(row_rng, rc), (col_rng, cc)] {
+            if let Some(g) = rng {
+                let x = ir.add(g.start, ir.sext(coord, ir.i64()));
+                ok = ir.and(ok, self.in_range(t, g.axis, x, g.limit));
+                idx = ir.add(idx, ir.mul(x, strides[g.axis]));
+            }
+        }
+        (idx, ok)
     }
 
     fn to_storage(&self, x: V, from: DType, to: DType) -> V {
