@@ -1139,11 +1139,11 @@ impl<'k> Lowering<'k> {
             ir.cond_br(even, pb, eb);
             self.ir.at_end(pb);
             let nc = Self::ncols(cols);
-            for ri in 0..self.nrows(rows) {
+            for (ri, rc) in rcs.iter().enumerate() {
                 for pair in 0..nc / 2 {
                     let (i0, i1) = (ri * nc + 2 * pair, ri * nc + 2 * pair + 1);
-                    let (idx, ok0) = self.elem_address(t, &acc, rows, rcs[ri], ccs[2 * pair]);
-                    let (_, ok1) = self.elem_address(t, &acc, rows, rcs[ri], ccs[2 * pair + 1]);
+                    let (idx, ok0) = self.elem_address(t, &acc, rows, *rc, ccs[2 * pair]);
+                    let (_, ok1) = self.elem_address(t, &acc, rows, *rc, ccs[2 * pair + 1]);
                     let ok1 = self.ir.and(ok1, owner);
                     let ok0 = self.ir.and(ok0, owner);
                     let packed = match &src {
