@@ -57,7 +57,8 @@ enum Command {
     #[command(
         after_help = "Targets: ir (tile IR text after the pass pipeline); cpu[:isa] (one .so per ISA); ptx:<arch> \
 (sm_80, sm_86, sm_89, sm_90, sm_90a; `ptx` = sm_80 and sm_90a): one .ptx per kernel x num_warps x num_stages, \
-bf16/f16 only. mlir:<form> is not built yet and is refused with the issue that brings it. Without --target, \
+bf16/f16 only. mlir:cpu writes each kernel's verified MLIR module (func/scf/arith/math/vector/memref); mlir:gpu \
+writes the gpu-dialect module and its PTX from MLIR's NVVM pipeline (`mlir` = both; docs/mlir.md). Without --target, \
 every target the spec lists that this ejc can build is built, and the others are named on stderr. \
 --report runs ptxas on every PTX file (registers, spills, shared memory)."
     )]
@@ -66,7 +67,7 @@ every target the spec lists that this ejc can build is built, and the others are
         /// Output directory (created if missing).
         #[arg(short, long, default_value = "out")]
         out: PathBuf,
-        /// Target to build; repeat for several (ir, cpu, cpu:avx512, ptx:sm_90a, mlir:cpu ...).
+        /// Target to build; repeat for several (ir, cpu, cpu:avx512, ptx:sm_90a, mlir:cpu, mlir ...).
         #[arg(long = "target", value_name = "TARGET")]
         targets: Vec<String>,
         #[command(flatten)]
@@ -177,7 +178,8 @@ enum Backend {
     Cpu,
     /// CUDA through PTX (runs with `ejc-gpu`, the LLVM-free GPU runner: see docs/gpu.md).
     Cuda,
-    /// MLIR (not built yet: issue 6).
+    /// Through MLIR: upstream dialects, MLIR's pass pipelines, its ExecutionEngine
+    /// (compiled code is cached on disk: docs/mlir.md).
     Mlir,
 }
 

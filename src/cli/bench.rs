@@ -1,4 +1,4 @@
-//! `ejc bench SPEC --backend cpu`: time a kernel on fresh random inputs.
+//! `ejc bench SPEC --backend cpu|mlir`: time a kernel on fresh random inputs.
 //!
 //! FLOPs are counted as in ANCHORS.md: 4·b·h·s_q·s_k·d, halved for causal variants
 //! (other masks are counted as full attention). Times are medians over `--reps` runs
@@ -7,7 +7,7 @@
 
 use ejc_ir::flash::inputs::random_inputs;
 use ejc_ir::spec::Variant;
-use ejc_runtime::flash::{run_cpu, FlashBuffers};
+use ejc_runtime::flash::FlashBuffers;
 use serde_json::json;
 
 use super::common::{unsupported_backend, Prepared, Problem, ProblemFlags};
@@ -34,10 +34,10 @@ pub fn flops(p: &Problem, v: &Variant) -> f64 {
 
 pub fn run(req: &Request) -> Outcome {
     match req.backend {
-        "cpu" => {}
+        "cpu" | "mlir" => {}
         "interp" => {
             return Outcome::Error(
-                "error: the interpreter is a correctness reference, not a benchmark back end (use --backend cpu)"
+                "error: the interpreter is a correctness reference, not a benchmark back end (use --backend cpu or mlir)"
                     .into(),
             )
         }
@@ -78,16 +78,18 @@ pub fn run(req: &Request) -> Outcome {
             Err(o) => return o,
         };
         let name = kernel.name.clone();
-        let prepared = match Prepared::new("cpu", kernel, p.isa, threads) {
+        let prepared = match Prepared::new(req.backend, kernel, p.isa, threads) {
             Ok(e) => e,
             Err(o) => return o,
         };
-        let Prepared::Cpu { kernel, block_m, .. } = &prepared else { unreachable!("cpu backend") };
+        if let (Some((secs, cached)), false) = (prepared.compile_info(), req.json) {
+            eprintln!("  {name}: compiled through MLIR in {secs:.2}s{}", if cached { " (from the on-disk cache)" } else { "" });
+        }
         let mut call = FlashBuffers::from_inputs(&inputs);
         let mut times = Vec::with_capacity(req.reps);
         for i in 0..req.warmup + req.reps {
             let t = std::time::Instant::now();
-            if let Err(e) = run_cpu(kernel, &v.features, p.dtype, p.shape.head_dim, *block_m, &rt, &mut call, threads) {
+            if let Err(e) = prepared.run_on(v, &p, &rt, &mut call) {
                 return Outcome::Error(format!("error: {name}: {e}"));
             }
             if i >= req.warmup {
@@ -111,13 +113,14 @@ pub fn run(req: &Request) -> Outcome {
             .collect();
         println!(
             "{}",
-            json!({"variant": v.name, "kernel": name, "backend": "cpu", "isa": p.isa.name(), "dtype": p.dtype.to_string(),
+            json!({"variant": v.name, "kernel": name, "backend": req.backend, "isa": p.isa.name(), "dtype": p.dtype.to_string(),
                    "shape": p.shape.to_string(), "threads": threads, "block_m": tiling.0, "block_n": tiling.1,
                    "median_ms": median * 1e3, "gflops": gflops, "flops": fl, "reps": req.reps, "tilings": all})
         );
     } else {
         println!(
-            "{} {} {} shape={} threads={threads} isa={}: {:.3} ms  {gflops:.1} GFLOP/s  (tiling {}x{}, median of {})",
+            "{} {} {} {} shape={} threads={threads} isa={}: {:.3} ms  {gflops:.1} GFLOP/s  (tiling {}x{}, median of {})",
+            req.backend,
             v.name,
             p.dtype,
             name,

@@ -53,9 +53,19 @@ pub fn run(req: &Request) -> Outcome {
                 targets.push(Target::Ptx("sm_90a".into()));
                 continue;
             }
+            if t == "mlir" {
+                // Both forms: the CPU module and the GPU module (+ its PTX).
+                targets.push(Target::Mlir("cpu".into()));
+                targets.push(Target::Mlir("gpu".into()));
+                continue;
+            }
             match t.parse::<Target>() {
                 Ok(t) => targets.push(t),
-                Err(e) => return Outcome::Error(format!("error: --target: {e} (or `ptx` for sm_80 + sm_90a)")),
+                Err(e) => {
+                    return Outcome::Error(format!(
+                        "error: --target: {e} (or `ptx` for sm_80 + sm_90a, `mlir` for mlir:cpu + mlir:gpu)"
+                    ))
+                }
             }
         }
     }
@@ -114,7 +124,11 @@ pub fn run(req: &Request) -> Outcome {
 /// `--report`: ptxas on every PTX artifact; one line per file, spills flagged.
 fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> Outcome {
     use ejc_codegen::ptx::{find_ptxas, ptxas, Arch};
-    let ptx: Vec<_> = manifest.artifacts.iter().filter(|a| a.target.starts_with("ptx:")).collect();
+    let ptx: Vec<_> = manifest
+        .artifacts
+        .iter()
+        .filter(|a| a.target.starts_with("ptx:") || a.target.starts_with("mlir:gpu:"))
+        .collect();
     if ptx.is_empty() {
         println!("--report: no PTX artifacts in this build");
         return Outcome::Ok;
@@ -127,7 +141,7 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> O
     println!("{:<72} {:>5} {:>7} {:>7} {:>8}", "artifact", "regs", "spill_st", "spill_ld", "smem");
     let mut spilled = 0;
     for a in ptx {
-        let arch: Arch = match a.target.trim_start_matches("ptx:").parse() {
+        let arch: Arch = match a.target.trim_start_matches("ptx:").trim_start_matches("mlir:gpu:").parse() {
             Ok(a) => a,
             Err(e) => return Outcome::Error(format!("error: {e}")),
         };

@@ -13,7 +13,7 @@ use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{Schedule, SoftCap, Spec, Variant, Window};
 use ejc_ir::types::DType;
 use ejc_runtime::cpu::CpuKernel;
-use ejc_runtime::flash::{run_cpu, FlashBuffers};
+use ejc_runtime::flash::{launch_plan, run_cpu, tensor_names, FlashBuffers};
 
 use super::{load_spec, Outcome};
 
@@ -161,18 +161,14 @@ impl Problem {
     }
 }
 
-/// The refusal for a back end that is not built yet (None for interp and cpu).
+/// The refusal for a back end `ejc` does not run itself (None for interp, cpu and mlir).
 pub fn unsupported_backend(backend: &str) -> Option<Outcome> {
     match backend {
-        "interp" | "cpu" => None,
+        "interp" | "cpu" | "mlir" => None,
         "cuda" => Some(Outcome::Error(
             "error: `ejc` does not run CUDA kernels itself (it links LLVM and stays on the build machine): build them \
 with `ejc build SPEC --target ptx -o out`, then run `ejc-gpu check out` / `ejc-gpu bench out ...` on the GPU \
 machine (docs/gpu.md)"
-                .into(),
-        )),
-        "mlir" => Some(Outcome::Error(
-            "error: backend `mlir` is not built yet: the MLIR back end is issue #6 (use --backend cpu or interp)"
                 .into(),
         )),
         other => Some(Outcome::Error(format!("error: unknown backend `{other}`"))),
@@ -186,6 +182,13 @@ pub enum Prepared {
         // Keeps the JIT-compiled code alive while `kernel` points into it.
         _jit: JitLibrary,
         kernel: CpuKernel,
+        threads: usize,
+        block_m: usize,
+    },
+    /// Through MLIR: translated, lowered by MLIR's pipelines, compiled by its
+    /// ExecutionEngine (or loaded from the on-disk cache).
+    Mlir {
+        kernel: ejc_codegen::mlir::exec::CpuKernel,
         threads: usize,
         block_m: usize,
     },
@@ -204,12 +207,18 @@ impl Prepared {
                 let scratch = obj.kernels[0].scratch_bytes as usize;
                 Ok(Prepared::Cpu { _jit: jit, kernel: CpuKernel { entry, scratch_bytes: scratch }, threads, block_m })
             }
+            "mlir" => {
+                let block_m: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(64);
+                let k = ejc_codegen::mlir::exec::CpuKernel::compile(&kernel)
+                    .map_err(|e| Outcome::Error(format!("error: {e}")))?;
+                Ok(Prepared::Mlir { kernel: k, threads, block_m })
+            }
             other => Err(unsupported_backend(other)
                 .unwrap_or_else(|| Outcome::Error(format!("error: unknown backend `{other}`")))),
         }
     }
 
-    /// Run once; also returns the CPU call buffers for repeated timing.
+    /// Run once on fresh buffers.
     pub fn run(
         &self,
         v: &Variant,
@@ -219,12 +228,43 @@ impl Prepared {
     ) -> Result<FlashOutputs, String> {
         match self {
             Prepared::Interp(k) => run_interp(k, rt, inputs),
-            Prepared::Cpu { kernel, threads, block_m, .. } => {
+            _ => {
                 let mut call = FlashBuffers::from_inputs(inputs);
-                run_cpu(kernel, &v.features, p.dtype, p.shape.head_dim, *block_m, rt, &mut call, *threads)
-                    .map_err(|e| e.to_string())?;
+                self.run_on(v, p, rt, &mut call)?;
                 Ok(call.outputs())
             }
+        }
+    }
+
+    /// Run a compiled kernel on `call`'s buffers (outputs land in `call`); what `bench`
+    /// repeats.
+    pub fn run_on(&self, v: &Variant, p: &Problem, rt: &FlashRuntime, call: &mut FlashBuffers) -> Result<(), String> {
+        let head_dim = p.shape.head_dim;
+        match self {
+            Prepared::Interp(_) => Err("the interpreter runs through `run`".into()),
+            Prepared::Cpu { kernel, threads, block_m, .. } => {
+                run_cpu(kernel, &v.features, p.dtype, head_dim, *block_m, rt, call, *threads).map_err(|e| e.to_string())
+            }
+            Prepared::Mlir { kernel, threads, block_m } => {
+                let (grid, scalars) =
+                    launch_plan(&v.features, p.dtype, head_dim, *block_m, rt, call).map_err(|e| e.to_string())?;
+                let mut tensors = Vec::new();
+                for name in tensor_names(&v.features, p.dtype) {
+                    tensors.push(call.get(name).ok_or_else(|| format!("the call has no `{name}`"))?.abi());
+                }
+                // Safety: launch_plan validated every tensor against the ABI (dtypes,
+                // ranks, shapes, strides inside their buffers); outputs are separate.
+                unsafe { kernel.launch(&tensors, &scalars, grid, *threads) }.map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// What compiling cost, for the MLIR back end (seconds, and whether the on-disk
+    /// cache had it).
+    pub fn compile_info(&self) -> Option<(f64, bool)> {
+        match self {
+            Prepared::Mlir { kernel, .. } => Some((kernel.compile_seconds, kernel.cached)),
+            _ => None,
         }
     }
 }

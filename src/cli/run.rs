@@ -67,6 +67,9 @@ pub fn run(req: &Request) -> Outcome {
             Ok(e) => e,
             Err(o) => return o,
         };
+        if let (Some((secs, cached)), false) = (exec.compile_info(), req.json) {
+            eprintln!("  {name}: compiled through MLIR in {secs:.2}s{}", if cached { " (from the on-disk cache)" } else { "" });
+        }
         let rt = p.runtime(v, seed);
         let inputs = random_inputs(&v.features, p.dtype, s, seed);
         let want = match reference(&v.features, &rt, &inputs) {

@@ -179,7 +179,9 @@ pub fn build(
                 let arch: crate::ptx::Arch = arch.parse().map_err(CodegenError::Empty)?;
                 artifacts.extend(build_ptx(spec, opts, &selected, &kernels, arch, progress)?);
             }
-            other => check_supported(other)?,
+            Target::Mlir(form) => {
+                artifacts.extend(build_mlir(form, opts, &selected, &kernels, progress)?);
+            }
         }
     }
     progress(Progress::Finished);
@@ -312,6 +314,108 @@ fn build_ptx(
             "note: ptx:{arch}: {too_big} configuration(s) left out: they need more than the {} bytes of shared memory a block may have",
             arch.max_shared_memory()
         );
+    }
+    Ok(artifacts)
+}
+
+/// Threads per block of the MLIR gpu form's kernels.
+pub const MLIR_GPU_THREADS: usize = 128;
+
+/// The chip MLIR's NVVM target compiles the gpu form for (sm_80 code runs on every GPU
+/// from Ampere on).
+pub const MLIR_GPU_CHIP: &str = "sm_80";
+
+/// `mlir:cpu`: the verified module of every kernel, as text. `mlir:gpu`: the same for
+/// the gpu form, plus its PTX from MLIR's NVVM pipeline (compiled in parallel).
+fn build_mlir(
+    form: &str,
+    opts: &BuildOptions,
+    selected: &[KernelInstance],
+    kernels: &[Kernel],
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<Artifact>, CodegenError> {
+    use crate::mlir::{self, Form, GpuOptions};
+    let gpu = match form {
+        "cpu" => false,
+        "gpu" => true,
+        other => {
+            return Err(CodegenError::Empty(format!("unknown MLIR form `{other}` (forms: mlir:cpu, mlir:gpu)")))
+        }
+    };
+    let dir = opts.out_dir.join("mlir").join(form);
+    std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
+    let mform = if gpu { Form::Gpu { threads: MLIR_GPU_THREADS } } else { Form::Cpu };
+    let base = |inst: &KernelInstance, target: String, file: String, sha256: String| Artifact {
+        kernel_id: inst.id.clone(),
+        variant: inst.variant.name.clone(),
+        features: features_json(&inst.variant.features),
+        dtype: inst.dtype.to_string(),
+        head_dim: inst.head_dim,
+        config: [("block_m".to_string(), inst.block_m), ("block_n".to_string(), inst.block_n)].into_iter().collect(),
+        artifact_id: format!("{}@{target}", inst.id),
+        target,
+        file,
+        sha256,
+        entry: inst.id.clone(),
+        params: params_info(&inst.variant.features, inst.dtype),
+        grid: ejc_ir::flash::abi::grid(&inst.variant.features, inst.block_m as usize).map(|g| g.to_string()),
+        block: None,
+        dynamic_shared_memory: 0,
+        scratch_bytes: 0,
+    };
+    // Text first (fast, and every kernel must verify).
+    let mut artifacts = Vec::new();
+    for (inst, kernel) in selected.iter().zip(kernels) {
+        let (text, info) = mlir::to_mlir(kernel, mform)?;
+        let file = format!("mlir/{form}/{}.mlir", inst.id);
+        let path = opts.out_dir.join(&file);
+        std::fs::write(&path, &text).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
+        let mut a = base(inst, format!("mlir:{form}"), file, sha256_hex(text.as_bytes()));
+        a.entry = info.entry;
+        a.scratch_bytes = info.scratch_bytes as u64;
+        if gpu {
+            a.block = Some([MLIR_GPU_THREADS as u32, 1, 1]);
+        }
+        artifacts.push(a);
+    }
+    if !gpu {
+        return Ok(artifacts);
+    }
+    // PTX through MLIR's NVVM pipeline, on every core.
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<mlir::GpuPtx, mlir::MlirError>)>();
+    let mut results: Vec<Option<mlir::GpuPtx>> = (0..kernels.len()).map(|_| None).collect();
+    std::thread::scope(|scope| -> Result<(), CodegenError> {
+        for _ in 0..threads.min(kernels.len().max(1)) {
+            let tx = tx.clone();
+            let next = &next;
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(k) = kernels.get(i) else { break };
+                let o = GpuOptions { chip: MLIR_GPU_CHIP.into(), threads: MLIR_GPU_THREADS };
+                let _ = tx.send((i, mlir::compile_gpu(k, o)));
+            });
+        }
+        drop(tx);
+        for (done, (i, r)) in rx.into_iter().enumerate() {
+            progress(Progress::Kernel { done, total: kernels.len(), id: &selected[i].id });
+            results[i] = Some(r?);
+        }
+        Ok(())
+    })?;
+    for (inst, r) in selected.iter().zip(results) {
+        let Some(p) = r else { continue };
+        let target = format!("mlir:gpu:{MLIR_GPU_CHIP}");
+        let file = format!("mlir/gpu/{}.{MLIR_GPU_CHIP}.ptx", inst.id);
+        let path = opts.out_dir.join(&file);
+        std::fs::write(&path, &p.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
+        let mut a = base(inst, target, file, sha256_hex(p.ptx.as_bytes()));
+        a.entry = p.entry;
+        a.block = Some([p.threads as u32, 1, 1]);
+        a.scratch_bytes = p.scratch_bytes as u64;
+        a.config.insert("threads".into(), p.threads as u32);
+        artifacts.push(a);
     }
     Ok(artifacts)
 }

@@ -26,6 +26,7 @@ pub mod cpu;
 pub mod ir;
 pub(crate) mod llvm;
 pub(crate) mod math;
+pub mod mlir;
 pub mod ptx;
 pub mod targets;
 
@@ -49,6 +50,8 @@ pub enum CodegenError {
     Llvm(String),
     #[error("linking failed: {0}")]
     Link(String),
+    #[error(transparent)]
+    Mlir(#[from] mlir::MlirError),
 }
 
 /// The compiler version recorded in manifests and cache keys.

@@ -1,8 +1,8 @@
 //! Which targets this build of ejc can generate.
 //!
-//! `ir`, `cpu` and `ptx` exist. The others answer with a clear error naming the issue that
-//! brings them, so `ejc build --target mlir:cpu` fails loudly instead of writing
-//! nothing.
+//! Every target the spec format names exists: `ir`, `cpu[:isa]`, `ptx:<arch>`,
+//! `mlir:cpu` and `mlir:gpu`. A target added to the format before its back end answers
+//! here with a clear error, so a build fails loudly instead of writing nothing.
 
 use ejc_ir::spec::Target;
 
@@ -10,9 +10,12 @@ use crate::CodegenError;
 
 /// `Ok` when this compiler can generate `target`.
 pub fn check_supported(target: &Target) -> Result<(), CodegenError> {
-    let why = match target {
-        Target::Ir | Target::Cpu(_) | Target::Ptx(_) => return Ok(()),
-        Target::Mlir(_) => "the MLIR back end (tile IR -> upstream MLIR via melior) is issue #6",
-    };
-    Err(CodegenError::NotImplemented { target: target.to_string(), why: why.to_string() })
+    match target {
+        Target::Ir | Target::Cpu(_) | Target::Ptx(_) => Ok(()),
+        Target::Mlir(form) if form == "cpu" || form == "gpu" => Ok(()),
+        Target::Mlir(form) => Err(CodegenError::NotImplemented {
+            target: target.to_string(),
+            why: format!("unknown MLIR form `{form}` (forms: cpu, gpu)"),
+        }),
+    }
 }

@@ -63,7 +63,8 @@ pub struct Artifact {
     /// Unique within the manifest: `<kernel_id>@<target>` plus the config's extra
     /// values, e.g. `flash_causal_bf16_d128_m64_n32@ptx:sm_90a/w4_s2`.
     pub artifact_id: String,
-    /// `ir`, `cpu:<isa>`, `ptx:<arch>`, `mlir:<form>`.
+    /// `ir`, `cpu:<isa>`, `ptx:<arch>`, `mlir:cpu`, `mlir:gpu` (the `.mlir` text), `mlir:gpu:<chip>`
+    /// (PTX from MLIR's NVVM pipeline).
     pub target: String,
     /// Path of the artifact file, relative to the manifest's directory.
     pub file: String,
@@ -82,7 +83,10 @@ pub struct Artifact {
     pub block: Option<[u32; 3]>,
     /// Dynamic shared memory in bytes (GPU targets; 0 elsewhere).
     pub dynamic_shared_memory: u32,
-    /// Per-thread scratch bytes the caller passes (CPU targets; 0 elsewhere).
+    /// Scratch memory the caller passes: per thread for CPU targets (`cpu:<isa>`,
+    /// `mlir:cpu`); per block for `mlir:gpu:<chip>` PTX, whose launcher appends a pointer
+    /// to `blocks × scratch_bytes` bytes of global memory as the last parameter
+    /// (docs/abi.md). 0 (absent) elsewhere.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub scratch_bytes: u64,
 }
