@@ -3,7 +3,7 @@
 # PTX artifacts, packed into .gpu/ (git-ignored) so that the device tool can carry them.
 #
 #   bash scripts/gpu_prepare.sh            # correctness set + benchmark set
-#   then, on the GPU machine:  bash scripts/gpu_run.sh [--full-bench]
+#   then, on the GPU machine:  bash scripts/gpu_run.sh [--full | --rows N,M | --mlir-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
@@ -21,6 +21,9 @@ $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant 
     --num-stages 3 -o .gpu/check2
 # Benchmark: every tiling and configuration of `full` and `causal`, bf16.
 $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 -o .gpu/bench
-tar -C .gpu -czf .gpu/artifacts.tgz check check2 bench
-rm -rf .gpu/check .gpu/check2 .gpu/bench
+# MLIR's gpu form (issue #6): every variant x bf16/f16/f32 x d64/d128, one tiling, PTX
+# from MLIR's NVVM pipeline.
+$EJC build specs/flash.yaml -q --target mlir:gpu --block-m 64 --block-n 32 -o .gpu/mlir
+tar -C .gpu -czf .gpu/artifacts.tgz check check2 bench mlir
+rm -rf .gpu/check .gpu/check2 .gpu/bench .gpu/mlir
 du -sh .gpu/*

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_run.sh            # quick benchmark (3 rows)
 #   bash scripts/gpu_run.sh --full     # the whole standard grid
 #   bash scripts/gpu_run.sh --rows 1024,8192   # those sequence lengths of the grid
+#   bash scripts/gpu_run.sh --mlir-only  # only the MLIR gpu form's correctness (+ memcheck sample)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ejc-gpu-out}
@@ -13,6 +14,15 @@ tar -C /tmp/ejc-art -xzf .gpu/artifacts.tgz
 nvidia-smi -L | tee "$OUT/device.txt"
 export PYTHONUNBUFFERED=1
 status=0
+echo "== MLIR gpu form: ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
+./.gpu/ejc-gpu check /tmp/ejc-art/mlir 2>&1 | tee "$OUT/check_mlir.log" || status=1
+if command -v compute-sanitizer >/dev/null; then
+    compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check /tmp/ejc-art/mlir --filter causal_bf16_d64 \
+        2>&1 | tail -8 | tee "$OUT/memcheck_mlir.log" || status=1
+fi
+if [ "${1:-}" = "--mlir-only" ]; then
+    exit $status
+fi
 echo "== ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
 ./.gpu/ejc-gpu check /tmp/ejc-art/check 2>&1 | tee "$OUT/check.log" || status=1
 ./.gpu/ejc-gpu check /tmp/ejc-art/check2 2>&1 | tee "$OUT/check2.log" || status=1

@@ -14,7 +14,9 @@
 //!
 //! A tensor is passed as `(ptr, shape[rank]: i64, strides[rank]: i64)` (strides in
 //! elements), a scalar as its value (`f32`, `i32`; `u32` and `i1` as `i32`): the ABI
-//! the PTX target generates (docs/abi.md).
+//! the PTX target generates (docs/abi.md). Kernels from MLIR's gpu form (`mlir:gpu:<chip>`
+//! artifacts) keep their tiles in global memory: [`CudaKernel::scratch_bytes`] per block,
+//! passed as one extra pointer after the ABI's parameters.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -75,6 +77,9 @@ pub struct CudaKernel {
     pub entry: String,
     pub threads: u32,
     pub smem_bytes: u32,
+    /// Global scratch bytes per block (manifest `scratch_bytes`; MLIR gpu-form kernels):
+    /// when nonzero, the launch appends a pointer to `blocks × scratch_bytes` bytes.
+    pub scratch_bytes: u64,
 }
 
 /// One scalar argument.
@@ -96,6 +101,8 @@ pub struct Cuda {
     stream: Arc<CudaStream>,
     /// Loaded modules by PTX text hash and entry.
     kernels: Mutex<HashMap<(u64, String), CudaKernel>>,
+    /// Global scratch for kernels that need it, grown on demand and kept.
+    scratch: Mutex<Option<CudaSlice<u8>>>,
 }
 
 impl Cuda {
@@ -110,7 +117,7 @@ impl Cuda {
         }
         let ctx = CudaContext::new(0).map_err(drv)?;
         let stream = ctx.default_stream();
-        Ok(Cuda { ctx, stream, kernels: Mutex::new(HashMap::new()) })
+        Ok(Cuda { ctx, stream, kernels: Mutex::new(HashMap::new()), scratch: Mutex::new(None) })
     }
 
     pub fn device_name(&self) -> String {
@@ -172,7 +179,7 @@ impl Cuda {
             )
             .map_err(|e| CudaError::Driver(format!("`{entry}` needs {smem_bytes} bytes of shared memory: {e:?}")))?;
         }
-        let k = CudaKernel { func, entry: entry.to_string(), threads, smem_bytes };
+        let k = CudaKernel { func, entry: entry.to_string(), threads, smem_bytes, scratch_bytes: 0 };
         cache.insert(key, k.clone());
         Ok(k)
     }
@@ -206,6 +213,19 @@ impl Cuda {
                 Scalar::F32(x) => Arg::F32(*x),
                 Scalar::I32(x) => Arg::I32(*x),
             });
+        }
+        // Held until the launch is queued: another launch may not shrink it meanwhile.
+        let mut scratch = self.scratch.lock().map_err(|_| CudaError::Invalid("scratch poisoned".into()))?;
+        if k.scratch_bytes > 0 {
+            let need = (grid[0] * grid[1] * grid[2]) as usize * k.scratch_bytes as usize;
+            if scratch.as_ref().is_none_or(|s| s.len() < need) {
+                *scratch = None;
+                *scratch = Some(self.stream.alloc_zeros::<u8>(need).map_err(|e| {
+                    CudaError::Driver(format!("`{}` needs {need} bytes of global scratch: {e:?}", k.entry))
+                })?);
+            }
+            let (p, _sync) = scratch.as_ref().map(|s| s.device_ptr(&self.stream)).expect("allocated above");
+            args.push(Arg::U64(p));
         }
         let mut b = self.stream.launch_builder(&k.func);
         for a in &args {

@@ -1,5 +1,6 @@
 //! `ejc-gpu`: run PTX artifacts of a build on the GPU, without LLVM (this binary is
-//! what travels to a GPU machine; `ejc build --target ptx:...` writes the artifacts).
+//! what travels to a GPU machine; `ejc build --target ptx:...` writes the artifacts, and
+//! `ejc build --target mlir:gpu` the PTX of MLIR's gpu form, which `check` runs too).
 //!
 //! ```text
 //! ejc-gpu info
@@ -54,10 +55,11 @@ fn cuda_or_skip() -> Result<Cuda, ExitCode> {
     }
 }
 
-/// Which PTX archs this GPU runs: sm_80 code runs everywhere from sm_80 (the driver
-/// JIT-compiles it); `sm_90a` only on compute capability 9.0.
+/// Which PTX archs this GPU runs (`ptx:<arch>` and `mlir:gpu:<arch>` artifacts): sm_80
+/// code runs everywhere from sm_80 (the driver JIT-compiles it); `sm_90a` only on compute
+/// capability 9.0.
 fn runs_here(target: &str, cc: u32) -> bool {
-    match target.strip_prefix("ptx:") {
+    match target.strip_prefix("ptx:").or_else(|| target.strip_prefix("mlir:gpu:")) {
         Some("sm_90a") => cc == 90,
         Some(a) => a.trim_start_matches("sm_").parse::<u32>().map(|x| x <= cc).unwrap_or(false),
         None => false,
@@ -87,7 +89,9 @@ fn kernel(cuda: &Cuda, m: &Loaded, a: &Artifact) -> Result<CudaKernel, String> {
     let path = m.path_of(a);
     let ptx = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let threads = a.block.map(|b| b[0]).unwrap_or(128);
-    cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory).map_err(|e| e.to_string())
+    let mut k = cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory).map_err(|e| e.to_string())?;
+    k.scratch_bytes = a.scratch_bytes;
+    Ok(k)
 }
 
 fn tol(d: DType) -> f64 {
