@@ -102,10 +102,14 @@ fn build_writes_ir_and_a_manifest_the_runtime_verifies() {
     let o =
         ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--variant", "causal", "--dtype", "f32", "--head-dim", "64"]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
-    assert!(text(&o.stderr).contains("target `mlir:cpu` is not built yet"), "default build names the skipped targets");
+    assert!(!text(&o.stderr).contains("not built yet"), "every target of the spec is built: {}", text(&o.stderr));
     assert!(text(&o.stderr).contains("f32 kernels left out"), "ptx says why f32 has no artifacts");
     let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-    assert_eq!(m.artifacts.len(), 12, "6 tilings x (ir, cpu); no f32 PTX");
+    assert_eq!(
+        m.artifacts.len(),
+        30,
+        "6 tilings x (ir, cpu, mlir:cpu, mlir:gpu, mlir:gpu:sm_80 PTX); no f32 PTX from the ptx back end"
+    );
     let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--target", "ir"]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let loaded = ejc_runtime::manifest::load(&out).expect("manifest verifies");
@@ -155,10 +159,10 @@ fn build_filters_and_unsupported_targets() {
     let _ = std::fs::remove_dir_all(&out);
 
     let out = temp_dir("unsupported");
-    for t in ["mlir:cpu", "mlir:gpu"] {
+    for (t, needle) in [("mlir:tpu", "mlir:tpu"), ("ptx:sm_70", "sm_70"), ("metal", "metal")] {
         let o = ejc(&["build", SPEC, "-o", out.to_str().unwrap(), "--target", t]);
         assert_eq!(code(&o), 2);
-        assert!(text(&o.stderr).contains("is not built yet"), "{}", text(&o.stderr));
+        assert!(text(&o.stderr).contains(needle), "{}", text(&o.stderr));
         assert!(!out.join("manifest.json").exists(), "nothing is written for a refused target");
     }
     // PTX: one tiling; 8 warps do not divide 64 rows, so 4 warps x the spec's 2 stage counts.
@@ -250,7 +254,6 @@ fn run_refuses_what_it_cannot_do() {
     for (args, needle) in [
         (vec!["--backend", "cpu", "--isa", "neon"], "unknown CPU ISA"),
         (vec!["--backend", "cuda"], "ejc-gpu"),
-        (vec!["--backend", "mlir"], "issue #6"),
         (vec!["--variant", "nope"], "--variant nope"),
         (vec!["--dtype", "i32"], "declares dtypes"),
         (vec!["--shape", "1,2,3"], "expected 6"),
@@ -380,5 +383,100 @@ fn tune_stores_the_winner_and_cache_commands_show_it() {
     assert!(show.contains("candidates:") && show.matches(" ms  ok").count() == 6, "{show}");
     assert_eq!(code(&ejc(&["cache", "show", "no-such-entry", "--cache-dir", c])), 2);
     assert!(text(&ejc(&["cache", "clear", "--cache-dir", c]).stdout).contains("removed 1"));
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[test]
+fn mlir_target_writes_modules_and_ptx() {
+    let out = temp_dir("mlir");
+    let o = ejc(&[
+        "build",
+        SPEC,
+        "-o",
+        out.to_str().unwrap(),
+        "--target",
+        "mlir",
+        "--variant",
+        "causal",
+        "--variant",
+        "varlen",
+        "--dtype",
+        "bf16",
+        "--head-dim",
+        "64",
+        "--block-m",
+        "64",
+        "--block-n",
+        "32",
+        "--report",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let loaded = ejc_runtime::manifest::load(&out).expect("manifest verifies");
+    let targets: Vec<&str> = loaded.manifest.artifacts.iter().map(|a| a.target.as_str()).collect();
+    assert_eq!(targets.iter().filter(|t| **t == "mlir:cpu").count(), 2, "{targets:?}");
+    assert_eq!(targets.iter().filter(|t| **t == "mlir:gpu").count(), 2, "{targets:?}");
+    assert_eq!(targets.iter().filter(|t| **t == "mlir:gpu:sm_80").count(), 2, "{targets:?}");
+    for a in &loaded.manifest.artifacts {
+        let body = std::fs::read_to_string(loaded.path_of(a)).unwrap();
+        match a.target.as_str() {
+            "mlir:cpu" => assert!(body.contains(&format!("func.func @{}(", a.entry)) && a.scratch_bytes > 0),
+            "mlir:gpu" => assert!(body.contains("gpu.module @ejc") && body.contains("gpu.func @entry(")),
+            _ => {
+                assert!(body.contains(".visible .entry entry("), "{}", a.file);
+                assert_eq!(a.block, Some([128, 1, 1]));
+                assert!(a.scratch_bytes > 0, "the gpu form needs global scratch");
+            }
+        }
+    }
+    // --report: ptxas on the MLIR-made PTX too (when this machine has ptxas).
+    if ejc_codegen::ptx::find_ptxas().is_some() {
+        assert!(text(&o.stdout).contains("@mlir:gpu:sm_80"), "{}", text(&o.stdout));
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn run_backend_mlir_dumps_every_stage_and_caches() {
+    let dump = temp_dir("mlir-dump");
+    let cache = temp_dir("mlir-cache");
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_ejc"))
+            .args([
+                "run",
+                SPEC,
+                "--backend",
+                "mlir",
+                "--variant",
+                "gemma2",
+                "--dtype",
+                "f16",
+                "--shape",
+                "1,50,70,4,2,64",
+            ])
+            .env("EJC_DUMP_MLIR", &dump)
+            .env("EJC_CACHE_DIR", &cache)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("ejc runs")
+    };
+    let o = run();
+    assert_eq!(code(&o), 0, "{}{}", text(&o.stdout), text(&o.stderr));
+    assert!(text(&o.stdout).contains("ok     gemma2"), "{}", text(&o.stdout));
+    assert!(text(&o.stderr).contains("compiled through MLIR in"), "{}", text(&o.stderr));
+    let mut stages: Vec<String> =
+        std::fs::read_dir(&dump).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    stages.sort();
+    let kernel = "flash_gemma2_f16_d64_m64_n32.cpu";
+    assert_eq!(
+        stages,
+        [format!("{kernel}.0-translated.mlir"), format!("{kernel}.1-expanded.mlir"), format!("{kernel}.2-llvm.mlir")]
+    );
+    let llvm = std::fs::read_to_string(dump.join(format!("{kernel}.2-llvm.mlir"))).unwrap();
+    assert!(llvm.contains("llvm.func @flash_gemma2") && !llvm.contains("scf.for"), "fully lowered");
+    // A second process finds the compiled object in the cache.
+    let o = run();
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    assert!(text(&o.stderr).contains("(from the on-disk cache)"), "{}", text(&o.stderr));
+    let _ = std::fs::remove_dir_all(&dump);
     let _ = std::fs::remove_dir_all(&cache);
 }

@@ -35,12 +35,10 @@ pub fn flops(p: &Problem, v: &Variant) -> f64 {
 pub fn run(req: &Request) -> Outcome {
     match req.backend {
         "cpu" | "mlir" => {}
-        "interp" => {
-            return Outcome::Error(
-                "error: the interpreter is a correctness reference, not a benchmark back end (use --backend cpu or mlir)"
-                    .into(),
-            )
-        }
+        "interp" => return Outcome::Error(
+            "error: the interpreter is a correctness reference, not a benchmark back end (use --backend cpu or mlir)"
+                .into(),
+        ),
         other => {
             return unsupported_backend(other).unwrap_or(Outcome::Error(format!("error: unknown backend `{other}`")))
         }
@@ -83,7 +81,10 @@ pub fn run(req: &Request) -> Outcome {
             Err(o) => return o,
         };
         if let (Some((secs, cached)), false) = (prepared.compile_info(), req.json) {
-            eprintln!("  {name}: compiled through MLIR in {secs:.2}s{}", if cached { " (from the on-disk cache)" } else { "" });
+            eprintln!(
+                "  {name}: compiled through MLIR in {secs:.2}s{}",
+                if cached { " (from the on-disk cache)" } else { "" }
+            );
         }
         let mut call = FlashBuffers::from_inputs(&inputs);
         let mut times = Vec::with_capacity(req.reps);

@@ -68,7 +68,10 @@ pub fn run(req: &Request) -> Outcome {
             Err(o) => return o,
         };
         if let (Some((secs, cached)), false) = (exec.compile_info(), req.json) {
-            eprintln!("  {name}: compiled through MLIR in {secs:.2}s{}", if cached { " (from the on-disk cache)" } else { "" });
+            eprintln!(
+                "  {name}: compiled through MLIR in {secs:.2}s{}",
+                if cached { " (from the on-disk cache)" } else { "" }
+            );
         }
         let rt = p.runtime(v, seed);
         let inputs = random_inputs(&v.features, p.dtype, s, seed);

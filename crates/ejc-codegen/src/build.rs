@@ -338,9 +338,7 @@ fn build_mlir(
     let gpu = match form {
         "cpu" => false,
         "gpu" => true,
-        other => {
-            return Err(CodegenError::Empty(format!("unknown MLIR form `{other}` (forms: mlir:cpu, mlir:gpu)")))
-        }
+        other => return Err(CodegenError::Empty(format!("unknown MLIR form `{other}` (forms: mlir:cpu, mlir:gpu)"))),
     };
     let dir = opts.out_dir.join("mlir").join(form);
     std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;

@@ -75,8 +75,7 @@ fn every_variant_translates_and_verifies_in_both_forms() {
             for d in [64, 128] {
                 let k = kernel(&spec, v, dtype, d, 64, 32);
                 for form in [Form::Cpu, Form::Gpu { threads: 128 }] {
-                    let (text, info) =
-                        mlir::to_mlir(&k, form).unwrap_or_else(|e| panic!("{} ({form:?}): {e}", k.name));
+                    let (text, info) = mlir::to_mlir(&k, form).unwrap_or_else(|e| panic!("{} ({form:?}): {e}", k.name));
                     assert!(text.contains(if form == Form::Cpu { "func.func" } else { "gpu.func" }));
                     assert!(info.scratch_bytes > 0);
                 }
@@ -130,4 +129,195 @@ fn gpu_form_ptx_passes_ptxas_for_every_variant() {
         }
     }
     eprintln!("{checked} MLIR-generated PTX files assembled by ptxas");
+}
+
+/// A kernel that uses every op family the flash kernels do not (or not in these
+/// shapes): rank-1 and broadcast operands, reductions along both axes, products with
+/// either operand transposed, integer bit operations on u32, casts, a loop carrying a
+/// tile and a scalar, an `if` yielding a tile, Philox uniforms, and a scalar store.
+fn ops_kernel() -> Kernel {
+    use ejc_ir::builder::KernelBuilder;
+    use ejc_ir::ir::{BinOp, CmpPred, GridExpr, ReduceOp, UnOp};
+    let mut b = KernelBuilder::new("ops");
+    let x = b.param("x", Type::Tensor(DType::F32, 2));
+    let w = b.param("w", Type::Tensor(DType::BF16, 2));
+    let out = b.param("out", Type::Tensor(DType::F32, 2));
+    let bits = b.param("bits", Type::Tensor(DType::U32, 2));
+    let rows = b.param("rows", Type::Tensor(DType::F32, 1));
+    let s = b.param("s", Type::Scalar(DType::F32));
+    let seed = b.param("seed", Type::Scalar(DType::U32));
+    b.set_grid([GridExpr::cdiv(GridExpr::sym("n"), 8), GridExpr::Const(1), GridExpr::Const(1)]);
+    let pid = b.program_id(0);
+    let c8 = b.const_i32(8);
+    let c0 = b.const_i32(0);
+    let r0 = b.mul(pid, c8);
+    let n = b.dim(x, 0);
+    let xt = b.load(x, vec![b.range(r0, 8, Some(n)), b.range(c0, 16, None)], 0.0);
+    let wt = b.load(w, vec![b.range(c0, 16, None), b.range(c0, 8, None)], 0.0);
+    let xb = b.cast(xt, DType::BF16);
+    let acc0 = b.full(0.0, DType::F32, &[8, 8]);
+    let d1 = b.dot(xb, wt, acc0, false, false);
+    let d2 = b.dot(xb, xb, acc0, false, true);
+    let d3 = b.dot(wt, wt, acc0, true, false);
+    let t = b.mul(d2, s);
+    let sum = b.add(d1, t);
+    let sum = b.add(sum, d3);
+    let rmax = b.reduce(ReduceOp::Max, sum, 1);
+    let cmin = b.reduce(ReduceOp::Min, sum, 0);
+    let e = b.expand_dims(rmax, 1);
+    let f = b.expand_dims(cmin, 0);
+    let z = b.sub(sum, e);
+    let z = b.add(z, f);
+    let tenth = b.const_f32(0.1);
+    let zz = b.mul(z, tenth);
+    let z2 = b.unary(UnOp::Exp2, zz);
+    let th = b.unary(UnOp::Tanh, zz);
+    let ab = b.unary(UnOp::Abs, zz);
+    let one = b.const_f32(1.0);
+    let ab1 = b.add(ab, one);
+    let lg = b.unary(UnOp::Log2, ab1);
+    let rs = b.unary(UnOp::Rsqrt, ab1);
+    let sq = b.unary(UnOp::Sqrt, ab1);
+    let ex = b.unary(UnOp::Exp, th);
+    let ln = b.unary(UnOp::Log, ab1);
+    let mut acc = b.add(z2, lg);
+    for v in [rs, sq, ex, ln] {
+        acc = b.add(acc, v);
+    }
+    // A loop carrying a tile and a scalar; an if yielding a tile.
+    let c3 = b.const_i32(3);
+    let c1 = b.const_i32(1);
+    let fin = b.for_loop(c0, c3, c1, &[acc, s], |b, iv, carried| {
+        let k = b.cast(iv, DType::F32);
+        let kk = b.mul(k, carried[1]);
+        let a2 = b.add(carried[0], kk);
+        let h = b.const_f32(0.5);
+        let s2 = b.mul(carried[1], h);
+        vec![a2, s2]
+    });
+    let is0 = b.cmp(CmpPred::Eq, pid, c0);
+    let ty = b.ty(fin[0]).clone();
+    let picked = b.if_else(is0, &[ty], |b| vec![b.unary(UnOp::Neg, fin[0])], |_| vec![fin[0]]);
+    b.store(out, vec![b.range(r0, 8, Some(n)), b.range(c0, 8, None)], picked[0]);
+    // u32 bit mixing over a broadcast index tile.
+    let ar8 = b.arange(8);
+    let rid = b.add(ar8, r0);
+    let rid = b.expand_dims(rid, 1);
+    let ar16 = b.arange(16);
+    let cid = b.expand_dims(ar16, 0);
+    let c16 = b.const_i32(16);
+    let lin = b.mul(rid, c16);
+    let lin = b.add(lin, cid);
+    let lin = b.broadcast(lin, &[8, 16]);
+    let u = b.cast(lin, DType::U32);
+    let mulc = b.constant(2654435761.0, DType::U32);
+    let h = b.mul(u, mulc);
+    let hi = b.binary(BinOp::MulHi, h, seed);
+    let c3u = b.constant(3.0, DType::U32);
+    let sh = b.binary(BinOp::Shl, u, c3u);
+    let mix = b.binary(BinOp::Xor, hi, sh);
+    let c7u = b.constant(7.0, DType::U32);
+    let rem = b.binary(BinOp::Rem, mix, c7u);
+    let c1u = b.constant(1.0, DType::U32);
+    let shr = b.binary(BinOp::Shr, mix, c1u);
+    let both = b.binary(BinOp::Or, shr, rem);
+    b.store(bits, vec![b.range(r0, 8, Some(n)), b.range(c0, 16, None)], both);
+    // Philox uniforms choose a sign per element; row sums go to a rank-1 tensor.
+    let zero_u = b.constant(0.0, DType::U32);
+    let uni = b.rand_uniform(seed, zero_u, c0, c1, r0, c0, &[8, 16]);
+    let half = b.const_f32(0.5);
+    let keep = b.cmp(CmpPred::Lt, uni, half);
+    let neg = b.unary(UnOp::Neg, xt);
+    let signed = b.select(keep, xt, neg);
+    let rsum = b.reduce(ReduceOp::Sum, signed, 1);
+    b.store(rows, vec![b.range(r0, 8, Some(n))], rsum);
+    // A scalar reduction stored at one element.
+    let total = b.reduce(ReduceOp::Sum, rsum, 0);
+    let last = b.sub(n, c1);
+    b.store(rows, vec![b.index(last)], total);
+    b.finish().unwrap()
+}
+
+#[test]
+fn generic_ops_match_the_interpreter() {
+    use ejc_ir::interp::{launch, Arg};
+    use ejc_ir::tensor::HostTensor;
+    use ejc_runtime::cpu::{scalar_slot, HostBuffer};
+    use rand::{Rng, SeedableRng};
+    let seed = seed();
+    println!("seed {seed} (EJC_TEST_SEED replays)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = ops_kernel();
+    let n = 13; // two programs, the second one cut at row 13
+    let mut normal = |len: usize| (0..len).map(|_| rng.random_range(-2.0..2.0)).collect::<Vec<f64>>();
+    let x = HostTensor::from_vec(DType::F32, &[n, 16], normal(n * 16));
+    let w = HostTensor::from_vec(DType::BF16, &[16, 8], normal(128));
+    let (s, seed_u) = (0.37, (seed % 4_000_000_000) as f64);
+    let outs = [
+        HostTensor::zeros(DType::F32, &[n, 8]),
+        HostTensor::zeros(DType::U32, &[n, 16]),
+        HostTensor::zeros(DType::F32, &[n]),
+    ];
+    let mut args = vec![Arg::Tensor(x.clone()), Arg::Tensor(w.clone())];
+    args.extend(outs.iter().cloned().map(Arg::Tensor));
+    args.extend([Arg::Scalar(s), Arg::Scalar(seed_u)]);
+    launch(&k, &mut args, [2, 1, 1]).unwrap();
+    let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
+    let mut bufs: Vec<HostBuffer> = [&x, &w].into_iter().chain(outs.iter()).map(HostBuffer::from_host).collect();
+    let tensors: Vec<_> = bufs.iter_mut().map(|b| b.abi()).collect();
+    let scalars = [scalar_slot(DType::F32, s), scalar_slot(DType::U32, seed_u)];
+    unsafe { ck.launch(&tensors, &scalars, [2, 1, 1], 2) }.unwrap();
+    for (i, name) in [(2, "out"), (3, "bits"), (4, "rows")] {
+        let want = args[i].tensor().unwrap().to_vec();
+        let got = bufs[i].to_host().to_vec();
+        assert!(want.iter().filter(|x| **x != 0.0).count() > want.len() / 2, "{name}: a trivial reference");
+        if name == "bits" {
+            assert_eq!(got, want, "{name} (seed {seed})");
+        } else {
+            let (rel, max_abs) = compare(&got, &want);
+            assert!(rel <= 1e-5, "{name} (seed {seed}): rel_err={rel:e} max_abs_err={max_abs:e}");
+        }
+    }
+}
+
+macro_rules! snapshot {
+    ($name:expr, $text:expr) => {
+        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"), prepend_module_to_snapshot => false}, {
+            insta::assert_snapshot!($name, $text);
+        });
+    };
+}
+
+#[test]
+fn translated_modules_snapshots() {
+    let k = ops_kernel();
+    snapshot!("mlir__ops_cpu", mlir::to_mlir(&k, Form::Cpu).unwrap().0);
+    snapshot!("mlir__ops_gpu", mlir::to_mlir(&k, Form::Gpu { threads: 128 }).unwrap().0);
+    let spec = spec();
+    let causal = spec.variant("causal").unwrap();
+    let k = kernel(&spec, causal, DType::BF16, 64, 64, 32);
+    snapshot!("mlir__flash_causal_bf16_d64_m64_n32_cpu", mlir::to_mlir(&k, Form::Cpu).unwrap().0);
+}
+
+#[test]
+fn compiled_code_is_cached_on_disk() {
+    let dir = std::env::temp_dir().join(format!("ejc-mlir-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = spec();
+    let v = spec.variant("softcap").unwrap();
+    let k = kernel(&spec, v, DType::F32, 64, 64, 32);
+    let cold = CpuKernel::compile_in(&k, &dir).unwrap();
+    assert!(!cold.cached);
+    let warm = CpuKernel::compile_in(&k, &dir).unwrap();
+    assert!(warm.cached, "the second compile must come from {}", dir.display());
+    println!("cold {:.3}s, warm {:.3}s", cold.compile_seconds, warm.compile_seconds);
+    check(&warm, v, DType::F32, 64, 64, "1,70,90,4,2,64", seed());
+    // A damaged entry is recompiled, not trusted.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        std::fs::write(e.unwrap().path(), b"not an object").unwrap();
+    }
+    let again = CpuKernel::compile_in(&k, &dir).unwrap();
+    assert!(!again.cached);
+    check(&again, v, DType::F32, 64, 64, "1,70,90,4,2,64", seed());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -182,9 +182,10 @@ impl<'c, 'k> Emitter<'c, 'k> {
             .build()
             .map_err(|e| self.err(format!("building `{name}`: {e}")))?;
         let op = blk.append_operation(op);
-        Ok((0..op.result_count()).map(|i| op.result(i).map(|r| r.to_raw())).collect::<Result<_, _>>().map_err(
-            |e| self.err(format!("`{name}`: {e}")),
-        )?)
+        (0..op.result_count())
+            .map(|i| op.result(i).map(|r| r.to_raw()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(format!("`{name}`: {e}")))
     }
 
     fn op1(&self, blk: &Block<'c>, name: &str, operands: &[V], result: &str, attrs: &[(&str, &str)]) -> R<V> {
@@ -394,13 +395,19 @@ impl<'c, 'k> Emitter<'c, 'k> {
     /// The rows `0..n` of a tile op: all of them in order (cpu), or spread over the
     /// block's threads and followed by a barrier (gpu).
     fn rows(&mut self, blk: &Block<'c>, n: usize, body: impl FnOnce(&mut Self, &Block<'c>, V) -> R<()>) -> R<()> {
-        let hi = self.idx(blk, n as i64)?;
         match self.form {
+            // One row: no loop around it.
+            Form::Cpu if n == 1 => {
+                let zero = self.idx(blk, 0)?;
+                body(self, blk, zero)
+            }
             Form::Cpu => {
+                let hi = self.idx(blk, n as i64)?;
                 let (lo, step) = (self.idx(blk, 0)?, self.idx(blk, 1)?);
                 self.for_index(blk, lo, hi, step, body)
             }
             Form::Gpu { threads } => {
+                let hi = self.idx(blk, n as i64)?;
                 let lo = self.tid.ok_or_else(|| self.err("thread id used before the prologue"))?;
                 let step = self.idx(blk, threads as i64)?;
                 self.for_index(blk, lo, hi, step, body)?;
@@ -647,7 +654,8 @@ impl<'c, 'k> Emitter<'c, 'k> {
             UnOp::Abs if d == DType::I32 => self.op1(blk, "math.absi", &[x], &t, &[]),
             UnOp::Abs => Ok(x),
             UnOp::Not => {
-                let ones = if d == DType::I1 { self.const_of(blk, d, 1.0, w)? } else { self.const_of(blk, d, -1.0, w)? };
+                let ones =
+                    if d == DType::I1 { self.const_of(blk, d, 1.0, w)? } else { self.const_of(blk, d, -1.0, w)? };
                 self.op1(blk, "arith.xori", &[x, ones], &t, &[])
             }
             other => Err(self.err(format!("`{other:?}` on {d}"))),
@@ -697,9 +705,11 @@ impl<'c, 'k> Emitter<'c, 'k> {
         if to == DType::I1 {
             let z = self.const_of(blk, from, 0.0, w)?;
             return if from.is_float() {
-                self.op1(blk, "arith.cmpf", &[x, z], &t, &[("predicate", "6 : i64")]) // one
+                self.op1(blk, "arith.cmpf", &[x, z], &t, &[("predicate", "6 : i64")])
+            // one
             } else {
-                self.op1(blk, "arith.cmpi", &[x, z], &t, &[("predicate", "1 : i64")]) // ne
+                self.op1(blk, "arith.cmpi", &[x, z], &t, &[("predicate", "1 : i64")])
+                // ne
             };
         }
         match (from.is_float(), to.is_float()) {
@@ -1278,7 +1288,6 @@ struct Access {
     dtype: DType,
 }
 
-
 /// The MLIR signature of a kernel's parameters: each tensor as (memref, rank × i64
 /// extents, rank × i64 strides), each scalar as its compute type (i1 as i32).
 fn param_types(k: &Kernel, form: Form) -> Vec<String> {
@@ -1442,8 +1451,7 @@ fn emit_module<'c>(ctx: &'c Context, k: &Kernel, form: Form, slice: usize) -> R<
             let scratch_bytes = e.next.div_ceil(ALIGN) * ALIGN;
             // The container-module marker goes on the top-level module.
             let mut m = module;
-            m.as_operation_mut()
-                .set_attribute("gpu.container_module", Attribute::unit(ctx));
+            m.as_operation_mut().set_attribute("gpu.container_module", Attribute::unit(ctx));
             Ok((m, Translation { entry: "entry".into(), scratch_bytes }))
         }
     }

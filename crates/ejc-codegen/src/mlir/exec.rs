@@ -65,15 +65,21 @@ fn engine_err(k: &Kernel, m: impl Into<String>) -> MlirError {
 }
 
 impl CpuKernel {
-    /// Translate, lower and compile `k` (or load it from the cache).
+    /// Translate, lower and compile `k`, or load it from the on-disk cache
+    /// ([`super::cache_dir`]).
     pub fn compile(k: &Kernel) -> Result<CpuKernel, MlirError> {
+        Self::compile_in(k, &cache_dir())
+    }
+
+    /// [`CpuKernel::compile`] with the cache in `cache`.
+    pub fn compile_in(k: &Kernel, cache: &std::path::Path) -> Result<CpuKernel, MlirError> {
         let started = Instant::now();
         let s = Session::new();
         let (mut module, info) = s.translate(k, Form::Cpu)?;
         let text = module.as_operation().to_string();
         let stages: Vec<String> = CPU_STAGES.iter().map(|(_, p)| p.to_string()).collect();
         let key = cache_key(&text, &stages, &format!("cpu:{}:{}", std::env::consts::ARCH, Isa::host_max()));
-        let path = cache_dir().join(format!("{key}.o"));
+        let path = cache.join(format!("{key}.o"));
         let params = k
             .params
             .iter()
@@ -108,10 +114,7 @@ impl CpuKernel {
         let engine = ExecutionEngine::new(&module, 3, &[], true, false);
         let f = engine.lookup(&symbol);
         if f.is_null() {
-            return Err(engine_err(
-                k,
-                format!("no symbol `{symbol}` after compilation: {}", s.take_diagnostics()),
-            ));
+            return Err(engine_err(k, format!("no symbol `{symbol}` after compilation: {}", s.take_diagnostics())));
         }
         let packed: Packed = unsafe { std::mem::transmute::<*mut (), Packed>(f) };
         // Keep the object for the next process.
