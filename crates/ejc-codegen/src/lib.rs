@@ -16,9 +16,9 @@
 //! | target | module | status |
 //! |---|---|---|
 //! | `ir` | [`ir`] | tile IR text after the pass pipeline |
-//! | `cpu[:isa]` | [`targets`] | not built yet (issue 3) |
-//! | `ptx:<arch>` | [`targets`] | not built yet (issue 4) |
-//! | `mlir:<form>` | [`targets`] | not built yet (issue 6) |
+//! | `cpu[:isa]` | [`cpu`] | one shared library per ISA |
+//! | `ptx:<arch>` | [`ptx`] | one PTX file per kernel × num_warps × num_stages |
+//! | `mlir:cpu`, `mlir:gpu` | [`mlir`] | verified MLIR modules; the gpu form's PTX (`mlir:gpu:sm_80`) |
 
 pub mod arith;
 pub mod build;
