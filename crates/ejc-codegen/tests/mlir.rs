@@ -68,20 +68,27 @@ fn check(k: &CpuKernel, v: &Variant, dtype: DType, head_dim: usize, bm: usize, s
 }
 
 #[test]
-fn every_variant_translates_and_verifies_in_both_forms() {
+fn every_kernel_of_the_spec_translates_and_verifies_in_both_forms() {
+    // All 540 tile programs: every variant x dtype x head dim x tiling.
     let spec = spec();
+    let mut n = 0;
     for v in &spec.variants {
-        for dtype in [DType::BF16, DType::F32] {
-            for d in [64, 128] {
-                let k = kernel(&spec, v, dtype, d, 64, 32);
-                for form in [Form::Cpu, Form::Gpu { threads: 128 }] {
-                    let (text, info) = mlir::to_mlir(&k, form).unwrap_or_else(|e| panic!("{} ({form:?}): {e}", k.name));
-                    assert!(text.contains(if form == Form::Cpu { "func.func" } else { "gpu.func" }));
-                    assert!(info.scratch_bytes > 0);
+        for &dtype in &spec.dtypes {
+            for &d in &spec.head_dims {
+                for (bm, bn) in spec.schedule.tilings() {
+                    let k = kernel(&spec, v, dtype, d, bm, bn);
+                    for form in [Form::Cpu, Form::Gpu { threads: 128 }] {
+                        let (text, info) =
+                            mlir::to_mlir(&k, form).unwrap_or_else(|e| panic!("{} ({form:?}): {e}", k.name));
+                        assert!(text.contains(if form == Form::Cpu { "func.func" } else { "gpu.func" }));
+                        assert!(info.scratch_bytes > 0);
+                        n += 1;
+                    }
                 }
             }
         }
     }
+    assert_eq!(n, 2 * 540);
 }
 
 #[test]
@@ -97,6 +104,21 @@ fn cpu_form_matches_the_reference_for_every_variant() {
             for s in shapes {
                 check(&ck, v, dtype, 64, 64, s, seed);
             }
+        }
+    }
+}
+
+#[test]
+fn cpu_form_matches_the_reference_on_every_tiling_at_head_dim_128() {
+    let spec = spec();
+    let seed = seed();
+    println!("seed {seed} (EJC_TEST_SEED replays)");
+    for name in ["causal", "varlen_causal", "sinks"] {
+        let v = spec.variant(name).unwrap();
+        for (bm, bn) in spec.schedule.tilings() {
+            let k = kernel(&spec, v, DType::BF16, 128, bm, bn);
+            let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
+            check(&ck, v, DType::BF16, 128, bm as usize, "2,150,131,4,2,128", seed);
         }
     }
 }
