@@ -83,6 +83,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="three rows only")
     ap.add_argument("--rows", default=None, help="comma-separated sequence lengths to keep (default: all)")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
@@ -135,6 +136,8 @@ def main():
             except Exception as e:
                 print(f"  {key}: failed: {e}", flush=True)
                 continue
+            if args.verbose:
+                print(f"  {key}: {fl / ms / 1e9:.1f} TFLOP/s", flush=True)
             if best is None or ms < best[1]:
                 best = (a, ms, kern)
         if best is not None:

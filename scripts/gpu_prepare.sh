@@ -3,7 +3,7 @@
 # PTX artifacts, packed into .gpu/ (git-ignored) so that the device tool can carry them.
 #
 #   bash scripts/gpu_prepare.sh            # correctness set + benchmark set
-#   then, on the GPU machine:  bash scripts/gpu_run.sh [--full | --rows N,M | --mlir-only]
+#   then, on the GPU machine:  bash scripts/gpu_run.sh [--full | --rows N,M | --mlir-only | --hopper]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
@@ -19,11 +19,16 @@ $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --blo
 $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant causal --variant gemma2 \
     --variant varlen_causal --variant sinks --dtype bf16 --dtype f16 --block-m 64 --block-n 32 --block-n 128 \
     --num-stages 3 -o .gpu/check2
+# Hopper (wgmma) path: every variant x bf16/f16 x d64/d128 on sm_90a, both warp counts.
+$EJC build specs/flash.yaml -q --target ptx:sm_90a --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
+    --num-stages 2 -o .gpu/check_sm90a
 # Benchmark: every tiling and configuration of `full` and `causal`, bf16.
-$EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 -o .gpu/bench
+# Both code paths (sm_90a: wgmma; sm_80: mma.sync, runs on Hopper too), so one run compares them.
+$EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant full --variant causal --dtype bf16 \
+    -o .gpu/bench
 # MLIR's gpu form (issue #6): every variant x bf16/f16/f32 x d64/d128, one tiling, PTX
 # from MLIR's NVVM pipeline.
 $EJC build specs/flash.yaml -q --target mlir:gpu --block-m 64 --block-n 32 -o .gpu/mlir
-tar -C .gpu -czf .gpu/artifacts.tgz check check2 bench mlir
-rm -rf .gpu/check .gpu/check2 .gpu/bench .gpu/mlir
+tar -C .gpu -czf .gpu/artifacts.tgz check check2 check_sm90a bench mlir
+rm -rf .gpu/check .gpu/check2 .gpu/check_sm90a .gpu/bench .gpu/mlir
 du -sh .gpu/*

@@ -6,6 +6,7 @@
 #   bash scripts/gpu_run.sh --full     # the whole standard grid
 #   bash scripts/gpu_run.sh --rows 1024,8192   # those sequence lengths of the grid
 #   bash scripts/gpu_run.sh --mlir-only  # only the MLIR gpu form's correctness (+ memcheck sample)
+#   bash scripts/gpu_run.sh --hopper     # only the sm_90a (wgmma) artifacts' correctness, memcheck, 3 bench rows
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ejc-gpu-out}
@@ -14,6 +15,16 @@ tar -C /tmp/ejc-art -xzf .gpu/artifacts.tgz
 nvidia-smi -L | tee "$OUT/device.txt"
 export PYTHONUNBUFFERED=1
 status=0
+if [ "${1:-}" = "--hopper" ]; then
+    echo "== sm_90a (wgmma): ejc-gpu check"
+    ./.gpu/ejc-gpu check /tmp/ejc-art/check_sm90a 2>&1 | tee "$OUT/check_sm90a.log" || status=1
+    if command -v compute-sanitizer >/dev/null; then
+        compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check /tmp/ejc-art/check_sm90a \
+            --filter causal_bf16_d128 2>&1 | tail -8 | tee "$OUT/memcheck_sm90a.log" || status=1
+    fi
+    python3 bench/compare_gpu.py /tmp/ejc-art/bench --quick --verbose --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+    exit $status
+fi
 echo "== MLIR gpu form: ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
 ./.gpu/ejc-gpu check /tmp/ejc-art/mlir 2>&1 | tee "$OUT/check_mlir.log" || status=1
 if command -v compute-sanitizer >/dev/null; then
@@ -24,6 +35,7 @@ if [ "${1:-}" = "--mlir-only" ]; then
     exit $status
 fi
 echo "== ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
+./.gpu/ejc-gpu check /tmp/ejc-art/check_sm90a 2>&1 | tee "$OUT/check_sm90a.log" || status=1
 ./.gpu/ejc-gpu check /tmp/ejc-art/check 2>&1 | tee "$OUT/check.log" || status=1
 ./.gpu/ejc-gpu check /tmp/ejc-art/check2 2>&1 | tee "$OUT/check2.log" || status=1
 echo "== compute-sanitizer memcheck on a sample (causal and varlen_causal, both archs)"

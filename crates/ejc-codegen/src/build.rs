@@ -208,6 +208,7 @@ struct PtxJob<'a> {
     kernel: &'a Kernel,
     warps: u32,
     stages: u32,
+    wgmma: bool,
 }
 
 /// Every (kernel × num_warps × num_stages) of the schedule for `arch`, compiled in
@@ -239,7 +240,12 @@ fn build_ptx(
                 if !(opts.num_stages.is_empty() || opts.num_stages.contains(&stages)) {
                     continue;
                 }
-                jobs.push(PtxJob { inst, kernel, warps, stages });
+                jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: false });
+                // sm_90a: Hopper's warpgroup MMA too, as one more candidate (warps in
+                // whole warpgroups); the autotuner picks between the instruction paths.
+                if arch == crate::ptx::Arch::Sm90a && warps % 4 == 0 {
+                    jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true });
+                }
             }
         }
     }
@@ -261,7 +267,12 @@ fn build_ptx(
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(j) = jobs.get(i) else { break };
-                let cfg = crate::ptx::PtxConfig { arch, num_warps: j.warps as usize, num_stages: j.stages as usize };
+                let cfg = crate::ptx::PtxConfig {
+                    arch,
+                    num_warps: j.warps as usize,
+                    num_stages: j.stages as usize,
+                    wgmma: j.wgmma,
+                };
                 let _ = tx.send((i, crate::ptx::compile(j.kernel, &cfg)));
             });
         }
@@ -280,7 +291,7 @@ fn build_ptx(
             too_big += 1;
             continue;
         }
-        let suffix = format!("w{}_s{}", j.warps, j.stages);
+        let suffix = format!("w{}_s{}{}", j.warps, j.stages, if j.wgmma { "_wgmma" } else { "" });
         let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
         let path = out_dir.join(&file);
         std::fs::write(&path, &k.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
@@ -289,6 +300,9 @@ fn build_ptx(
         config.insert("block_n".to_string(), j.inst.block_n);
         config.insert("num_warps".to_string(), j.warps);
         config.insert("num_stages".to_string(), j.stages);
+        if j.wgmma {
+            config.insert("wgmma".to_string(), 1);
+        }
         let target = format!("ptx:{}", arch.name());
         artifacts.push(Artifact {
             kernel_id: j.inst.id.clone(),

@@ -361,6 +361,34 @@ impl Ir {
         unsafe { LLVMBuildPtrToInt(self.b, v, t, c("").as_ptr()) }
     }
 
+    /// A struct type of `fields` (an inline-asm statement's results).
+    pub fn struct_ty(&self, fields: &[T]) -> T {
+        let mut f = fields.to_vec();
+        unsafe { LLVMStructTypeInContext(self.ctx, f.as_mut_ptr(), f.len() as u32, 0) }
+    }
+
+    /// Call inline assembly (with side effects: never removed or merged) returning
+    /// `ret`; `constraints` in LLVM's syntax (`=f,0,r,l,...`).
+    pub fn inline_asm(&self, ret: T, args: &[V], asm: &str, constraints: &str) -> V {
+        unsafe {
+            let mut tys: Vec<T> = args.iter().map(|a| LLVMTypeOf(*a)).collect();
+            let fty = LLVMFunctionType(ret, tys.as_mut_ptr(), tys.len() as u32, 0);
+            let f = LLVMGetInlineAsm(
+                fty,
+                asm.as_ptr() as *const _,
+                asm.len(),
+                constraints.as_ptr() as *const _,
+                constraints.len(),
+                1,
+                0,
+                llvm_sys::LLVMInlineAsmDialect::LLVMInlineAsmDialectATT,
+                0,
+            );
+            let mut a = args.to_vec();
+            LLVMBuildCall2(self.b, fty, f, a.as_mut_ptr(), a.len() as u32, c("").as_ptr())
+        }
+    }
+
     // ---- intrinsics ----
     /// Call an overloaded intrinsic, e.g. `call_intrinsic("llvm.fma", &[vty], &[a, b, c])`.
     pub fn call_intrinsic(&self, name: &str, overloads: &[T], args: &[V]) -> V {

@@ -1,5 +1,6 @@
 //! The PTX target without a GPU: every variant of `specs/flash.yaml` × bf16/f16 × head
-//! dims 64/128 compiles for sm_80 and sm_90a, and NVIDIA's assembler (ptxas, from the
+//! dims 64/128 compiles for sm_80 and sm_90a (on sm_90a with `mma.sync` and with
+//! Hopper's `wgmma`), and NVIDIA's assembler (ptxas, from the
 //! PyPI wheel `scripts/setup.sh` installs; `$EJC_PTXAS` overrides) accepts it. The
 //! configuration the GPU checks run (128 x 64 tiles, 8 warps) must not spill, except
 //! dropout at head_dim 128 (Philox per element; a known gap, docs/perf.md). On the
@@ -34,13 +35,15 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
         for dtype in [DType::BF16, DType::F16] {
             for d in [64, 128] {
                 let k = kernel(&spec, &v.name, dtype, d, 128, 64);
-                for arch in [Arch::Sm80, Arch::Sm90a] {
-                    let p =
-                        compile(&k, &PtxConfig { arch, num_warps: 8, num_stages: 2 }).unwrap_or_else(|e| panic!("{e}"));
-                    assert!(p.ptx.contains(".entry") && p.ptx.contains("mma.sync.aligned.m16n8k16"), "{}", k.name);
+                for (arch, wgmma) in [(Arch::Sm80, false), (Arch::Sm90a, false), (Arch::Sm90a, true)] {
+                    let cfg = PtxConfig { arch, num_warps: 8, num_stages: 2, wgmma };
+                    let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{e}"));
+                    let mma = if wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
+                    assert!(p.ptx.contains(".entry") && p.ptx.contains(mma), "{} ({cfg:?})", k.name);
+                    assert!(!wgmma || !p.ptx.contains("mma.sync"), "{}: every dot runs as wgmma", k.name);
                     assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
                     if let Some(t) = &tool {
-                        let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
+                        let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
                         let known_gap = v.features.dropout && d == 128;
                         if known_gap {
                             eprintln!("note: {} ({arch}): {r:?}", k.name);
@@ -63,7 +66,7 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
     for (bm, bn) in spec.schedule.tilings() {
         let k = kernel(&spec, "gemma2", DType::BF16, 128, bm, bn);
         for &w in &spec.schedule.num_warps {
-            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w as usize, num_stages: 2 };
+            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w as usize, num_stages: 2, wgmma: w % 4 == 0 };
             match compile(&k, &cfg) {
                 Ok(p) => {
                     if let Some(t) = &tool {
@@ -84,6 +87,6 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
 fn f32_dots_are_refused_with_a_reason() {
     let spec = spec();
     let k = kernel(&spec, "full", DType::F32, 64, 64, 64);
-    let e = compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1 }).unwrap_err().to_string();
+    let e = compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, wgmma: false }).unwrap_err().to_string();
     assert!(e.contains("bf16 or f16") && e.contains("CPU back end"), "{e}");
 }

@@ -64,11 +64,55 @@ struct Smem {
     dtype: DType,
     /// `a` fragments read right after the load: `[m-fragment][k-step]`.
     afrags: Option<Vec<Vec<[V; 4]>>>,
+    /// Layout: rows padded by 16 bytes (conflict-free `ldmatrix`), or — for tiles that
+    /// only feed Hopper's `wgmma` — 8-row groups of "core matrices" (8 rows × 16 bytes,
+    /// 128 contiguous bytes each), the canonical layout a wgmma descriptor without
+    /// swizzling reads (K-major for `[n, k]`/`[m, k]` tiles, N-major for `[k, n]`).
+    cm: bool,
 }
 
 impl Smem {
+    fn new(rows: usize, cols: usize, dtype: DType, cm: bool, off: V) -> Smem {
+        Smem { off, rows, cols, dtype, afrags: None, cm }
+    }
+
     fn row_bytes(&self) -> usize {
         self.cols * self.dtype.size_bytes() + 16
+    }
+
+    /// Bytes of one 8-row group of core matrices.
+    fn group_bytes(&self) -> usize {
+        self.cols.div_ceil(8) * 128
+    }
+
+    /// Size of the tile in shared memory.
+    fn bytes(&self) -> usize {
+        if self.cm {
+            self.rows.div_ceil(8) * self.group_bytes()
+        } else {
+            self.rows * self.row_bytes()
+        }
+    }
+
+    /// Byte offset (from `off`) of the 16-byte chunk `ch` (8 elements) of row `row`.
+    fn chunk_off(&self, ir: &Ir, row: V, ch: V) -> V {
+        if self.cm {
+            let g = ir.mul(ir.lshr(row, ir.ci32(3)), ir.ci32(self.group_bytes() as i64));
+            ir.add(g, ir.add(ir.mul(ch, ir.ci32(128)), ir.mul(ir.and(row, ir.ci32(7)), ir.ci32(16))))
+        } else {
+            ir.add(ir.mul(row, ir.ci32(self.row_bytes() as i64)), ir.mul(ch, ir.ci32(16)))
+        }
+    }
+
+    /// Byte offset (from `off`) of element (`row`, `col`).
+    fn elem_off(&self, ir: &Ir, row: V, col: V) -> V {
+        let es = self.dtype.size_bytes() as i64;
+        if self.cm {
+            let ch = self.chunk_off(ir, row, ir.lshr(col, ir.ci32(3)));
+            ir.add(ch, ir.mul(ir.and(col, ir.ci32(7)), ir.ci32(es)))
+        } else {
+            ir.add(ir.mul(row, ir.ci32(self.row_bytes() as i64)), ir.mul(col, ir.ci32(es)))
+        }
     }
 }
 
@@ -123,6 +167,13 @@ pub struct Lowering<'k> {
     /// Shared-memory regions by the op (and operand) that owns them, so that an op in
     /// a loop body reuses its region every iteration.
     regions: HashMap<(usize, usize), usize>,
+    /// Hopper path (sm_90a, warps in warpgroups of 4): dots whose operands qualify run
+    /// as `wgmma`, and the rows of register tiles follow the warpgroup layout (warp w of
+    /// warpgroup g owns rows 16·(w mod 4) + 64·(g + G·i) of each 64-row block i).
+    wgmma: bool,
+    /// Tiles that only ever feed dots: on the Hopper path they are stored in the
+    /// core-matrix layout wgmma reads.
+    dot_only: std::collections::HashSet<Value>,
 }
 
 fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
@@ -133,14 +184,33 @@ impl<'k> Lowering<'k> {
     /// # Safety
     /// `ir` must be positioned in a fresh kernel function with the parameters of
     /// [`super::abi_llvm_params`] for `kernel`; `smem` the module's dynamic shared array.
-    pub unsafe fn new(ir: Ir, kernel: &'k Kernel, plan: Plan, warps: usize, stages: usize, smem: V) -> Lowering<'k> {
+    pub unsafe fn new(
+        ir: Ir,
+        kernel: &'k Kernel,
+        plan: Plan,
+        warps: usize,
+        stages: usize,
+        smem: V,
+        hopper: bool,
+    ) -> Lowering<'k> {
         let null = std::ptr::null_mut();
         let mut defs = HashMap::new();
+        let mut dot_uses: HashMap<Value, bool> = HashMap::new();
         ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &'k Op| {
             for r in &op.results {
                 defs.insert(*r, op);
             }
+            for (i, v) in op.operands.iter().enumerate() {
+                let as_operand = matches!(op.kind, OpKind::Dot { trans_a: false, .. }) && i < 2;
+                let e = dot_uses.entry(*v).or_insert(true);
+                *e = *e && as_operand;
+            }
         });
+        let dot_only = dot_uses.into_iter().filter(|(_, only)| *only).map(|(v, _)| v).collect();
+        // Every register tile has block_m rows: they must split into 64-row blocks over
+        // the warpgroups.
+        let bm: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(0);
+        let wgmma = hopper && warps % 4 == 0 && bm > 0 && bm % (64 * (warps / 4)) == 0;
         Lowering {
             defs,
             ir,
@@ -159,6 +229,29 @@ impl<'k> Lowering<'k> {
             depth: 0,
             prefetch: HashMap::new(),
             regions: HashMap::new(),
+            wgmma,
+            dot_only,
+        }
+    }
+
+    /// Whether `v`'s shared-memory tile uses the core-matrix layout.
+    fn cm_layout(&self, v: Value) -> bool {
+        self.wgmma && self.dot_only.contains(&v)
+    }
+
+    /// Row (i32, within the tile) of the first of the 16 rows of m-fragment `mf` of this
+    /// warp, for tiles of `rows` rows.
+    fn mfrag_row0(&self, rows: usize, mf: usize) -> V {
+        let ir = &self.ir;
+        if self.wgmma {
+            let groups = self.warps / 4;
+            let g = ir.lshr(self.warp, ir.ci32(2));
+            let wi = ir.and(self.warp, ir.ci32(3));
+            let block = ir.add(ir.ci32((mf * groups) as i64), g);
+            ir.add(ir.mul(block, ir.ci32(64)), ir.mul(wi, ir.ci32(16)))
+        } else {
+            let per_warp = rows / self.warps;
+            ir.add(ir.mul(self.warp, ir.ci32(per_warp as i64)), ir.ci32((mf * 16) as i64))
         }
     }
 
@@ -317,11 +410,12 @@ impl<'k> Lowering<'k> {
             Ax::One => vec![ir.ci32(0)],
             Ax::Mma(r) => {
                 let per_warp = r / self.warps;
-                let base = ir.add(ir.mul(self.warp, ir.ci32(per_warp as i64)), ir.lshr(self.lane, ir.ci32(2)));
+                let quad = ir.lshr(self.lane, ir.ci32(2));
                 let mut out = Vec::new();
                 for mf in 0..per_warp / 16 {
+                    let base = self.ir.add(self.mfrag_row0(r, mf), quad);
                     for h in 0..2 {
-                        out.push(ir.add(base, ir.ci32((mf * 16 + h * 8) as i64)));
+                        out.push(self.ir.add(base, self.ir.ci32((h * 8) as i64)));
                     }
                 }
                 out
@@ -754,12 +848,12 @@ impl<'k> Lowering<'k> {
 
     fn load_smem(&mut self, op: &'k Op, t: usize, acc: &Access, pad: f64) -> R<Smem> {
         let (rows, cols, dtype) = self.smem_shape(op, acc)?;
-        let mut s = Smem { off: self.ir.ci32(0), rows, cols, dtype, afrags: None };
+        let mut s = Smem::new(rows, cols, dtype, self.cm_layout(op.results[0]), self.ir.ci32(0));
         let key = op as *const Op as usize;
         if let Some(pf) = self.prefetch.get(&key).cloned() {
             s.off = self.pipelined_load(&pf, t, acc, &s, pad)?;
         } else {
-            let off = self.region(op, 0, rows * s.row_bytes());
+            let off = self.region(op, 0, s.bytes());
             s.off = self.ir.ci32(off as i64);
             self.fill_smem(t, acc, &s, pad)?;
         }
@@ -768,7 +862,7 @@ impl<'k> Lowering<'k> {
         // in registers). With more rows per warp its fragments would crowd out the
         // accumulators, so it stays in shared memory and `ldmatrix` reads it per use.
         let per_warp_frags = rows / (16 * self.warps).max(1) * cols.div_ceil(16);
-        if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 {
+        if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 && !s.cm {
             let frags = self.a_frags_from_smem(&s)?;
             s.afrags = Some(frags);
             if self.depth == 0 && !self.prefetch.contains_key(&key) {
@@ -848,7 +942,7 @@ impl<'k> Lowering<'k> {
             // Nothing to read: point at the (aligned) tile start, never outside.
             let idx = ir.select(ir.icmp(LLVMIntSGT, nbytes, ir.ci32(0)), idx, start_elems);
             let src = ir.gep(self.storage_ty(s.dtype), self.tensors[t].data, idx);
-            let dst_off = ir.add(s.off, ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(ch, ir.ci32(16))));
+            let dst_off = ir.add(s.off, s.chunk_off(ir, row, ch));
             let dst = self.sptr(dst_off);
             if total.is_multiple_of(threads) || i + threads <= total {
                 nvvm::cp_async_16(&self.ir, dst, src, nbytes);
@@ -877,8 +971,18 @@ impl<'k> Lowering<'k> {
         let stride_r = self.tensors[t].strides[ra.axis];
         let ir = &self.ir;
         let tid = ir.add(ir.mul(self.warp, ir.ci32(32)), self.lane);
-        let r0 = ir.udiv(tid, ir.ci32(cpr as i64));
-        let ch = ir.urem(tid, ir.ci32(cpr as i64));
+        let (r0, ch, rstep) = if s.cm && cpr.is_multiple_of(4) && self.warps.is_multiple_of(cpr / 4) {
+            // Core-matrix layout: the 8 lanes of a quarter-warp write the 8 rows of one
+            // core matrix (128 contiguous bytes: no bank conflict), and a warp covers 4
+            // chunks of those rows (64 contiguous bytes of each source row).
+            let cb = cpr / 4;
+            let w = self.warp;
+            let r0 = ir.add(ir.mul(ir.udiv(w, ir.ci32(cb as i64)), ir.ci32(8)), ir.and(self.lane, ir.ci32(7)));
+            let ch = ir.add(ir.mul(ir.urem(w, ir.ci32(cb as i64)), ir.ci32(4)), ir.lshr(self.lane, ir.ci32(3)));
+            (r0, ch, 8 * self.warps / cb)
+        } else {
+            (ir.udiv(tid, ir.ci32(cpr as i64)), ir.urem(tid, ir.ci32(cpr as i64)), rstep)
+        };
         // Bytes of this thread's column chunk inside the tensor (the same on every row).
         let gc = ir.add(ca.start, ir.mul(ir.sext(ch, ir.i64()), ir.ci64(per_chunk as i64)));
         let mut cend = self.tensors[t].shape[ca.axis];
@@ -901,14 +1005,23 @@ impl<'k> Lowering<'k> {
         let fallback = ir.gep(st, data, start_elems);
         let mut src = ir.gep(st, data, ir.add(ir.add(acc.off, ir.mul(gr0, stride_r)), gc));
         let delta = ir.mul(stride_r, ir.ci64(rstep as i64));
-        let dst0 = ir.add(s.off, ir.add(ir.mul(r0, ir.ci32(s.row_bytes() as i64)), ir.mul(ch, ir.ci32(16))));
+        let dst0 = ir.add(s.off, s.chunk_off(ir, r0, ch));
+        // Rows r0 + k·rstep: a constant step from dst0 when rstep keeps the row's place
+        // in its 8-row group (always, for the padded layout).
+        let const_step = !s.cm || rstep.is_multiple_of(8);
+        let step_bytes = if s.cm { rstep / 8 * s.group_bytes() } else { rstep * s.row_bytes() };
         for k in 0..steps {
             let ir = &self.ir;
             let gr = ir.add(gr0, ir.ci64((k * rstep) as i64));
             let row_ok = ir.and(ir.icmp(LLVMIntSGE, gr, ir.ci64(0)), ir.icmp(LLVMIntSLT, gr, rend));
             let nbytes = ir.select(row_ok, col_bytes, ir.ci32(0));
             let from = ir.select(ir.icmp(LLVMIntSGT, nbytes, ir.ci32(0)), src, fallback);
-            let dst = self.sptr(ir.add(dst0, ir.ci32((k * rstep * s.row_bytes()) as i64)));
+            let dst = if const_step {
+                self.sptr(ir.add(dst0, ir.ci32((k * step_bytes) as i64)))
+            } else {
+                let row = ir.add(r0, ir.ci32((k * rstep) as i64));
+                self.sptr(ir.add(s.off, s.chunk_off(ir, row, ch)))
+            };
             nvvm::cp_async_16(ir, dst, from, nbytes);
             src = ir.gep(st, src, delta);
         }
@@ -947,7 +1060,7 @@ impl<'k> Lowering<'k> {
         let idx = ir.add(ir.add(acc.off, ir.mul(gr, strides[ra.axis])), ir.mul(gc, strides[ca.axis]));
         let x = self.load_elem(t, idx, ok, padv);
         let ir = &self.ir;
-        let dst_off = ir.add(s.off, ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(col, ir.ci32(esize))));
+        let dst_off = ir.add(s.off, s.elem_off(ir, row, col));
         ir.store(x, self.sptr(dst_off), esize as u32);
         let next = self.ir.add(c, self.ir.ci32(threads));
         self.ir.add_incoming(c, next, self.ir.current());
@@ -974,6 +1087,9 @@ impl<'k> Lowering<'k> {
         self.fill_slow(t, acc, s, pad)?;
         self.ir.br(jb);
         self.ir.at_end(jb);
+        if s.cm {
+            nvvm::fence_proxy_async(&self.ir);
+        }
         nvvm::barrier(&self.ir);
         Ok(())
     }
@@ -993,6 +1109,9 @@ impl<'k> Lowering<'k> {
         // ---- cp.async pipeline
         self.ir.at_end(fb);
         nvvm::cp_async_wait(&self.ir, pf.in_flight as i64);
+        if s.cm {
+            nvvm::fence_proxy_async(&self.ir);
+        }
         nvvm::barrier(&self.ir);
         let ir = &self.ir;
         let ahead = ir.ci32(st - 1);
@@ -1013,6 +1132,9 @@ impl<'k> Lowering<'k> {
         nvvm::barrier(&self.ir);
         let here = Smem { off, ..s.clone() };
         self.fill_slow(t, acc, &here, pad)?;
+        if s.cm {
+            nvvm::fence_proxy_async(&self.ir);
+        }
         nvvm::barrier(&self.ir);
         self.ir.br(jb);
         self.ir.at_end(jb);
@@ -1029,10 +1151,7 @@ impl<'k> Lowering<'k> {
         for r in &rc {
             for c in &cc {
                 let ir = &self.ir;
-                let off = ir.add(
-                    s.off,
-                    ir.add(ir.mul(*r, ir.ci32(s.row_bytes() as i64)), ir.mul(*c, ir.ci32(s.dtype.size_bytes() as i64))),
-                );
+                let off = ir.add(s.off, s.elem_off(ir, *r, *c));
                 e.push(ir.load(st, self.sptr(off), s.dtype.size_bytes() as u32));
             }
         }
@@ -1051,8 +1170,8 @@ impl<'k> Lowering<'k> {
             );
         }
         let d = self.dist(v)?;
-        let mut s = Smem { off: self.ir.ci32(0), rows: shape[0], cols: shape[1], dtype, afrags: None };
-        let off = self.region(op, slot, s.rows * s.row_bytes());
+        let mut s = Smem::new(shape[0], shape[1], dtype, self.wgmma && shape[1] % 8 == 0, self.ir.ci32(0));
+        let off = self.region(op, slot, s.bytes());
         s.off = self.ir.ci32(off as i64);
         nvvm::barrier(&self.ir);
         let rc = self.row_coords(d.rows);
@@ -1061,9 +1180,12 @@ impl<'k> Lowering<'k> {
         for (ri, r) in rc.iter().enumerate() {
             for (ci, c) in cc.iter().enumerate() {
                 let ir = &self.ir;
-                let off = ir.add(s.off, ir.add(ir.mul(*r, ir.ci32(s.row_bytes() as i64)), ir.mul(*c, ir.ci32(2))));
+                let off = ir.add(s.off, s.elem_off(ir, *r, *c));
                 ir.store(Self::elem(&d, ri, ci, nc), self.sptr(off), 2);
             }
+        }
+        if s.cm {
+            nvvm::fence_proxy_async(&self.ir);
         }
         nvvm::barrier(&self.ir);
         Ok(s)
@@ -1386,14 +1508,11 @@ impl<'k> Lowering<'k> {
     /// Lane `l`'s `ldmatrix` row address for an `a` fragment (m-fragment `mf` of this
     /// warp, k-step `ks`) of a shared tile `[M, K]`.
     fn a_frag_ldmatrix(&self, s: &Smem, mf: usize, ks: usize) -> [V; 4] {
+        let row0 = self.mfrag_row0(s.rows, mf);
         let ir = &self.ir;
-        let per_warp = s.rows / self.warps;
-        let row = ir.add(
-            ir.add(ir.mul(self.warp, ir.ci32(per_warp as i64)), ir.ci32((mf * 16) as i64)),
-            ir.and(self.lane, ir.ci32(15)),
-        );
+        let row = ir.add(row0, ir.and(self.lane, ir.ci32(15)));
         let chunk = ir.add(ir.ci32((ks * 2) as i64), ir.lshr(self.lane, ir.ci32(4)));
-        let off = ir.add(s.off, ir.add(ir.mul(row, ir.ci32(s.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16))));
+        let off = ir.add(s.off, s.chunk_off(ir, row, chunk));
         let r = nvvm::ldmatrix(ir, self.sptr(off), 4, false);
         [r[0], r[1], r[2], r[3]]
     }
@@ -1510,6 +1629,11 @@ impl<'k> Lowering<'k> {
         };
         let mut c = acc.e.clone();
         let ncols = Self::ncols(acc.cols);
+        if self.wgmma && bs.cm && n <= 256 && m.is_multiple_of(64 * (self.warps / 4)) {
+            let c = self.dot_wgmma(f16, (m, n, k), trans_b, &afr, a_smem.as_ref(), &bs, c, ncols)?;
+            self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: c }));
+            return Ok(());
+        }
         for ks in 0..ks_n {
             let a_k: Vec<[V; 4]> = match &a_smem {
                 Some(sm) => (0..fm).map(|mf| self.a_frag_ldmatrix(sm, mf, ks)).collect(),
@@ -1527,12 +1651,12 @@ impl<'k> Lowering<'k> {
                     // b tile is [n, k]: rows n, chunks k. Matrix i: n-group i/2, k-half i%2.
                     let row = ir.add(ir.ci32((nf * 8) as i64), ir.add(ir.mul(ir.lshr(mi, ir.ci32(1)), ir.ci32(8)), l8));
                     let chunk = ir.add(ir.ci32((ks * 2) as i64), ir.and(mi, ir.ci32(1)));
-                    ir.add(ir.mul(row, ir.ci32(bs.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16)))
+                    bs.chunk_off(ir, row, chunk)
                 } else {
                     // b tile is [k, n]: rows k, chunks n. Matrix i: k-half i%2, n-group i/2.
                     let row = ir.add(ir.ci32((ks * 16) as i64), ir.add(ir.mul(ir.and(mi, ir.ci32(1)), ir.ci32(8)), l8));
                     let chunk = ir.add(ir.ci32(nf as i64), ir.lshr(mi, ir.ci32(1)));
-                    ir.add(ir.mul(row, ir.ci32(bs.row_bytes() as i64)), ir.mul(chunk, ir.ci32(16)))
+                    bs.chunk_off(ir, row, chunk)
                 };
                 let off = ir.add(off, bs.off);
                 let r = nvvm::ldmatrix(ir, self.sptr(off), cnt, !trans_b);
@@ -1556,6 +1680,104 @@ impl<'k> Lowering<'k> {
         }
         self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: c }));
         Ok(())
+    }
+
+    /// A dot on Hopper's warpgroup MMA: per 64-row block of this warpgroup and k-step,
+    /// one `wgmma.m64n{n}k16` with B (and A when it is in shared memory) read through
+    /// descriptors of the core-matrix layout; the accumulators stay in the mma layout.
+    #[allow(clippy::too_many_arguments)]
+    fn dot_wgmma(
+        &mut self,
+        f16: bool,
+        (m, n, k): (usize, usize, usize),
+        trans_b: bool,
+        afr: &[Vec<[V; 4]>],
+        a_smem: Option<&Smem>,
+        bs: &Smem,
+        mut c: Vec<V>,
+        ncols: usize,
+    ) -> R<Vec<V>> {
+        let fm = m / (16 * self.warps);
+        let ks_n = k / 16;
+        let groups = self.warps / 4;
+        // A: registers (given, or read from a padded tile) or a descriptor.
+        let a_regs: Option<Vec<Vec<[V; 4]>>> = match a_smem {
+            Some(sm) if sm.cm => None,
+            Some(sm) => Some((0..fm).map(|mf| (0..ks_n).map(|ks| self.a_frag_ldmatrix(sm, mf, ks)).collect()).collect()),
+            None => Some(afr.to_vec()),
+        };
+        // Accumulators per 64-row block, in wgmma's register order.
+        let slot = |mf: usize, j: usize, r: usize| (mf * 2 + r / 2) * ncols + j * 2 + r % 2;
+        let mut accs: Vec<Vec<V>> =
+            (0..fm).map(|mf| (0..n / 8).flat_map(|j| (0..4).map(move |r| (j, r))).map(|(j, r)| c[slot(mf, j, r)]).collect()).collect();
+        // wgmma.fence after every register write the MMAs read.
+        let mut regs: Vec<V> = accs.concat();
+        if let Some(a) = &a_regs {
+            for row in a {
+                for f in row {
+                    regs.extend_from_slice(f);
+                }
+            }
+        }
+        let fenced = nvvm::wgmma_fence(&self.ir, &regs);
+        let mut it = fenced.into_iter();
+        for acc in accs.iter_mut() {
+            for x in acc.iter_mut() {
+                *x = it.next().expect("fenced accumulators");
+            }
+        }
+        let a_regs: Option<Vec<Vec<[V; 4]>>> = a_regs.map(|a| {
+            a.iter()
+                .map(|row| {
+                    row.iter()
+                        .map(|_| {
+                            let mut f = [std::ptr::null_mut(); 4];
+                            for x in f.iter_mut() {
+                                *x = it.next().expect("fenced fragments");
+                            }
+                            f
+                        })
+                        .collect()
+                })
+                .collect()
+        });
+        let ir = &self.ir;
+        let i32t = ir.i32();
+        let b_base = ir.ptr_to_int(self.sptr(bs.off), i32t);
+        // B [n, k] is K-major; B [k, n] is N-major (transposed by the instruction).
+        let (b_lbo, b_sbo, b_step) =
+            if trans_b { (128, bs.group_bytes(), 256) } else { (bs.group_bytes(), 128, 2 * bs.group_bytes()) };
+        let b_desc: Vec<V> = (0..ks_n)
+            .map(|ks| nvvm::wgmma_desc(ir, ir.add(b_base, ir.ci32((ks * b_step) as i64)), b_lbo, b_sbo))
+            .collect();
+        let a_base = a_smem.filter(|s| s.cm).map(|s| (ir.ptr_to_int(self.sptr(s.off), i32t), s.group_bytes()));
+        let g = ir.lshr(self.warp, ir.ci32(2));
+        for (mf, acc) in accs.iter_mut().enumerate() {
+            for (ks, bd) in b_desc.iter().enumerate() {
+                let ir = &self.ir;
+                let a = match (&a_regs, a_base) {
+                    (Some(r), _) => nvvm::WgmmaA::Regs(r[mf][ks]),
+                    (None, Some((base, gb))) => {
+                        // This warpgroup's 64-row block: 8 row-groups of the K-major tile.
+                        let block = ir.add(ir.ci32((mf * groups) as i64), g);
+                        let start = ir.add(base, ir.add(ir.mul(block, ir.ci32((8 * gb) as i64)), ir.ci32((ks * 256) as i64)));
+                        nvvm::WgmmaA::Desc(nvvm::wgmma_desc(ir, start, 128, gb))
+                    }
+                    (None, None) => return Err(self.err("wgmma: no A operand".into())),
+                };
+                *acc = nvvm::wgmma_m64k16(ir, f16, n, acc, &a, *bd, !trans_b);
+            }
+        }
+        let done = nvvm::wgmma_commit_wait(&self.ir, &accs.concat());
+        let mut it = done.into_iter();
+        for mf in 0..fm {
+            for j in 0..n / 8 {
+                for r in 0..4 {
+                    c[slot(mf, j, r)] = it.next().expect("waited accumulators");
+                }
+            }
+        }
+        Ok(c)
     }
 
     // ---------------------------------------------------------------- control flow
@@ -1665,8 +1887,8 @@ impl<'k> Lowering<'k> {
         for o in &pf_ops {
             let acc = self.load_access(o, Some((region.args[0], lo)))?;
             let (rows, cols, dtype) = self.smem_shape(o, &acc)?;
-            let tmpl = Smem { off: self.ir.ci32(0), rows, cols, dtype, afrags: None };
-            let stride = (rows * tmpl.row_bytes()).div_ceil(128) * 128;
+            let tmpl = Smem::new(rows, cols, dtype, self.cm_layout(o.results[0]), self.ir.ci32(0));
+            let stride = tmpl.bytes().div_ceil(128) * 128;
             let base = self.region(o, 0, stride * st);
             let t = self.tensor_of(o.operands[0])?;
             let OpKind::Load { pad, .. } = o.kind else { continue };

@@ -4,7 +4,7 @@
 //! ```no_run
 //! use ejc_codegen::ptx::{compile, Arch, PtxConfig};
 //! # let kernel: ejc_ir::ir::Kernel = unimplemented!();
-//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2 }).unwrap();
+//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, wgmma: false }).unwrap();
 //! println!("{} bytes of PTX, {} bytes of shared memory", k.ptx.len(), k.code.smem_bytes);
 //! ```
 //!
@@ -99,6 +99,10 @@ pub struct PtxConfig {
     /// Shared-memory buffers per prefetched load of a loop (1 = copy, wait, compute;
     /// 2 = double buffering: the next tile is copied while this one is used; ...).
     pub num_stages: usize,
+    /// Hopper's warpgroup MMA (`sm_90a` only): dots whose operands allow it run as
+    /// `wgmma.mma_async` with B (and a shared-memory A) read through descriptors, and
+    /// the register tiles follow the warpgroup row layout; otherwise `mma.sync`.
+    pub wgmma: bool,
 }
 
 /// One compiled kernel.
@@ -210,7 +214,8 @@ fn emit<'ctx>(
         LLVMSetLinkage(smem, llvm_sys::LLVMLinkage::LLVMExternalLinkage);
         LLVMSetAlignment(smem, 128);
         let ir = crate::llvm::Ir::new(c, m, f);
-        let code = lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem).run()?;
+        let hopper = cfg.wgmma;
+        let code = lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper).run()?;
         module
             .verify()
             .map_err(|e| CodegenError::Llvm(format!("generated NVPTX LLVM IR does not verify: {}", e.to_string())))?;
@@ -220,6 +225,12 @@ fn emit<'ctx>(
 
 /// Compile one kernel to PTX.
 pub fn compile(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenError> {
+    if cfg.wgmma && cfg.arch != Arch::Sm90a {
+        return Err(CodegenError::Kernel {
+            kernel: kernel.name.clone(),
+            message: format!("PTX back end: wgmma needs the sm_90a target (got {})", cfg.arch.name()),
+        });
+    }
     if !matches!(cfg.num_warps, 1 | 2 | 4 | 8 | 16) {
         return Err(CodegenError::Kernel {
             kernel: kernel.name.clone(),
@@ -229,9 +240,26 @@ pub fn compile(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenErr
     let ctx = Context::create();
     let (module, code) = emit(&ctx, kernel, cfg)?;
     let tm = target_machine(cfg.arch)?;
+    let dump = |stage: &str, text: String| -> Result<(), CodegenError> {
+        // EJC_DUMP_LLVM=<dir>: the LLVM IR as emitted and as optimised, per configuration.
+        let Some(dir) = std::env::var_os("EJC_DUMP_LLVM").filter(|d| !d.is_empty()) else { return Ok(()) };
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
+        let path = dir.join(format!(
+            "{}_w{}_s{}{}.{}.{stage}.ll",
+            kernel.name,
+            cfg.num_warps,
+            cfg.num_stages,
+            if cfg.wgmma { "_wgmma" } else { "" },
+            cfg.arch.name()
+        ));
+        std::fs::write(&path, text).map_err(|error| CodegenError::Io { path, error })
+    };
+    dump("0-emitted", module.print_to_string().to_string())?;
     module
         .run_passes("default<O3>", &tm, PassBuilderOptions::create())
         .map_err(|e| CodegenError::Llvm(format!("LLVM optimisation failed: {}", e.to_string())))?;
+    dump("1-optimized", module.print_to_string().to_string())?;
     let buf = tm
         .write_to_memory_buffer(&module, FileType::Assembly)
         .map_err(|e| CodegenError::Llvm(format!("LLVM could not emit PTX: {}", e.to_string())))?;

@@ -91,3 +91,102 @@ pub fn mma_m16n8k16(ir: &Ir, f16: bool, a: [V; 4], b: [V; 2], c: [V; 4]) -> [V; 
     };
     [ir.extract_value(r, 0), ir.extract_value(r, 1), ir.extract_value(r, 2), ir.extract_value(r, 3)]
 }
+
+// ---- Hopper: warpgroup MMA (sm_90a), as inline PTX: LLVM 22 has no intrinsic ----
+
+/// Run `asm` with every value of `regs` passed through (tied in/out), so that LLVM
+/// orders the registers' other uses around it: writes before, reads after. Values are
+/// f32 or i32.
+fn tied(ir: &Ir, asm: &str, regs: &[V], extra: &[V], extra_constraints: &[&str]) -> Vec<V> {
+    if regs.is_empty() {
+        let mut cons: Vec<&str> = extra_constraints.to_vec();
+        cons.push("~{memory}");
+        ir.inline_asm(ir.void(), extra, asm, &cons.join(","));
+        return Vec::new();
+    }
+    let tys: Vec<_> = regs.iter().map(|r| ir.type_of(*r)).collect();
+    let letter = |i: usize| if ir.is_float_ty(tys[i]) { "=f" } else { "=r" };
+    let mut cons: Vec<String> = (0..regs.len()).map(|i| letter(i).to_string()).collect();
+    cons.extend((0..regs.len()).map(|i| i.to_string()));
+    cons.extend(extra_constraints.iter().map(|c| c.to_string()));
+    // Shared memory is read (wgmma operands) or ordered (fences): never move memory
+    // accesses across.
+    cons.push("~{memory}".into());
+    let mut args = regs.to_vec();
+    args.extend_from_slice(extra);
+    let r = ir.inline_asm(ir.struct_ty(&tys), &args, asm, &cons.join(","));
+    (0..regs.len() as u32).map(|i| ir.extract_value(r, i)).collect()
+}
+
+/// `fence.proxy.async.shared::cta`: makes this thread's ordinary writes to shared
+/// memory visible to the async proxy (what `wgmma` reads through); put it before the
+/// barrier that publishes a tile.
+pub fn fence_proxy_async(ir: &Ir) {
+    tied(ir, "fence.proxy.async.shared::cta;", &[], &[], &[]);
+}
+
+/// `wgmma.fence`: orders the register writes of `regs` (accumulators and A fragments
+/// of the coming `wgmma`s) before them.
+pub fn wgmma_fence(ir: &Ir, regs: &[V]) -> Vec<V> {
+    tied(ir, "wgmma.fence.sync.aligned;", regs, &[], &[])
+}
+
+/// `wgmma.commit_group` + `wait_group 0`: the accumulators `regs` are final after it.
+pub fn wgmma_commit_wait(ir: &Ir, regs: &[V]) -> Vec<V> {
+    tied(ir, "wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;", regs, &[], &[])
+}
+
+/// The A operand of a warpgroup MMA.
+pub enum WgmmaA {
+    /// Four i32 registers per thread: the `mma.m16n8k16` A-fragment layout of the warp's
+    /// 16 rows of the 64-row block.
+    Regs([V; 4]),
+    /// A shared-memory matrix descriptor (i64), K-major.
+    Desc(V),
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}`: `acc` (n/2 f32 per thread,
+/// the accumulator layout) += A · B, B from the shared-memory descriptor `b_desc`
+/// (`trans_b`: B is stored N-major). Asynchronous: read `acc` only after
+/// [`wgmma_commit_wait`].
+pub fn wgmma_m64k16(ir: &Ir, f16: bool, n: usize, acc: &[V], a: &WgmmaA, b_desc: V, trans_b: bool) -> Vec<V> {
+    assert_eq!(acc.len(), n / 2, "wgmma m64n{n}: {} accumulators", acc.len());
+    let ty = if f16 { "f16" } else { "bf16" };
+    // LLVM inline asm names operands `$i`; `%` stays PTX's.
+    let d: Vec<String> = (0..n / 2).map(|i| format!("${i}")).collect();
+    let base = 2 * (n / 2); // outputs, then tied inputs
+    let (a_ops, a_cons, a_vals): (String, Vec<&str>, Vec<V>) = match a {
+        WgmmaA::Regs(r) => (
+            format!("{{${}, ${}, ${}, ${}}}", base, base + 1, base + 2, base + 3),
+            vec!["r", "r", "r", "r"],
+            r.to_vec(),
+        ),
+        WgmmaA::Desc(x) => (format!("${base}"), vec!["l"], vec![*x]),
+    };
+    let nb = base + a_vals.len();
+    let (bd, scale) = (nb, nb + 1);
+    let trans = match a {
+        WgmmaA::Regs(_) => format!("{}", trans_b as u8),
+        WgmmaA::Desc(_) => format!("0, {}", trans_b as u8),
+    };
+    let asm = format!(
+        "{{\n\t.reg .pred p;\n\tsetp.ne.b32 p, ${scale}, 0;\n\twgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {a_ops}, ${bd}, p, 1, 1, {trans};\n\t}}",
+        d.join(", ")
+    );
+    let mut extra = a_vals;
+    extra.push(b_desc);
+    extra.push(ir.ci32(1));
+    let mut cons = a_cons;
+    cons.push("l");
+    cons.push("r");
+    tied(ir, &asm, acc, &extra, &cons)
+}
+
+/// A shared-memory matrix descriptor without swizzling: start address (bytes, i32 in
+/// the shared window), leading- and stride-dimension byte offsets (ejc's layouts:
+/// docs/gpu.md).
+pub fn wgmma_desc(ir: &Ir, start: V, lbo: usize, sbo: usize) -> V {
+    let addr = ir.zext(ir.and(ir.lshr(start, ir.ci32(4)), ir.ci32(0x3FFF)), ir.i64());
+    let fixed = (((lbo >> 4) & 0x3FFF) as i64) << 16 | (((sbo >> 4) & 0x3FFF) as i64) << 32;
+    ir.or(addr, ir.ci64(fixed))
+}
