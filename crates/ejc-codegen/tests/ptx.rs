@@ -87,6 +87,8 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
 fn f32_dots_are_refused_with_a_reason() {
     let spec = spec();
     let k = kernel(&spec, "full", DType::F32, 64, 64, 64);
-    let e = compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, wgmma: false }).unwrap_err().to_string();
+    let e = compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, wgmma: false })
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("bf16 or f16") && e.contains("CPU back end"), "{e}");
 }

@@ -210,7 +210,7 @@ impl<'k> Lowering<'k> {
         // Every register tile has block_m rows: they must split into 64-row blocks over
         // the warpgroups.
         let bm: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(0);
-        let wgmma = hopper && warps % 4 == 0 && bm > 0 && bm % (64 * (warps / 4)) == 0;
+        let wgmma = hopper && warps.is_multiple_of(4) && bm > 0 && bm.is_multiple_of(64 * (warps / 4));
         Lowering {
             defs,
             ir,
@@ -1703,13 +1703,16 @@ impl<'k> Lowering<'k> {
         // A: registers (given, or read from a padded tile) or a descriptor.
         let a_regs: Option<Vec<Vec<[V; 4]>>> = match a_smem {
             Some(sm) if sm.cm => None,
-            Some(sm) => Some((0..fm).map(|mf| (0..ks_n).map(|ks| self.a_frag_ldmatrix(sm, mf, ks)).collect()).collect()),
+            Some(sm) => {
+                Some((0..fm).map(|mf| (0..ks_n).map(|ks| self.a_frag_ldmatrix(sm, mf, ks)).collect()).collect())
+            }
             None => Some(afr.to_vec()),
         };
         // Accumulators per 64-row block, in wgmma's register order.
         let slot = |mf: usize, j: usize, r: usize| (mf * 2 + r / 2) * ncols + j * 2 + r % 2;
-        let mut accs: Vec<Vec<V>> =
-            (0..fm).map(|mf| (0..n / 8).flat_map(|j| (0..4).map(move |r| (j, r))).map(|(j, r)| c[slot(mf, j, r)]).collect()).collect();
+        let mut accs: Vec<Vec<V>> = (0..fm)
+            .map(|mf| (0..n / 8).flat_map(|j| (0..4).map(move |r| (j, r))).map(|(j, r)| c[slot(mf, j, r)]).collect())
+            .collect();
         // wgmma.fence after every register write the MMAs read.
         let mut regs: Vec<V> = accs.concat();
         if let Some(a) = &a_regs {
@@ -1760,7 +1763,8 @@ impl<'k> Lowering<'k> {
                     (None, Some((base, gb))) => {
                         // This warpgroup's 64-row block: 8 row-groups of the K-major tile.
                         let block = ir.add(ir.ci32((mf * groups) as i64), g);
-                        let start = ir.add(base, ir.add(ir.mul(block, ir.ci32((8 * gb) as i64)), ir.ci32((ks * 256) as i64)));
+                        let start =
+                            ir.add(base, ir.add(ir.mul(block, ir.ci32((8 * gb) as i64)), ir.ci32((ks * 256) as i64)));
                         nvvm::WgmmaA::Desc(nvvm::wgmma_desc(ir, start, 128, gb))
                     }
                     (None, None) => return Err(self.err("wgmma: no A operand".into())),
