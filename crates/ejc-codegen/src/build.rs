@@ -123,28 +123,9 @@ pub fn build(
         kernels.push(run_pipeline(&raw, &pipeline).map_err(|e| kernel_err(e.to_string()))?);
     }
     let mut artifacts = Vec::new();
-    let artifact = |inst: &KernelInstance, target: String, file: String, sha256: String, scratch_bytes: u64| {
-        let mut config = BTreeMap::new();
-        config.insert("block_m".to_string(), inst.block_m);
-        config.insert("block_n".to_string(), inst.block_n);
-        Artifact {
-            kernel_id: inst.id.clone(),
-            variant: inst.variant.name.clone(),
-            features: features_json(&inst.variant.features),
-            dtype: inst.dtype.to_string(),
-            head_dim: inst.head_dim,
-            config,
-            artifact_id: format!("{}@{target}", inst.id),
-            target,
-            file,
-            sha256,
-            entry: inst.id.clone(),
-            params: params_info(&inst.variant.features, inst.dtype),
-            grid: ejc_ir::flash::abi::grid(&inst.variant.features, inst.block_m as usize).map(|g| g.to_string()),
-            block: None,
-            dynamic_shared_memory: 0,
-            scratch_bytes,
-        }
+    let artifact = |inst: &KernelInstance, target: String, file: String, sha256: String, scratch_bytes: u64| Artifact {
+        scratch_bytes,
+        ..artifact_of(inst, target, file, sha256)
     };
     for target in &opts.targets {
         match target {
@@ -200,6 +181,32 @@ pub fn build(
     let manifest_path = opts.out_dir.join("manifest.json");
     write_atomic(&manifest_path, manifest.to_json().as_bytes())?;
     Ok(BuildReport { manifest, manifest_path, kernels: selected.len() })
+}
+
+/// The manifest entry of `inst` built for `target` into `file`: the kernel's identity,
+/// features, ABI and grid; targets fill in their launch details.
+fn artifact_of(inst: &KernelInstance, target: String, file: String, sha256: String) -> Artifact {
+    let mut config = BTreeMap::new();
+    config.insert("block_m".to_string(), inst.block_m);
+    config.insert("block_n".to_string(), inst.block_n);
+    Artifact {
+        kernel_id: inst.id.clone(),
+        variant: inst.variant.name.clone(),
+        features: features_json(&inst.variant.features),
+        dtype: inst.dtype.to_string(),
+        head_dim: inst.head_dim,
+        config,
+        artifact_id: format!("{}@{target}", inst.id),
+        target,
+        file,
+        sha256,
+        entry: inst.id.clone(),
+        params: params_info(&inst.variant.features, inst.dtype),
+        grid: ejc_ir::flash::abi::grid(&inst.variant.features, inst.block_m as usize).map(|g| g.to_string()),
+        block: None,
+        dynamic_shared_memory: 0,
+        scratch_bytes: 0,
+    }
 }
 
 /// One candidate configuration of a PTX kernel.
@@ -295,33 +302,18 @@ fn build_ptx(
         let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
         let path = out_dir.join(&file);
         std::fs::write(&path, &k.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
-        let mut config = BTreeMap::new();
-        config.insert("block_m".to_string(), j.inst.block_m);
-        config.insert("block_n".to_string(), j.inst.block_n);
-        config.insert("num_warps".to_string(), j.warps);
-        config.insert("num_stages".to_string(), j.stages);
-        if j.wgmma {
-            config.insert("wgmma".to_string(), 1);
-        }
         let target = format!("ptx:{}", arch.name());
-        artifacts.push(Artifact {
-            kernel_id: j.inst.id.clone(),
-            variant: j.inst.variant.name.clone(),
-            features: features_json(&j.inst.variant.features),
-            dtype: j.inst.dtype.to_string(),
-            head_dim: j.inst.head_dim,
-            config,
-            artifact_id: format!("{}@{target}/{suffix}", j.inst.id),
-            target,
-            file,
-            sha256: sha256_hex(k.ptx.as_bytes()),
-            entry: k.code.entry.clone(),
-            params: params_info(&j.inst.variant.features, j.inst.dtype),
-            grid: ejc_ir::flash::abi::grid(&j.inst.variant.features, j.inst.block_m as usize).map(|g| g.to_string()),
-            block: Some([k.code.threads as u32, 1, 1]),
-            dynamic_shared_memory: k.code.smem_bytes as u32,
-            scratch_bytes: 0,
-        });
+        let mut a = artifact_of(j.inst, target.clone(), file, sha256_hex(k.ptx.as_bytes()));
+        a.config.insert("num_warps".to_string(), j.warps);
+        a.config.insert("num_stages".to_string(), j.stages);
+        if j.wgmma {
+            a.config.insert("wgmma".to_string(), 1);
+        }
+        a.artifact_id = format!("{}@{target}/{suffix}", j.inst.id);
+        a.entry = k.code.entry.clone();
+        a.block = Some([k.code.threads as u32, 1, 1]);
+        a.dynamic_shared_memory = k.code.smem_bytes as u32;
+        artifacts.push(a);
     }
     if too_big > 0 {
         eprintln!(
@@ -357,24 +349,7 @@ fn build_mlir(
     let dir = opts.out_dir.join("mlir").join(form);
     std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
     let mform = if gpu { Form::Gpu { threads: MLIR_GPU_THREADS } } else { Form::Cpu };
-    let base = |inst: &KernelInstance, target: String, file: String, sha256: String| Artifact {
-        kernel_id: inst.id.clone(),
-        variant: inst.variant.name.clone(),
-        features: features_json(&inst.variant.features),
-        dtype: inst.dtype.to_string(),
-        head_dim: inst.head_dim,
-        config: [("block_m".to_string(), inst.block_m), ("block_n".to_string(), inst.block_n)].into_iter().collect(),
-        artifact_id: format!("{}@{target}", inst.id),
-        target,
-        file,
-        sha256,
-        entry: inst.id.clone(),
-        params: params_info(&inst.variant.features, inst.dtype),
-        grid: ejc_ir::flash::abi::grid(&inst.variant.features, inst.block_m as usize).map(|g| g.to_string()),
-        block: None,
-        dynamic_shared_memory: 0,
-        scratch_bytes: 0,
-    };
+    let base = artifact_of;
     // Text first (fast, and every kernel must verify).
     let mut artifacts = Vec::new();
     for (inst, kernel) in selected.iter().zip(kernels) {

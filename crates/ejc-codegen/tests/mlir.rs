@@ -5,43 +5,19 @@
 //!
 //! Inputs are fresh random numbers; the seed is printed (`EJC_TEST_SEED` replays).
 
+mod common;
+use common::{kernel, seed, spec, tol};
 use ejc_codegen::mlir::{self, exec::CpuKernel, Form, GpuOptions};
 use ejc_codegen::ptx::{ptxas, Arch};
 use ejc_ir::flash::abi::abi_params;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
-use ejc_ir::flash::{build_kernel, FlashShape};
+use ejc_ir::flash::FlashShape;
 use ejc_ir::ir::Kernel;
-use ejc_ir::passes::{default_pipeline, run_pipeline};
-use ejc_ir::spec::{self, Schedule, Spec, Variant};
+use ejc_ir::spec::Variant;
 use ejc_ir::tensor::compare;
 use ejc_ir::types::{DType, Type};
 use ejc_runtime::flash::{launch_plan, FlashBuffers};
-
-fn spec() -> Spec {
-    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).unwrap()
-}
-
-fn seed() -> u64 {
-    std::env::var("EJC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    })
-}
-
-/// DESIGN.md's tolerances.
-fn tol(d: DType) -> f64 {
-    match d {
-        DType::F32 => 1e-5,
-        DType::F16 => 5e-3,
-        _ => 1e-2,
-    }
-}
-
-fn kernel(spec: &Spec, v: &Variant, dtype: DType, head_dim: usize, bm: u32, bn: u32) -> Kernel {
-    let k = build_kernel(spec, v, dtype, head_dim, &Schedule { block_m: bm, block_n: bn, num_warps: 0, num_stages: 0 })
-        .unwrap();
-    run_pipeline(&k, &default_pipeline()).unwrap()
-}
 
 /// Run `k` through the MLIR CPU path on `shape` and compare with the reference.
 fn check(k: &CpuKernel, v: &Variant, dtype: DType, head_dim: usize, bm: usize, shape: &str, seed: u64) {

@@ -1006,6 +1006,37 @@ impl<'c, 'k> Emitter<'c, 'k> {
         Ok((ok, off))
     }
 
+    /// Visit every element of a load/store tile: rows spread by [`Self::rows`], columns
+    /// in a loop; `f` gets the element's in-bounds flag, its offset in the tensor and its
+    /// tile indices (row 0 for rank-1 tiles).
+    fn for_each_element(
+        &mut self,
+        blk: &Block<'c>,
+        acc: &Access,
+        f: impl Fn(&mut Self, &Block<'c>, V, V, V, V) -> R<()>,
+    ) -> R<()> {
+        let two = acc.ranges.len() == 2;
+        let rows = if two { acc.ranges[0].size } else { 1 };
+        self.rows(blk, rows, |e, blk, r| {
+            let (mut ok, mut off) = (acc.ok, acc.base);
+            if two {
+                let (o, x) = e.axis_at(blk, &acc.ranges[0], r)?;
+                ok = e.op1(blk, "arith.andi", &[ok, o], "i1", &[])?;
+                off = e.op1(blk, "arith.addi", &[off, x], "index", &[])?;
+            }
+            let zero = e.idx(blk, 0)?;
+            let r = if two { r } else { zero };
+            let col = &acc.ranges[acc.ranges.len() - 1];
+            let (lo, hi, one) = (e.idx(blk, 0)?, e.idx(blk, col.size as i64)?, e.idx(blk, 1)?);
+            e.for_index(blk, lo, hi, one, |e, blk, c| {
+                let (o, x) = e.axis_at(blk, col, c)?;
+                let ok = e.op1(blk, "arith.andi", &[ok, o], "i1", &[])?;
+                let off = e.op1(blk, "arith.addi", &[off, x], "index", &[])?;
+                f(e, blk, ok, off, r, c)
+            })
+        })
+    }
+
     /// Load one tensor element at `off` when `ok`, else `pad`; storage form of the tensor.
     fn guarded_load(&self, blk: &Block<'c>, acc: &Access, ok: V, off: V, pad: f64) -> R<V> {
         let s = sty(acc.dtype);
@@ -1054,29 +1085,15 @@ impl<'c, 'k> Emitter<'c, 'k> {
             1 | 2 => {
                 let b = self.alloc_value(blk, res)?;
                 let two = acc.ranges.len() == 2;
-                let rows = if two { acc.ranges[0].size } else { 1 };
-                self.rows(blk, rows, |e, blk, r| {
-                    let (mut ok, mut off) = (acc.ok, acc.base);
+                self.for_each_element(blk, &acc, |e, blk, ok, off, r, c| {
+                    let x = e.guarded_load(blk, &acc, ok, off, pad)?;
+                    let mut ix = vec![x, b.mem];
                     if two {
-                        let (o, f) = e.axis_at(blk, &acc.ranges[0], r)?;
-                        ok = e.op1(blk, "arith.andi", &[ok, o], "i1", &[])?;
-                        off = e.op1(blk, "arith.addi", &[off, f], "index", &[])?;
+                        ix.push(r);
                     }
-                    let col = &acc.ranges[acc.ranges.len() - 1];
-                    let (lo, hi, one) = (e.idx(blk, 0)?, e.idx(blk, col.size as i64)?, e.idx(blk, 1)?);
-                    e.for_index(blk, lo, hi, one, |e, blk, c| {
-                        let (o, f) = e.axis_at(blk, col, c)?;
-                        let ok = e.op1(blk, "arith.andi", &[ok, o], "i1", &[])?;
-                        let off = e.op1(blk, "arith.addi", &[off, f], "index", &[])?;
-                        let x = e.guarded_load(blk, &acc, ok, off, pad)?;
-                        let mut ix = vec![x, b.mem];
-                        if two {
-                            ix.push(r);
-                        }
-                        ix.push(c);
-                        e.op(blk, "memref.store", &ix, &[], &[], vec![])?;
-                        Ok(())
-                    })
+                    ix.push(c);
+                    e.op(blk, "memref.store", &ix, &[], &[], vec![])?;
+                    Ok(())
                 })
             }
             n => Err(self.err(format!("a load with {n} range axes (tiles have rank 1 or 2)"))),
@@ -1093,30 +1110,11 @@ impl<'c, 'k> Emitter<'c, 'k> {
                 let x = self.to_storage(blk, x, acc.dtype, None)?;
                 self.rows(blk, 1, |e, blk, _| e.guarded_store(blk, &acc, acc.ok, acc.base, x))
             }
-            1 | 2 => {
-                let two = acc.ranges.len() == 2;
-                let rows = if two { acc.ranges[0].size } else { 1 };
-                self.rows(blk, rows, |e, blk, r| {
-                    let (mut ok, mut off) = (acc.ok, acc.base);
-                    if two {
-                        let (o, f) = e.axis_at(blk, &acc.ranges[0], r)?;
-                        ok = e.op1(blk, "arith.andi", &[ok, o], "i1", &[])?;
-                        off = e.op1(blk, "arith.addi", &[off, f], "index", &[])?;
-                    }
-                    let col = &acc.ranges[acc.ranges.len() - 1];
-                    let (lo, hi, one) = (e.idx(blk, 0)?, e.idx(blk, col.size as i64)?, e.idx(blk, 1)?);
-                    e.for_index(blk, lo, hi, one, |e, blk, c| {
-                        let (o, f) = e.axis_at(blk, col, c)?;
-                        let ok = e.op1(blk, "arith.andi", &[ok, o], "i1", &[])?;
-                        let off = e.op1(blk, "arith.addi", &[off, f], "index", &[])?;
-                        let zero = e.idx(blk, 0)?;
-                        let rr = if two { r } else { zero };
-                        let x = e.read_elem(blk, value, rr, c)?;
-                        let x = e.to_storage(blk, x, acc.dtype, None)?;
-                        e.guarded_store(blk, &acc, ok, off, x)
-                    })
-                })
-            }
+            1 | 2 => self.for_each_element(blk, &acc, |e, blk, ok, off, r, c| {
+                let x = e.read_elem(blk, value, r, c)?;
+                let x = e.to_storage(blk, x, acc.dtype, None)?;
+                e.guarded_store(blk, &acc, ok, off, x)
+            }),
             n => Err(self.err(format!("a store with {n} range axes (tiles have rank 1 or 2)"))),
         }
     }
