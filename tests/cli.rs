@@ -187,12 +187,17 @@ fn build_filters_and_unsupported_targets() {
     ]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-    assert_eq!(m.artifacts.len(), 2, "{:?}", m.artifacts.iter().map(|a| &a.artifact_id).collect::<Vec<_>>());
+    // 2 stage counts x {mma.sync, wgmma} (sm_90a: Hopper's warpgroup MMA is one more candidate).
+    assert_eq!(m.artifacts.len(), 4, "{:?}", m.artifacts.iter().map(|a| &a.artifact_id).collect::<Vec<_>>());
     for a in &m.artifacts {
         assert!(a.file.starts_with("ptx/sm_90a/") && a.file.ends_with(".ptx"), "{}", a.file);
         assert_eq!(a.block, Some([128, 1, 1]));
         assert!(a.dynamic_shared_memory > 0);
         assert_eq!(a.config.get("num_warps"), Some(&4));
+        let wgmma = a.artifact_id.ends_with("_wgmma");
+        assert_eq!(a.config.get("wgmma").is_some(), wgmma, "{}", a.artifact_id);
+        let ptx = std::fs::read_to_string(out.join(&a.file)).unwrap();
+        assert_eq!(ptx.contains("wgmma.mma_async"), wgmma, "{}", a.artifact_id);
     }
     if ejc_codegen::ptx::find_ptxas().is_some() {
         assert!(text(&o.stdout).contains("regs"), "--report prints ptxas's figures: {}", text(&o.stdout));
