@@ -195,7 +195,7 @@ fn build_filters_and_unsupported_targets() {
         assert!(a.dynamic_shared_memory > 0);
         assert_eq!(a.config.get("num_warps"), Some(&4));
         let wgmma = a.artifact_id.ends_with("_wgmma");
-        assert_eq!(a.config.get("wgmma").is_some(), wgmma, "{}", a.artifact_id);
+        assert_eq!(a.config.contains_key("wgmma"), wgmma, "{}", a.artifact_id);
         let ptx = std::fs::read_to_string(out.join(&a.file)).unwrap();
         assert_eq!(ptx.contains("wgmma.mma_async"), wgmma, "{}", a.artifact_id);
     }
