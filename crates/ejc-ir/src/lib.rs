@@ -17,6 +17,7 @@
 //! This crate links no LLVM and no CUDA: the runtime and deployed programs depend on it.
 
 pub mod builder;
+pub mod cache_dir;
 pub mod cpu_abi;
 pub mod dsl;
 pub mod flash;

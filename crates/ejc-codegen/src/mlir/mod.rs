@@ -221,17 +221,7 @@ pub(crate) fn dump(kernel: &str, form: Form, stage: &str, module: &Module) -> Re
 /// The on-disk cache of compiled MLIR: `$EJC_CACHE_DIR/mlir`, else
 /// `$XDG_CACHE_HOME/ejc/mlir`, else `~/.cache/ejc/mlir`.
 pub fn cache_dir() -> PathBuf {
-    let set = |v: Option<std::ffi::OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
-    let base = if let Some(d) = set(std::env::var_os("EJC_CACHE_DIR")) {
-        d
-    } else if let Some(x) = set(std::env::var_os("XDG_CACHE_HOME")).filter(|p| p.is_absolute()) {
-        x.join("ejc")
-    } else if let Some(h) = set(std::env::var_os("HOME")) {
-        h.join(".cache").join("ejc")
-    } else {
-        PathBuf::from(".ejc-cache")
-    };
-    base.join("mlir")
+    ejc_ir::cache_dir::default_dir().join("mlir")
 }
 
 /// The cache key of a compilation: the module text, every stage, the target and the
