@@ -3,11 +3,12 @@
 //! ```no_run
 //! use ejc_runtime::api::{flash_attention, FlashArgs, FlashOptions};
 //! use ejc_runtime::cpu::HostBuffer;
-//! # let (q, k, v): (HostBuffer, HostBuffer, HostBuffer) = unimplemented!();
+//! # fn demo(q: HostBuffer, k: HostBuffer, v: HostBuffer) {
 //! // Kernels from `ejc build specs/flash.yaml --target cpu -o out` (or $EJC_KERNELS).
 //! let opts = FlashOptions { causal: true, ..Default::default() };
 //! let r = flash_attention(&FlashArgs::new(&q, &k, &v), &opts).unwrap();
 //! println!("{} with {:?} (from the {})", r.kernel, r.config, r.source);
+//! # }
 //! ```
 //!
 //! The call picks the platform (CUDA when a driver and a device are present — the CUDA

@@ -3,11 +3,10 @@
 //!
 //! ```no_run
 //! # use ejc_runtime::flash::{FlashBuffers, run_cpu};
-//! # fn demo(kernel: ejc_runtime::cpu::CpuKernel, call: &mut FlashBuffers) {
+//! # fn demo(kernel: ejc_runtime::cpu::CpuKernel, call: &mut FlashBuffers, rt: ejc_ir::flash::FlashRuntime) {
 //! use ejc_ir::spec::Features;
 //! use ejc_ir::types::DType;
 //! let features = Features { causal: true, ..Default::default() };
-//! # let rt: ejc_ir::flash::FlashRuntime = unimplemented!();
 //! run_cpu(&kernel, &features, DType::BF16, 128, 64, &rt, call, 2).unwrap();
 //! # }
 //! ```

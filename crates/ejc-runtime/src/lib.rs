@@ -6,8 +6,10 @@
 //!
 //! ```no_run
 //! use ejc_runtime::api::{flash_attention, FlashArgs, FlashOptions};
-//! # let (q, k, v): (ejc_runtime::cpu::HostBuffer, ejc_runtime::cpu::HostBuffer, ejc_runtime::cpu::HostBuffer) = unimplemented!();
+//! # use ejc_runtime::cpu::HostBuffer;
+//! # fn demo(q: HostBuffer, k: HostBuffer, v: HostBuffer) {
 //! let r = flash_attention(&FlashArgs::new(&q, &k, &v), &FlashOptions { causal: true, ..Default::default() }).unwrap();
+//! # }
 //! ```
 //!
 //! | module | what |

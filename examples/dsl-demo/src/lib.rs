@@ -9,10 +9,11 @@
 //! ```no_run
 //! use ejc_dsl_demo::{kernels::scaled_matmul, library};
 //! use ejc_runtime::cpu::HostBuffer;
-//! # let (a, b, mut out): (HostBuffer, HostBuffer, HostBuffer) = unimplemented!();
+//! # fn demo(a: HostBuffer, b: HostBuffer, mut out: HostBuffer) {
 //! let k = library().kernel(scaled_matmul::NAME).unwrap();
 //! let grid = [(100i64 + 31) / 32, (60 + 31) / 32, 1];
 //! scaled_matmul::launch(&k, grid, 0, &a, &b, &mut out, 0.5, true).unwrap();
+//! # }
 //! ```
 
 pub mod kernels;

@@ -5,11 +5,11 @@
 //!
 //! ```no_run
 //! use ejc_codegen::mlir::exec::CpuKernel;
-//! # let kernel: ejc_ir::ir::Kernel = unimplemented!();
-//! # let (tensors, scalars, grid) = (vec![], vec![], [1, 1, 1]);
+//! # fn demo(kernel: ejc_ir::ir::Kernel, tensors: Vec<ejc_ir::cpu_abi::EjcTensor>, scalars: Vec<u64>, grid: [i64; 3]) {
 //! let k = CpuKernel::compile(&kernel).unwrap();
 //! println!("compiled in {:.2}s (from cache: {})", k.compile_seconds, k.cached);
 //! unsafe { k.launch(&tensors, &scalars, grid, 0).unwrap() };
+//! # }
 //! ```
 //!
 //! The call: the function MLIR's ExecutionEngine wraps as `_mlir_<name>(void **args)`,

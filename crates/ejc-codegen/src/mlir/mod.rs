@@ -4,13 +4,14 @@
 //!
 //! ```no_run
 //! use ejc_codegen::mlir::{self, Form};
-//! # let kernel: ejc_ir::ir::Kernel = unimplemented!();
+//! # fn demo(kernel: ejc_ir::ir::Kernel) {
 //! // The verified module, as text (what `ejc build --target mlir:cpu` writes).
 //! let (text, info) = mlir::to_mlir(&kernel, Form::Cpu).unwrap();
 //! // Compiled for this CPU (or loaded from the on-disk cache), ready to launch.
 //! let k = mlir::exec::CpuKernel::compile(&kernel).unwrap();
 //! // PTX for a GPU, through gpu-module-to-binary{format=isa}.
 //! let ptx = mlir::compile_gpu(&kernel, mlir::GpuOptions::default()).unwrap();
+//! # }
 //! ```
 //!
 //! The pipeline, as a flat list of stages (each written out by `EJC_DUMP_MLIR=<dir>`):

@@ -3,9 +3,10 @@
 //!
 //! ```no_run
 //! use ejc_codegen::ptx::{compile, Arch, PtxConfig};
-//! # let kernel: ejc_ir::ir::Kernel = unimplemented!();
+//! # fn demo(kernel: ejc_ir::ir::Kernel) {
 //! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, wgmma: false }).unwrap();
 //! println!("{} bytes of PTX, {} bytes of shared memory", k.ptx.len(), k.code.smem_bytes);
+//! # }
 //! ```
 //!
 //! The pieces, in order: [`layout`] decides where every tile lives (registers in

@@ -2,8 +2,9 @@
 //!
 //! ```no_run
 //! use ejc_ir::passes;
-//! # let kernel: ejc_ir::ir::Kernel = unimplemented!();
+//! # fn demo(kernel: ejc_ir::ir::Kernel) {
 //! let optimized = passes::run_pipeline(&kernel, &passes::default_pipeline()).unwrap();
+//! # }
 //! ```
 //!
 //! The default pipeline, in order, and why:
