@@ -11,7 +11,8 @@
 //!
 //! The object is the same one `ejc build --target cpu` links into a shared library, so
 //! the JIT and the AOT path run identical machine code. Symbols the object does not
-//! define (e.g. `memcpy`, should LLVM emit a call) resolve against the process.
+//! define (e.g. `memcpy`, should LLVM emit a call) resolve against the process, plus
+//! the compiler-runtime calls of [`runtime_symbols`] that the process may lack.
 
 use std::ffi::{CStr, CString};
 
@@ -47,6 +48,25 @@ fn take_error(e: LLVMErrorRef) -> Result<(), CodegenError> {
     }
 }
 
+/// `__truncsfbf2` (f32 → bf16, round to nearest even, NaN kept quiet): LLVM calls it to
+/// round to bf16 on a CPU without bf16 instructions (AVX2, Zen 3), and the process only
+/// has it when its libgcc is GCC 13's or newer. The x86-64 ABI returns a bf16 in the low
+/// 16 bits of xmm0 — where an f32 return puts its bits.
+#[cfg(target_arch = "x86_64")]
+extern "C" fn truncsfbf2(x: f32) -> f32 {
+    f32::from_bits(u32::from(half::bf16::from_f32(x).to_bits()))
+}
+
+/// Compiler-runtime functions that JIT-compiled code may call and this process may not
+/// export, with their addresses (the JITs define them before resolving anything else).
+pub fn runtime_symbols() -> Vec<(&'static str, usize)> {
+    #[allow(unused_mut)]
+    let mut v: Vec<(&'static str, usize)> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    v.push(("__truncsfbf2", truncsfbf2 as extern "C" fn(f32) -> f32 as usize));
+    v
+}
+
 impl JitLibrary {
     /// Load an object file (from [`super::compile_object`]) into a new JIT.
     pub fn load(object: &[u8]) -> Result<JitLibrary, CodegenError> {
@@ -65,6 +85,25 @@ impl JitLibrary {
                 std::ptr::null_mut(),
             ))?;
             LLVMOrcJITDylibAddGenerator(dylib, gen);
+            let mut pairs: Vec<LLVMOrcCSymbolMapPair> = Vec::new();
+            for (sym, addr) in runtime_symbols() {
+                let c = CString::new(sym).unwrap_or_default();
+                pairs.push(LLVMOrcCSymbolMapPair {
+                    Name: LLVMOrcLLJITMangleAndIntern(jit, c.as_ptr()),
+                    Sym: LLVMJITEvaluatedSymbol {
+                        Address: addr as LLVMOrcExecutorAddress,
+                        Flags: LLVMJITSymbolFlags {
+                            GenericFlags: LLVMJITSymbolGenericFlags::LLVMJITSymbolGenericFlagsExported as u8
+                                | LLVMJITSymbolGenericFlags::LLVMJITSymbolGenericFlagsCallable as u8,
+                            TargetFlags: 0,
+                        },
+                    },
+                });
+            }
+            if !pairs.is_empty() {
+                let mu = LLVMOrcAbsoluteSymbols(pairs.as_mut_ptr(), pairs.len());
+                take_error(LLVMOrcJITDylibDefine(dylib, mu))?;
+            }
             let name = CString::new("ejc-kernels").unwrap_or_default();
             let buf = llvm_sys::core::LLVMCreateMemoryBufferWithMemoryRangeCopy(
                 object.as_ptr() as *const _,

@@ -112,6 +112,12 @@ impl CpuKernel {
             dump(&k.name, Form::Cpu, name, &module)?;
         }
         let engine = ExecutionEngine::new(&module, 3, &[], true, false);
+        // Compiler-runtime calls the process may lack (bf16 rounding on CPUs without
+        // bf16 instructions): see `cpu::jit::runtime_symbols`.
+        for (name, addr) in crate::cpu::jit::runtime_symbols() {
+            // Safety: `addr` is a function of this process with the C ABI LLVM expects.
+            unsafe { engine.register_symbol(name, addr as *mut ()) };
+        }
         let f = engine.lookup(&symbol);
         if f.is_null() {
             return Err(engine_err(k, format!("no symbol `{symbol}` after compilation: {}", s.take_diagnostics())));
