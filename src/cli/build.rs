@@ -121,9 +121,9 @@ pub fn run(req: &Request) -> Outcome {
     }
 }
 
-/// `--report`: ptxas on every PTX artifact; one line per file, spills flagged.
+/// `--report`: ptxas on every PTX artifact; one line per entry point, spills flagged.
 fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> Outcome {
-    use ejc_codegen::ptx::{find_ptxas, ptxas, Arch};
+    use ejc_codegen::ptx::{find_ptxas, ptxas_entries, Arch};
     let ptx: Vec<_> = manifest
         .artifacts
         .iter()
@@ -149,24 +149,30 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> O
             Ok(t) => t,
             Err(e) => return Outcome::Error(format!("error: {}: {e}", a.file)),
         };
-        match ptxas(&tool, &text, arch) {
-            Ok(r) => {
-                let flag = if r.spill_stores + r.spill_loads > 0 {
-                    spilled += 1;
-                    "  SPILLS"
-                } else {
-                    ""
-                };
-                println!(
-                    "{:<72} {:>5} {:>7} {:>7} {:>8}{flag}",
-                    a.artifact_id, r.registers, r.spill_stores, r.spill_loads, a.dynamic_shared_memory
-                );
-            }
+        let reports = match ptxas_entries(&tool, &text, arch) {
+            Ok(r) => r,
             Err(e) => return Outcome::Error(format!("error: {}: {e}", a.artifact_id)),
+        };
+        for (entry, r) in reports {
+            // The aligned entry (docs/abi.md) gets its own line.
+            let id = match &a.aligned {
+                Some(al) if al.entry == entry => format!("{} [aligned]", a.artifact_id),
+                _ => a.artifact_id.clone(),
+            };
+            let flag = if r.spill_stores + r.spill_loads > 0 {
+                spilled += 1;
+                "  SPILLS"
+            } else {
+                ""
+            };
+            println!(
+                "{:<72} {:>5} {:>7} {:>7} {:>8}{flag}",
+                id, r.registers, r.spill_stores, r.spill_loads, a.dynamic_shared_memory
+            );
         }
     }
     if spilled > 0 {
-        println!("{spilled} artifact(s) spill registers: slower candidates the autotuner will rank low");
+        println!("{spilled} entry point(s) spill registers: slower candidates the autotuner will rank low");
     }
     Outcome::Ok
 }

@@ -206,6 +206,7 @@ fn artifact_of(inst: &KernelInstance, target: String, file: String, sha256: Stri
         block: None,
         dynamic_shared_memory: 0,
         scratch_bytes: 0,
+        aligned: None,
     }
 }
 
@@ -313,6 +314,11 @@ fn build_ptx(
         a.entry = k.code.entry.clone();
         a.block = Some([k.code.threads as u32, 1, 1]);
         a.dynamic_shared_memory = k.code.smem_bytes as u32;
+        a.aligned = k.code.aligned_entry.clone().map(|entry| ejc_ir::manifest::AlignedEntry {
+            entry,
+            tensors: k.code.aligned_tensors.clone(),
+            positive: k.code.positive_scalars.clone(),
+        });
         artifacts.push(a);
     }
     if too_big > 0 {

@@ -138,6 +138,10 @@ impl Ir {
     pub fn ctrue(&self) -> V {
         unsafe { LLVMConstInt(self.i1(), 1, 0) }
     }
+    /// Whether `v` is the constant `true` (an i1 the builder folded).
+    pub fn is_true(&self, v: V) -> bool {
+        unsafe { !llvm_sys::core::LLVMIsAConstantInt(v).is_null() && llvm_sys::core::LLVMConstIntGetZExtValue(v) == 1 }
+    }
     pub fn cfalse(&self) -> V {
         unsafe { LLVMConstInt(self.i1(), 0, 0) }
     }

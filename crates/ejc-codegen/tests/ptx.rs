@@ -6,7 +6,7 @@
 //! dropout at head_dim 128 (Philox per element; a known gap, docs/perf.md). On the
 //! GPU itself, `scripts/gpu_run.sh` checks results against the reference.
 
-use ejc_codegen::ptx::{compile, find_ptxas, ptxas, Arch, PtxConfig};
+use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, PtxConfig};
 use ejc_ir::flash::build_kernel;
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{self, Schedule, Spec};
@@ -91,4 +91,40 @@ fn f32_dots_are_refused_with_a_reason() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("bf16 or f16") && e.contains("CPU back end"), "{e}");
+}
+
+/// Every flash kernel gets a second entry for aligned inputs (docs/abi.md, "Aligned
+/// entry"): no element-by-element fallback in it, a positive softmax scale required
+/// where the scale folds into the exponent (the fold itself: `ptx::scale_fold`'s
+/// tests; its numbers: `ejc-gpu check` on the GPU), and fewer registers than the
+/// general entry.
+#[test]
+fn the_aligned_entry_drops_the_fallback_and_folds_the_scale() {
+    let spec = spec();
+    let tool = find_ptxas();
+    for (variant, folds) in [("full", true), ("causal", true), ("softcap", false)] {
+        let k = kernel(&spec, variant, DType::BF16, 128, 128, 64);
+        let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: 8, num_stages: 2, wgmma: true };
+        let p = compile(&k, &cfg).unwrap();
+        let aligned = p.code.aligned_entry.clone().expect("an aligned entry");
+        assert_eq!(aligned, format!("{}_aligned", k.name));
+        assert_eq!(p.code.aligned_tensors, ["q", "k", "v"], "{variant}");
+        let positive: &[&str] = if folds { &["softmax_scale"] } else { &[] };
+        assert_eq!(p.code.positive_scalars, positive, "{variant}");
+        // The general entry copies tiles element by element when it must (16-bit global
+        // loads into shared memory); the aligned one never does.
+        let body = |entry: &str| {
+            let start = p.ptx.find(&format!(".entry {entry}(")).unwrap_or_else(|| panic!("no entry {entry}"));
+            let rest = &p.ptx[start + 1..];
+            rest[..rest.find("\n.entry").unwrap_or(rest.len())].to_string()
+        };
+        let (general, fast) = (body(&k.name), body(&aligned));
+        assert!(general.contains("st.shared.b16"), "{variant}: the general entry has the fallback");
+        assert!(!fast.contains("st.shared.b16"), "{variant}: the aligned entry has no fallback");
+        if let Some(t) = &tool {
+            let r = ptxas_entries(t, &p.ptx, Arch::Sm90a).unwrap();
+            let regs = |e: &str| r.iter().find(|(n, _)| n == e).map(|(_, r)| r.registers).unwrap();
+            assert!(regs(&aligned) < regs(&k.name), "{variant}: {r:?}");
+        }
+    }
 }

@@ -89,6 +89,38 @@ pub struct Artifact {
     /// (docs/abi.md). 0 (absent) elsewhere.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub scratch_bytes: u64,
+    /// PTX targets: a second entry in the same file, compiled for aligned inputs (no
+    /// element-by-element fallback for the tiles it copies to shared memory, so fewer
+    /// registers and a faster loop). A launcher may call it instead of `entry`, with the
+    /// same parameters, grid, block and shared memory, when every tensor it names is
+    /// aligned: data address a multiple of 16 bytes, last stride 1, every other stride a
+    /// multiple of 8 elements, and every scalar it names is > 0 (docs/abi.md, "Aligned
+    /// entry").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aligned: Option<AlignedEntry>,
+}
+
+/// The aligned entry of a PTX artifact (see [`Artifact::aligned`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlignedEntry {
+    pub entry: String,
+    /// The tensors (parameter names) that must be aligned.
+    pub tensors: Vec<String>,
+    /// Scalar parameters that must be > 0 (the softmax scale, folded into the
+    /// exponent); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub positive: Vec<String>,
+}
+
+impl AlignedEntry {
+    /// Whether a tensor with this data address (bytes), strides (elements) meets the
+    /// condition.
+    pub fn tensor_ok(address: u64, strides: &[i64]) -> bool {
+        address.is_multiple_of(16)
+            && strides.last().is_none_or(|s| *s == 1)
+            && strides.iter().rev().skip(1).all(|s| s % 8 == 0)
+    }
 }
 
 fn is_zero(x: &u64) -> bool {

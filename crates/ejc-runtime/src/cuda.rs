@@ -270,6 +270,8 @@ pub struct FlashDevice {
     pub names: Vec<&'static str>,
     pub grid: [i64; 3],
     pub scalars: Vec<Scalar>,
+    /// The scalars' parameter names, in the same order.
+    pub scalar_names: Vec<String>,
 }
 
 impl FlashDevice {
@@ -286,9 +288,11 @@ impl FlashDevice {
         let (grid, slots) =
             launch_plan(features, dtype, head_dim, block_m, rt, call).map_err(|e| CudaError::Invalid(e.to_string()))?;
         let mut scalars = Vec::new();
+        let mut scalar_names = Vec::new();
         let mut si = 0;
         for p in abi_params(features, dtype) {
             if let Type::Scalar(d) = p.ty {
+                scalar_names.push(p.name.to_string());
                 let slot = slots[si];
                 si += 1;
                 scalars.push(match d {
@@ -303,7 +307,26 @@ impl FlashDevice {
             let b = call.get(n).ok_or_else(|| CudaError::Invalid(format!("the call has no `{n}`")))?;
             tensors.push(cuda.upload(b)?);
         }
-        Ok(FlashDevice { tensors, names, grid, scalars })
+        Ok(FlashDevice { tensors, names, grid, scalars, scalar_names })
+    }
+
+    /// Whether these tensors meet the condition of an artifact's aligned entry (every
+    /// tensor it names aligned; docs/abi.md, "Aligned entry").
+    pub fn meets(&self, aligned: &ejc_ir::manifest::AlignedEntry) -> bool {
+        let positive = aligned.positive.iter().all(|n| {
+            self.scalar_names.iter().position(|x| x == n).is_some_and(|i| match self.scalars[i] {
+                Scalar::F32(x) => x > 0.0,
+                Scalar::I32(x) => x > 0,
+            })
+        });
+        positive
+            && aligned.tensors.iter().all(|t| {
+                self.names.iter().position(|n| n == t).is_some_and(|i| {
+                    let b = &self.tensors[i];
+                    let strides: Vec<i64> = b.strides.iter().map(|s| *s as i64).collect();
+                    ejc_ir::manifest::AlignedEntry::tensor_ok(b.address(), &strides)
+                })
+            })
     }
 
     /// Launch `k` on these tensors.

@@ -263,6 +263,7 @@ impl DslBuild {
                     block: None,
                     dynamic_shared_memory: 0,
                     scratch_bytes: code.scratch_bytes,
+                    aligned: None,
                 });
             }
         }

@@ -69,11 +69,14 @@ struct Smem {
     /// 128 contiguous bytes each), the canonical layout a wgmma descriptor without
     /// swizzling reads (K-major for `[n, k]`/`[m, k]` tiles, N-major for `[k, n]`).
     cm: bool,
+    /// Its `cp.async` copy was committed but not waited for: the first read must wait,
+    /// unless a pipelined load of the enclosing loop has waited already (`covered`).
+    pending: bool,
 }
 
 impl Smem {
     fn new(rows: usize, cols: usize, dtype: DType, cm: bool, off: V) -> Smem {
-        Smem { off, rows, cols, dtype, afrags: None, cm }
+        Smem { off, rows, cols, dtype, afrags: None, cm, pending: false }
     }
 
     fn row_bytes(&self) -> usize {
@@ -141,6 +144,16 @@ pub struct PtxCode {
     /// Dynamic shared memory the launch must give, in bytes.
     pub smem_bytes: usize,
     pub threads: usize,
+    /// Tensors (parameter names) whose tiles go to shared memory with `cp.async` when
+    /// they are aligned: data 16-byte aligned, last stride 1, every other stride a
+    /// multiple of 8 elements. The aligned entry assumes this of them.
+    pub aligned_tensors: Vec<String>,
+    /// The second entry of the module, compiled under that assumption (no
+    /// element-by-element fallback for those tiles), when there is one.
+    pub aligned_entry: Option<String>,
+    /// Scalar parameters the aligned entry needs > 0 (its softmax scale is folded into
+    /// the exponent: `scale_fold`).
+    pub positive_scalars: Vec<String>,
 }
 
 pub struct Lowering<'k> {
@@ -174,6 +187,21 @@ pub struct Lowering<'k> {
     /// Tiles that only ever feed dots: on the Hopper path they are stored in the
     /// core-matrix layout wgmma reads.
     dot_only: std::collections::HashSet<Value>,
+    /// Lowering the aligned entry: the tensors of shared-memory tiles are aligned (see
+    /// [`PtxCode::aligned_tensors`]).
+    assume_aligned: bool,
+    /// Tensors (indices) whose shared-memory tiles would take `cp.async` when aligned.
+    aligned_tensors: std::collections::BTreeSet<usize>,
+    /// `softmax.update` ops (by first result) whose scores arrive unscaled, and their
+    /// scale (`scale_fold`).
+    scaled_softmax: HashMap<Value, Value>,
+    /// In a loop body after a pipelined load's wait and barrier (cp.async only): every
+    /// copy committed before the loop is complete and visible.
+    covered: bool,
+    /// Tiles loaded before a loop whose `a` fragments stay in registers, copied without
+    /// waiting (aligned entry): their fragments are read after the next loop's prologue
+    /// has issued its copies, so the copies overlap.
+    pending_afrags: Vec<Value>,
 }
 
 fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
@@ -192,6 +220,7 @@ impl<'k> Lowering<'k> {
         stages: usize,
         smem: V,
         hopper: bool,
+        aligned: Option<&HashMap<Value, Value>>,
     ) -> Lowering<'k> {
         let null = std::ptr::null_mut();
         let mut defs = HashMap::new();
@@ -231,6 +260,11 @@ impl<'k> Lowering<'k> {
             regions: HashMap::new(),
             wgmma,
             dot_only,
+            assume_aligned: aligned.is_some(),
+            aligned_tensors: Default::default(),
+            scaled_softmax: aligned.cloned().unwrap_or_default(),
+            covered: false,
+            pending_afrags: Vec::new(),
         }
     }
 
@@ -315,10 +349,15 @@ impl<'k> Lowering<'k> {
         let body = &self.kernel.body;
         self.block(body)?;
         self.ir.ret_void();
+        let names: Vec<String> =
+            self.kernel.params.iter().filter(|p| matches!(p.ty, Type::Tensor(..))).map(|p| p.name.clone()).collect();
         Ok(PtxCode {
             entry: self.kernel.name.clone(),
             smem_bytes: self.smem_peak.max(self.smem_top),
             threads: self.warps * 32,
+            aligned_tensors: self.aligned_tensors.iter().map(|t| names[*t].clone()).collect(),
+            aligned_entry: None,
+            positive_scalars: Vec::new(),
         })
     }
 
@@ -855,7 +894,21 @@ impl<'k> Lowering<'k> {
         } else {
             let off = self.region(op, 0, s.bytes());
             s.off = self.ir.ci32(off as i64);
-            self.fill_smem(t, acc, &s, pad)?;
+            let esize = s.dtype.size_bytes() as i64;
+            if self.assume_aligned && !s.cm && self.depth == 0 && {
+                let f = self.smem_fast(t, acc, esize, pad);
+                self.ir.is_true(f)
+            } {
+                // The aligned entry copies a tile loaded before a loop (the query tile)
+                // without waiting: the loop's first pipelined wait covers it, so its
+                // latency overlaps the prologue's copies of the first key/value tiles.
+                nvvm::barrier(&self.ir);
+                self.issue_cp_async(t, acc, &s)?;
+                nvvm::cp_async_commit(&self.ir);
+                s.pending = true;
+            } else {
+                self.fill_smem(t, acc, &s, pad)?;
+            }
         }
         // Keep an `a` tile in registers when it is small: one m-fragment per warp (the
         // query tile of attention with 16 rows per warp, like FlashAttention-2 with Q
@@ -863,6 +916,14 @@ impl<'k> Lowering<'k> {
         // accumulators, so it stays in shared memory and `ldmatrix` reads it per use.
         let per_warp_frags = rows / (16 * self.warps).max(1) * cols.div_ceil(16);
         if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 && !s.cm {
+            if s.pending && self.depth == 0 {
+                // Read after the next loop's prologue (`for_version`); its shared
+                // memory stays reserved (the loop's buffers must not reuse it while the
+                // copy may still be landing).
+                self.pending_afrags.push(op.results[0]);
+                return Ok(s);
+            }
+            self.ready(&mut s);
             let frags = self.a_frags_from_smem(&s)?;
             s.afrags = Some(frags);
             if self.depth == 0 && !self.prefetch.contains_key(&key) {
@@ -880,8 +941,18 @@ impl<'k> Lowering<'k> {
     /// Whether the tile of `acc` can be copied with 16-byte `cp.async`: unit stride on
     /// the column axis, rows a multiple of 8 elements apart, 16-byte aligned start,
     /// zero padding (i1, uniform).
-    fn smem_fast(&self, t: usize, acc: &Access, esize: i64, pad: f64) -> V {
+    fn smem_fast(&mut self, t: usize, acc: &Access, esize: i64, pad: f64) -> V {
         let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
+        if pad == 0.0 {
+            self.aligned_tensors.insert(t);
+            if self.assume_aligned && esize >= 2 {
+                // Aligned data and strides: the start is aligned when the first column
+                // is (a constant in every kernel so far, so the test folds away).
+                let ir = &self.ir;
+                let col_bytes = ir.mul(ca.start, ir.ci64(esize));
+                return ir.icmp(LLVMIntEQ, ir.and(col_bytes, ir.ci64(15)), ir.ci64(0));
+            }
+        }
         let strides = &self.tensors[t].strides;
         let ir = &self.ir;
         let data_i = ir.ptr_to_int(self.tensors[t].data, ir.i64());
@@ -1127,6 +1198,11 @@ impl<'k> Lowering<'k> {
         })?;
         nvvm::cp_async_commit(&self.ir);
         self.ir.br(jb);
+        // The slow block below is dead when the fast path is certain (aligned entry):
+        // from here on, copies committed before the loop are complete and visible.
+        if self.ir.is_true(pf.fast) {
+            self.covered = true;
+        }
         // ---- element by element, synchronous
         self.ir.at_end(sb);
         nvvm::barrier(&self.ir);
@@ -1141,8 +1217,21 @@ impl<'k> Lowering<'k> {
         Ok(off)
     }
 
+    /// Make a pending tile (see [`Smem::pending`]) readable: wait for every copy and
+    /// barrier, unless a pipelined wait already covers it here.
+    fn ready(&mut self, s: &mut Smem) {
+        if s.pending && !self.covered {
+            nvvm::cp_async_wait(&self.ir, 0);
+            nvvm::barrier(&self.ir);
+            s.pending = false;
+        }
+    }
+
     /// Read a shared-memory tile into the register layout.
     fn smem_to_dist(&mut self, v: Value, s: &Smem) -> R<Dist> {
+        let mut s = s.clone();
+        self.ready(&mut s);
+        let s = &s;
         let (rows, cols) = self.axes_of(v)?;
         let rc = self.row_coords(rows);
         let cc = self.col_coords(cols);
@@ -1424,18 +1513,32 @@ impl<'k> Lowering<'k> {
         let nc = Self::ncols(s.cols);
         let (mut pe, mut ae, mut me, mut le) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut p_all = vec![std::ptr::null_mut(); nr * nc];
+        // Unscaled scores (`scale_fold`): m = c · max(s), p = ex2(fma(s, c, −m)).
+        let scale = match self.scaled_softmax.get(&op.results[0]) {
+            Some(c) => Some(self.scalar(*c)?),
+            None => None,
+        };
         for ri in 0..nr {
             let rmax = self.row_fold(&s, ri, true, &|v| v);
             let ir = &self.ir;
+            let rmax = match scale {
+                Some(c) => ir.fmul(rmax, c),
+                None => rmax,
+            };
             let mi = Self::elem(&m, ri, 0, 1);
             let li = Self::elem(&l, ri, 0, 1);
             let m_new = ir.maxnum(mi, rmax);
             let dead = ir.fcmp(LLVMRealOEQ, m_new, neg_inf);
             let m_use = ir.select(dead, ir.cf32(0.0), m_new);
             let alpha = ir.select(dead, ir.cf32(1.0), nvvm::ex2(ir, ir.fsub(mi, m_use)));
+            let neg_m = ir.fneg(m_use);
             for ci in 0..nc {
                 let x = Self::elem(&s, ri, ci, nc);
-                p_all[ri * nc + ci] = nvvm::ex2(ir, ir.fsub(x, m_use));
+                let e = match scale {
+                    Some(c) => ir.fma(x, c, neg_m),
+                    None => ir.fsub(x, m_use),
+                };
+                p_all[ri * nc + ci] = nvvm::ex2(ir, e);
             }
             let prow = Dist { rows: Ax::One, cols: s.cols, e: p_all[ri * nc..(ri + 1) * nc].to_vec() };
             let psum = self.row_fold(&prow, 0, false, &|v| v);
@@ -1582,6 +1685,8 @@ impl<'k> Lowering<'k> {
                             s.rows, s.cols
                         )));
                     }
+                    let mut s = s.clone();
+                    self.ready(&mut s);
                     a_smem = Some(s);
                     Vec::new()
                 }
@@ -1624,7 +1729,10 @@ impl<'k> Lowering<'k> {
             }
         };
         let bs = match self.get(bv)?.clone() {
-            GV::Smem(s) => s,
+            GV::Smem(mut s) => {
+                self.ready(&mut s);
+                s
+            }
             _ => self.dist_to_smem(op, 1, bv)?,
         };
         let mut c = acc.e.clone();
@@ -1931,6 +2039,19 @@ impl<'k> Lowering<'k> {
             }
             self.ir.br(jb);
             self.ir.at_end(jb);
+            // Tiles copied before the loop and kept as fragments: their copies are the
+            // oldest groups, so waiting for all but the prologue's is waiting for them.
+            if self.depth == 0 && self.ir.is_true(fast) && !self.pending_afrags.is_empty() {
+                nvvm::cp_async_wait(&self.ir, ((st - 1) * pf_ops.len()) as i64);
+                nvvm::barrier(&self.ir);
+                for v in std::mem::take(&mut self.pending_afrags) {
+                    if let GV::Smem(mut sm) = self.get(v)?.clone() {
+                        sm.afrags = Some(self.a_frags_from_smem(&sm)?);
+                        sm.pending = false;
+                        self.set(v, GV::Smem(sm));
+                    }
+                }
+            }
         }
 
         let pre = self.ir.current();
@@ -1982,7 +2103,9 @@ impl<'k> Lowering<'k> {
             );
         }
         self.depth += 1;
+        let covered = std::mem::replace(&mut self.covered, false);
         let r = self.block(region);
+        self.covered = covered;
         self.depth -= 1;
         self.prefetch = saved;
         r?;

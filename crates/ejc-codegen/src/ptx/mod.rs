@@ -22,6 +22,7 @@
 pub mod layout;
 pub mod lower;
 mod nvvm;
+pub mod scale_fold;
 
 use std::path::{Path, PathBuf};
 
@@ -185,38 +186,72 @@ fn emit<'ctx>(
         let mut params = llvm_params(&probe, kernel)?;
         drop(probe);
         let fty = LLVMFunctionType(LLVMVoidTypeInContext(c), params.as_mut_ptr(), params.len() as u32, 0);
-        let name = std::ffi::CString::new(kernel.name.clone())
-            .map_err(|_| CodegenError::Llvm("kernel name has a NUL".into()))?;
-        let f = LLVMAddFunction(m, name.as_ptr(), fty);
-        // Calling convention 71 = PTX_Kernel: an `.entry`.
-        LLVMSetFunctionCallConv(f, 71);
-        let threads = (cfg.num_warps * 32).to_string();
-        for (k, v) in [("nvvm.maxntid", threads.as_str()), ("nvvm.minctasm", "1")] {
-            let a = LLVMCreateStringAttribute(
-                c,
-                k.as_ptr() as *const _,
-                k.len() as u32,
-                v.as_ptr() as *const _,
-                v.len() as u32,
-            );
-            LLVMAddAttributeAtIndex(f, u32::MAX, a);
-        }
-        // Tensor pointers never alias each other's written elements (the runtime
-        // checks outputs against inputs).
-        let noalias = LLVMGetEnumAttributeKindForName("noalias".as_ptr() as *const _, 7);
-        for (i, p) in params.iter().enumerate() {
-            if LLVMGetTypeKind(*p) == llvm_sys::LLVMTypeKind::LLVMPointerTypeKind {
-                LLVMAddAttributeAtIndex(f, i as u32 + 1, LLVMCreateEnumAttribute(c, noalias, 0));
+        let add_entry = |entry: &str| -> Result<llvm_sys::prelude::LLVMValueRef, CodegenError> {
+            let name = std::ffi::CString::new(entry).map_err(|_| CodegenError::Llvm("kernel name has a NUL".into()))?;
+            let f = LLVMAddFunction(m, name.as_ptr(), fty);
+            // Calling convention 71 = PTX_Kernel: an `.entry`.
+            LLVMSetFunctionCallConv(f, 71);
+            let threads = (cfg.num_warps * 32).to_string();
+            for (k, v) in [("nvvm.maxntid", threads.as_str()), ("nvvm.minctasm", "1")] {
+                let a = LLVMCreateStringAttribute(
+                    c,
+                    k.as_ptr() as *const _,
+                    k.len() as u32,
+                    v.as_ptr() as *const _,
+                    v.len() as u32,
+                );
+                LLVMAddAttributeAtIndex(f, u32::MAX, a);
             }
-        }
+            // Tensor pointers never alias each other's written elements (the runtime
+            // checks outputs against inputs).
+            let noalias = LLVMGetEnumAttributeKindForName("noalias".as_ptr() as *const _, 7);
+            for (i, p) in params.iter().enumerate() {
+                if LLVMGetTypeKind(*p) == llvm_sys::LLVMTypeKind::LLVMPointerTypeKind {
+                    LLVMAddAttributeAtIndex(f, i as u32 + 1, LLVMCreateEnumAttribute(c, noalias, 0));
+                }
+            }
+            Ok(f)
+        };
         let arr = LLVMArrayType2(LLVMInt8TypeInContext(c), 0);
         let sname = std::ffi::CString::new("ejc_smem").unwrap_or_default();
         let smem = LLVMAddGlobalInAddressSpace(m, arr, sname.as_ptr(), 3);
         LLVMSetLinkage(smem, llvm_sys::LLVMLinkage::LLVMExternalLinkage);
         LLVMSetAlignment(smem, 128);
-        let ir = crate::llvm::Ir::new(c, m, f);
         let hopper = cfg.wgmma;
-        let code = lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper).run()?;
+        let f = add_entry(&kernel.name)?;
+        let ir = crate::llvm::Ir::new(c, m, f);
+        let mut code =
+            lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper, None).run()?;
+        // The same kernel once more, as a second entry that assumes the shared-memory
+        // operands' tensors are aligned (see `PtxCode::aligned`): no element-by-element
+        // fallback, so fewer registers live. Only when there is something to assume.
+        // It also assumes a positive softmax scale, where that lets the scale fold into
+        // the exponent (`scale_fold`).
+        if !code.aligned_tensors.is_empty() {
+            let entry = format!("{}_aligned", kernel.name);
+            let f = add_entry(&entry)?;
+            let ir = crate::llvm::Ir::new(c, m, f);
+            let mut folded_kernel = kernel.clone();
+            let folded = scale_fold::fold(&mut folded_kernel);
+            let plan = layout::plan(&folded_kernel).map_err(|m| CodegenError::Kernel {
+                kernel: kernel.name.clone(),
+                message: format!("PTX back end: {m}"),
+            })?;
+            let a = lower::Lowering::new(
+                ir,
+                &folded_kernel,
+                plan,
+                cfg.num_warps,
+                cfg.num_stages,
+                smem,
+                hopper,
+                Some(&folded.scaled),
+            )
+            .run()?;
+            code.positive_scalars = folded.positive;
+            code.smem_bytes = code.smem_bytes.max(a.smem_bytes);
+            code.aligned_entry = Some(entry);
+        }
         module
             .verify()
             .map_err(|e| CodegenError::Llvm(format!("generated NVPTX LLVM IR does not verify: {}", e.to_string())))?;
@@ -307,9 +342,8 @@ pub fn find_ptxas() -> Option<PathBuf> {
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file()))
 }
 
-/// Assemble `ptx` for `arch` with ptxas and read its report. Errors carry ptxas's
-/// messages.
-pub fn ptxas(ptxas: &Path, ptx: &str, arch: Arch) -> Result<PtxasReport, String> {
+/// Assemble `ptx` for `arch` with `ptxas -v`; its messages.
+fn run_ptxas(ptxas: &Path, ptx: &str, arch: Arch) -> Result<String, String> {
     let dir = std::env::temp_dir().join(format!("ejc-ptxas-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let src = dir.join("k.ptx");
@@ -328,7 +362,39 @@ pub fn ptxas(ptxas: &Path, ptx: &str, arch: Arch) -> Result<PtxasReport, String>
     if !out.status.success() {
         return Err(format!("ptxas rejected the PTX for {arch}:\n{text}"));
     }
-    Ok(parse_report(&text))
+    Ok(text)
+}
+
+/// Assemble `ptx` for `arch` with ptxas and read its report: the worst over the
+/// module's entries (most registers, most spills). Errors carry ptxas's messages.
+pub fn ptxas(ptxas: &Path, ptx: &str, arch: Arch) -> Result<PtxasReport, String> {
+    let per = ptxas_entries(ptxas, ptx, arch)?;
+    let mut r = PtxasReport::default();
+    for (_, e) in per {
+        r.registers = r.registers.max(e.registers);
+        r.spill_stores = r.spill_stores.max(e.spill_stores);
+        r.spill_loads = r.spill_loads.max(e.spill_loads);
+        r.stack_frame = r.stack_frame.max(e.stack_frame);
+        r.shared_static = r.shared_static.max(e.shared_static);
+    }
+    Ok(r)
+}
+
+/// ptxas's report for each entry of `ptx`, in the order ptxas gives them.
+pub fn ptxas_entries(ptxas: &Path, ptx: &str, arch: Arch) -> Result<Vec<(String, PtxasReport)>, String> {
+    let text = run_ptxas(ptxas, ptx, arch)?;
+    // Each entry's part starts at "Compiling entry function '<name>'".
+    let mark = "Compiling entry function '";
+    let mut out = Vec::new();
+    let parts: Vec<&str> = text.split(mark).skip(1).collect();
+    for part in parts {
+        let name = part.split('\'').next().unwrap_or_default().to_string();
+        out.push((name, parse_report(part)));
+    }
+    if out.is_empty() {
+        out.push((String::new(), parse_report(&text)));
+    }
+    Ok(out)
 }
 
 fn unique() -> u64 {

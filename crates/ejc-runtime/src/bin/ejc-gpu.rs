@@ -85,11 +85,12 @@ fn artifacts<'a>(m: &'a Loaded, cc: u32) -> Result<Vec<Art<'a>>, String> {
     Ok(out)
 }
 
-fn kernel(cuda: &Cuda, m: &Loaded, a: &Artifact) -> Result<CudaKernel, String> {
+/// Load `entry` of artifact `a` (its `entry`, or its aligned entry).
+fn kernel(cuda: &Cuda, m: &Loaded, a: &Artifact, entry: &str) -> Result<CudaKernel, String> {
     let path = m.path_of(a);
     let ptx = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let threads = a.block.map(|b| b[0]).unwrap_or(128);
-    let mut k = cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory).map_err(|e| e.to_string())?;
+    let mut k = cuda.load(&ptx, entry, threads, a.dynamic_shared_memory).map_err(|e| e.to_string())?;
     k.scratch_bytes = a.scratch_bytes;
     Ok(k)
 }
@@ -111,6 +112,11 @@ fn run_one(cuda: &Cuda, k: &CudaKernel, art: &Art, shape: &FlashShape, seed: u64
     let mut call = FlashBuffers::from_inputs(&inputs);
     let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
     let dev = FlashDevice::new(cuda, f, art.dtype, art.a.head_dim, bm, &rt, &mut call).map_err(|e| e.to_string())?;
+    if let Some(al) = art.a.aligned.as_ref().filter(|al| al.entry == k.entry) {
+        if !dev.meets(al) {
+            return Err(format!("the inputs do not meet the aligned entry's condition ({})", al.tensors.join(", ")));
+        }
+    }
     dev.launch(cuda, k).map_err(|e| e.to_string())?;
     cuda.synchronize().map_err(|e| e.to_string())?;
     dev.read_outputs(cuda, &mut call).map_err(|e| e.to_string())?;
@@ -156,48 +162,56 @@ fn check(args: &[String]) -> ExitCode {
             format!("2,129,129,4,1,{d}"),
             format!("1,1,23,2,2,{d}"),
         ];
-        let k = match kernel(&cuda, &m, art.a) {
-            Ok(k) => k,
-            Err(e) => {
-                println!("FAIL {}: {e}", art.a.artifact_id);
-                fail += 1;
-                continue;
-            }
-        };
-        let mut worst = (0.0f64, 0.0f64);
-        let mut err = None;
-        for (i, s) in shapes.iter().enumerate() {
-            let shape = match FlashShape::parse(s) {
-                Ok(s) => s,
+        // Both entries of an artifact: the general one and the aligned one (the
+        // inputs here are contiguous, so they meet its condition).
+        let mut entries = vec![(art.a.entry.clone(), art.a.artifact_id.clone())];
+        if let Some(al) = &art.a.aligned {
+            entries.push((al.entry.clone(), format!("{} [aligned]", art.a.artifact_id)));
+        }
+        for (entry, id) in entries {
+            let k = match kernel(&cuda, &m, art.a, &entry) {
+                Ok(k) => k,
                 Err(e) => {
-                    err = Some(e);
-                    break;
+                    println!("FAIL {id}: {e}");
+                    fail += 1;
+                    continue;
                 }
             };
-            match run_one(&cuda, &k, art, &shape, seed.wrapping_add(i as u64)) {
-                Ok((o, l)) => {
-                    let ok = |x: f64| x <= tol(art.dtype);
-                    if !ok(o) || !ok(l) {
-                        err = Some(format!("shape {s}: rel_err out {o:.2e}, lse {l:.2e}"));
+            let mut worst = (0.0f64, 0.0f64);
+            let mut err = None;
+            for (i, s) in shapes.iter().enumerate() {
+                let shape = match FlashShape::parse(s) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        err = Some(e);
+                        break;
                     }
-                    worst = (worst.0.max(if o.is_nan() { f64::INFINITY } else { o }), worst.1.max(l));
+                };
+                match run_one(&cuda, &k, art, &shape, seed.wrapping_add(i as u64)) {
+                    Ok((o, l)) => {
+                        let ok = |x: f64| x <= tol(art.dtype);
+                        if !ok(o) || !ok(l) {
+                            err = Some(format!("shape {s}: rel_err out {o:.2e}, lse {l:.2e}"));
+                        }
+                        worst = (worst.0.max(if o.is_nan() { f64::INFINITY } else { o }), worst.1.max(l));
+                    }
+                    Err(e) => {
+                        err = Some(format!("shape {s}: {e}"));
+                    }
                 }
-                Err(e) => {
-                    err = Some(format!("shape {s}: {e}"));
+                if err.is_some() {
+                    break;
                 }
             }
-            if err.is_some() {
-                break;
-            }
-        }
-        match err {
-            None => {
-                pass += 1;
-                println!("ok   {}  worst rel_err out {:.2e} lse {:.2e}", art.a.artifact_id, worst.0, worst.1);
-            }
-            Some(e) => {
-                fail += 1;
-                println!("FAIL {}: {e}", art.a.artifact_id);
+            match err {
+                None => {
+                    pass += 1;
+                    println!("ok   {id}  worst rel_err out {:.2e} lse {:.2e}", worst.0, worst.1);
+                }
+                Some(e) => {
+                    fail += 1;
+                    println!("FAIL {id}: {e}");
+                }
             }
         }
     }
@@ -266,19 +280,24 @@ fn bench(args: &[String]) -> ExitCode {
     println!("device: {}   shape {shape}   {variant} {dtype} d={hd}", cuda.device_name());
     let mut rows = Vec::new();
     for art in &cands {
-        let k = match kernel(&cuda, &m, art.a) {
-            Ok(k) => k,
-            Err(e) => {
-                println!("  {:<60} failed to load: {e}", art.a.artifact_id);
-                continue;
-            }
-        };
         let mut call = FlashBuffers::from_inputs(&inputs);
         let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
         let dev = match FlashDevice::new(&cuda, f, art.dtype, art.a.head_dim, bm, &rt, &mut call) {
             Ok(d) => d,
             Err(e) => {
                 println!("  {:<60} {e}", art.a.artifact_id);
+                continue;
+            }
+        };
+        // The aligned entry where the tensors allow it (what a launcher does).
+        let entry = match &art.a.aligned {
+            Some(al) if dev.meets(al) => al.entry.clone(),
+            _ => art.a.entry.clone(),
+        };
+        let k = match kernel(&cuda, &m, art.a, &entry) {
+            Ok(k) => k,
+            Err(e) => {
+                println!("  {:<60} failed to load: {e}", art.a.artifact_id);
                 continue;
             }
         };
