@@ -56,11 +56,12 @@ enum Command {
     /// DIR/manifest.json describing each (entry symbol, parameter ABI, launch grid).
     #[command(
         after_help = "Targets: ir (tile IR text after the pass pipeline); cpu[:isa] (one .so per ISA); ptx:<arch> \
-(sm_80, sm_86, sm_89, sm_90, sm_90a; `ptx` = sm_80 and sm_90a): one .ptx per kernel x num_warps x num_stages, \
-bf16/f16 only. mlir:cpu writes each kernel's verified MLIR module (func/scf/arith/math/vector/memref); mlir:gpu \
+(sm_80, sm_86, sm_89, sm_90, sm_90a; `ptx` = sm_80 and sm_90a): one .ptx per kernel x num_warps x num_stages \
+(sm_90a: x mma.sync/wgmma), bf16/f16 only, each file with a general entry and an aligned one that launchers call \
+when the tensors are aligned (docs/abi.md). mlir:cpu writes each kernel's verified MLIR module (func/scf/arith/math/vector/memref); mlir:gpu \
 writes the gpu-dialect module and its PTX from MLIR's NVVM pipeline (`mlir` = both; docs/mlir.md). Without --target, \
 every target the spec lists that this ejc can build is built, and the others are named on stderr. \
---report runs ptxas on every PTX file (registers, spills, shared memory)."
+--report runs ptxas on every PTX file (registers, spills, shared memory; one line per entry)."
     )]
     Build {
         spec: PathBuf,
@@ -85,7 +86,7 @@ every target the spec lists that this ejc can build is built, and the others are
         #[arg(long = "num-stages", value_name = "N")]
         num_stages: Vec<u32>,
         /// Assemble every PTX file with ptxas and print registers, spills and shared
-        /// memory per kernel (ptxas from $EJC_PTXAS, .tools/ or the PATH).
+        /// memory per entry point (ptxas from $EJC_PTXAS, .tools/ or the PATH).
         #[arg(long)]
         report: bool,
         /// Print nothing but errors.

@@ -60,11 +60,10 @@ extern "C" fn truncsfbf2(x: f32) -> f32 {
 /// Compiler-runtime functions that JIT-compiled code may call and this process may not
 /// export, with their addresses (the JITs define them before resolving anything else).
 pub fn runtime_symbols() -> Vec<(&'static str, usize)> {
-    #[allow(unused_mut)]
-    let mut v: Vec<(&'static str, usize)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
-    v.push(("__truncsfbf2", truncsfbf2 as extern "C" fn(f32) -> f32 as usize));
-    v
+    return vec![("__truncsfbf2", truncsfbf2 as extern "C" fn(f32) -> f32 as usize)];
+    #[cfg(not(target_arch = "x86_64"))]
+    Vec::new()
 }
 
 impl JitLibrary {
