@@ -917,7 +917,7 @@ impl<'k> Lowering<'k> {
         let per_warp_frags = rows / (16 * self.warps).max(1) * cols.div_ceil(16);
         if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 && !s.cm {
             if s.pending && self.depth == 0 {
-                // Read after the next loop's prologue (`for_version`); its shared
+                // Read after the next loop's prologue (`for_op`); its shared
                 // memory stays reserved (the loop's buffers must not reuse it while the
                 // copy may still be landing).
                 self.pending_afrags.push(op.results[0]);

@@ -11,7 +11,10 @@
 //!
 //! The pieces, in order: [`layout`] decides where every tile lives (registers in
 //! the mma accumulator layout, or shared memory for dot operands); [`lower`] emits
-//! one thread's program; LLVM optimises it (`default<O3>`) and prints PTX.
+//! one thread's program — twice: the general entry, and (where the kernel copies tiles
+//! to shared memory) an aligned entry that assumes aligned tensors and, where
+//! [`scale_fold`] applies, a positive softmax scale (docs/abi.md, "Aligned entry");
+//! LLVM optimises the module (`default<O3>`) and prints PTX.
 //! [`ptxas`] runs NVIDIA's assembler on the result when one is installed, for the
 //! tests and `ejc build --report` (registers, spills, shared memory).
 //!
@@ -223,7 +226,7 @@ fn emit<'ctx>(
         let mut code =
             lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper, None).run()?;
         // The same kernel once more, as a second entry that assumes the shared-memory
-        // operands' tensors are aligned (see `PtxCode::aligned`): no element-by-element
+        // operands' tensors are aligned (see `PtxCode::aligned_tensors`): no element-by-element
         // fallback, so fewer registers live. Only when there is something to assume.
         // It also assumes a positive softmax scale, where that lets the scale fold into
         // the exponent (`scale_fold`).
