@@ -211,7 +211,7 @@ fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
 impl<'k> Lowering<'k> {
     /// # Safety
     /// `ir` must be positioned in a fresh kernel function with the parameters of
-    /// [`super::abi_llvm_params`] for `kernel`; `smem` the module's dynamic shared array.
+    /// `super::llvm_params` for `kernel`; `smem` the module's dynamic shared array.
     pub unsafe fn new(
         ir: Ir,
         kernel: &'k Kernel,
