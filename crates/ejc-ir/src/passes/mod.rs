@@ -21,6 +21,11 @@
 //! 5. `canonicalize` — fold and deduplicate what lowering and hoisting exposed.
 //! 6. `dce` — drop ops whose results nobody uses.
 //!
+//! Not in the default pipeline, because only some back ends gain from it:
+//! `pipeline-dots` rotates a key loop so that the value product of block j and the
+//! score product of block j+1 are issued together (the PTX target's `wgmma`
+//! configurations run it, to overlap the softmax with the tensor cores).
+//!
 //! The verifier runs after every pass. With `EJC_DUMP_IR=<dir>` set, the IR before
 //! the first pass and after each pass is written to `<dir>/<kernel>/NN-<pass>.tir`.
 
@@ -29,6 +34,7 @@ mod classify_mask_blocks;
 mod dce;
 mod licm;
 mod lower_masks;
+mod pipeline_dots;
 mod util;
 
 pub use canonicalize::Canonicalize;
@@ -36,6 +42,7 @@ pub use classify_mask_blocks::ClassifyMaskBlocks;
 pub use dce::Dce;
 pub use licm::Licm;
 pub use lower_masks::LowerMasks;
+pub use pipeline_dots::PipelineDots;
 
 use std::path::PathBuf;
 

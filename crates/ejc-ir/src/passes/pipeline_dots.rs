@@ -1,0 +1,408 @@
+//! `pipeline-dots`: software pipelining of a loop whose body runs two products, the
+//! second accumulating into a loop-carried tile — attention's key loop:
+//!
+//! ```text
+//! scf.for %j = lo to hi step s iter_args(%acc = acc0, %m = m0, %l = l0) {
+//!   %s = tile.dot %q, load(k, j) ...          // stage 0: scores, masks, softmax
+//!   %p, %alpha, %m', %l' = softmax.update ... //          (nothing here reads %acc)
+//!   %a = softmax.rescale %acc, %alpha         // stage 1: everything that depends on
+//!   %acc' = tile.dot %p16, load(v, j), %a     //          %acc, and the loads it alone uses
+//!   scf.yield %acc', %m', %l'
+//! }
+//! ```
+//!
+//! becomes a prologue (stage 0 of the first iteration), a rotated loop whose iteration
+//! `j` runs stage 1 of `j` and stage 0 of `j + s`, and an epilogue (stage 1 of the last
+//! iteration):
+//!
+//! ```text
+//! %x0.. = scf.if lo < hi { stage0(lo) } else { placeholders }
+//! scf.for %j = lo to hi - s step s iter_args(%acc, %m, %l, %x.., %jp = lo) {
+//!   stage0(j + s) up to its product      // the score product of block j+1 ...
+//!   stage1(j, %x..)                      // ... and the value product of block j,
+//!   rest of stage0(j + s)                //     issued back to back; then the softmax
+//!   scf.yield %acc', %m', %l', %x'.., j + s
+//! }
+//! %acc = scf.if lo < hi { stage1(%jp, %x..) } else { %acc }
+//! ```
+//!
+//! The values stage 1 takes from stage 0 (`%x`: the probabilities and the rescale
+//! factor) are carried from one iteration to the next. Every value is computed exactly
+//! as before, so results are bit for bit the same; the point is the order: a back end
+//! with asynchronous matrix instructions (Hopper's `wgmma`) can leave the value product
+//! of block `j` running on the tensor cores while it computes the softmax of block
+//! `j + 1`, as FlashAttention-3 does by hand.
+//!
+//! The pass is not in the default pipeline: back ends that gain from it run it (the
+//! PTX target's `wgmma` configurations). Loops that do not have this shape are left
+//! alone: a body with a nested loop or a store, no product that accumulates into a
+//! carried tile, stage 0 reading stage 1's results, or stage 1 reading another carried
+//! value.
+
+use std::collections::{HashMap, HashSet};
+
+use super::Pass;
+use crate::ir::{BinOp, Block, CmpPred, Kernel, Op, OpKind, Value};
+use crate::types::Type;
+
+pub struct PipelineDots;
+
+impl Pass for PipelineDots {
+    fn name(&self) -> &'static str {
+        "pipeline-dots"
+    }
+
+    fn run(&self, kernel: &mut Kernel) {
+        let mut body = std::mem::take(&mut kernel.body);
+        rewrite_block(&mut body, &mut kernel.values);
+        kernel.body = body;
+    }
+}
+
+fn rewrite_block(block: &mut Block, values: &mut Vec<Type>) {
+    let ops = std::mem::take(&mut block.ops);
+    for mut op in ops {
+        for r in &mut op.regions {
+            rewrite_block(r, values);
+        }
+        if matches!(op.kind, OpKind::For) {
+            if let Some(split) = analyse(&op) {
+                block.ops.extend(rotate(&op, &split, values));
+                continue;
+            }
+        }
+        block.ops.push(op);
+    }
+}
+
+/// How a loop body splits into the two stages.
+struct Split {
+    /// Index (among the carried values) of the accumulator.
+    acc: usize,
+    /// Top-level body ops (indices, yield excluded) of stage 1.
+    stage1: HashSet<usize>,
+    /// Values defined by stage 0 that stage 1 reads, in a fixed order.
+    cross: Vec<Value>,
+}
+
+/// Every value an op reads, its nested regions included (values defined inside those
+/// regions are read too, which is harmless for the dependence tests here).
+fn reads(op: &Op, out: &mut Vec<Value>) {
+    out.extend(&op.operands);
+    for r in &op.regions {
+        for o in &r.ops {
+            reads(o, out);
+        }
+    }
+}
+
+fn has_nested_loop_or_store(op: &Op) -> bool {
+    matches!(op.kind, OpKind::For | OpKind::Store { .. })
+        || op.regions.iter().any(|r| r.ops.iter().any(has_nested_loop_or_store))
+}
+
+fn analyse(op: &Op) -> Option<Split> {
+    let body = &op.regions[0];
+    let (yield_op, ops) = body.ops.split_last()?;
+    if yield_op.kind != OpKind::Yield || ops.iter().any(has_nested_loop_or_store) {
+        return None;
+    }
+    let carried = &body.args[1..];
+    let reads_of: Vec<Vec<Value>> = ops
+        .iter()
+        .map(|o| {
+            let mut r = Vec::new();
+            reads(o, &mut r);
+            r
+        })
+        .collect();
+    let def_index: HashMap<Value, usize> =
+        ops.iter().enumerate().flat_map(|(i, o)| o.results.iter().map(move |r| (*r, i))).collect();
+    // The accumulator: a carried value whose yield is a product that depends on it.
+    let mut found = None;
+    for (a, arg) in carried.iter().enumerate() {
+        let Some(&d) = def_index.get(&yield_op.operands[a]) else { continue };
+        if !matches!(ops[d].kind, OpKind::Dot { .. }) {
+            continue;
+        }
+        let mut tainted: HashSet<Value> = HashSet::from([*arg]);
+        let mut stage1 = HashSet::new();
+        for (i, o) in ops.iter().enumerate() {
+            if reads_of[i].iter().any(|v| tainted.contains(v)) {
+                tainted.extend(&o.results);
+                stage1.insert(i);
+            }
+        }
+        if stage1.contains(&d) {
+            found = Some((a, stage1));
+            break;
+        }
+    }
+    let (acc, mut stage1) = found?;
+    // Loads that only stage 1 uses move with it: the value tile of block j is loaded
+    // where its product is issued.
+    let mut users: HashMap<Value, Vec<usize>> = HashMap::new();
+    for (i, rs) in reads_of.iter().enumerate() {
+        for v in rs {
+            users.entry(*v).or_default().push(i);
+        }
+    }
+    let yielded: HashSet<Value> = yield_op.operands.iter().copied().collect();
+    for i in (0..ops.len()).rev() {
+        let o = &ops[i];
+        if stage1.contains(&i) {
+            continue;
+        }
+        let only_stage1 = !o.results.is_empty()
+            && o.results.iter().all(|r| {
+                !yielded.contains(r)
+                    && users.get(r).is_some_and(|us| !us.is_empty() && us.iter().all(|u| stage1.contains(u)))
+            });
+        if only_stage1 && matches!(o.kind, OpKind::Load { .. }) {
+            stage1.insert(i);
+        }
+    }
+    // Stage 0 must not read stage 1, and must contain a product (else nothing overlaps).
+    let s1_values: HashSet<Value> = stage1.iter().flat_map(|i| ops[*i].results.iter().copied()).collect();
+    for (i, rs) in reads_of.iter().enumerate() {
+        if !stage1.contains(&i) && rs.iter().any(|v| s1_values.contains(v)) {
+            return None;
+        }
+    }
+    for (k, y) in yield_op.operands.iter().enumerate() {
+        if (k == acc) != s1_values.contains(y) {
+            return None;
+        }
+    }
+    if !ops.iter().enumerate().any(|(i, o)| !stage1.contains(&i) && matches!(o.kind, OpKind::Dot { .. })) {
+        return None;
+    }
+    // What stage 1 reads from stage 0; other carried values are not allowed (stage 1
+    // runs an iteration behind them).
+    let s0_values: HashSet<Value> =
+        (0..ops.len()).filter(|i| !stage1.contains(i)).flat_map(|i| ops[i].results.iter().copied()).collect();
+    let mut cross = Vec::new();
+    for i in (0..ops.len()).filter(|i| stage1.contains(i)) {
+        for v in &reads_of[i] {
+            if carried.iter().enumerate().any(|(k, c)| k != acc && c == v) {
+                return None;
+            }
+            if s0_values.contains(v) && !cross.contains(v) {
+                cross.push(*v);
+            }
+        }
+    }
+    Some(Split { acc, stage1, cross })
+}
+
+/// Copies ops with fresh result values, renaming operands through `map`.
+struct Cloner<'a> {
+    values: &'a mut Vec<Type>,
+    map: HashMap<Value, Value>,
+}
+
+impl Cloner<'_> {
+    fn fresh(&mut self, like: Value) -> Value {
+        let t = self.values[like.index()].clone();
+        self.values.push(t);
+        Value(self.values.len() as u32 - 1)
+    }
+
+    fn get(&self, v: Value) -> Value {
+        self.map.get(&v).copied().unwrap_or(v)
+    }
+
+    fn clone_op(&mut self, op: &Op) -> Op {
+        let operands = op.operands.iter().map(|v| self.get(*v)).collect();
+        let regions = op
+            .regions
+            .iter()
+            .map(|r| {
+                let args = r
+                    .args
+                    .iter()
+                    .map(|a| {
+                        let n = self.fresh(*a);
+                        self.map.insert(*a, n);
+                        n
+                    })
+                    .collect();
+                let ops = r.ops.iter().map(|o| self.clone_op(o)).collect();
+                Block { args, ops }
+            })
+            .collect();
+        let results = op
+            .results
+            .iter()
+            .map(|r| {
+                let n = self.fresh(*r);
+                self.map.insert(*r, n);
+                n
+            })
+            .collect();
+        Op { kind: op.kind.clone(), operands, results, regions }
+    }
+
+    fn new_op(&mut self, kind: OpKind, operands: Vec<Value>, result: Type) -> (Op, Value) {
+        self.values.push(result);
+        let r = Value(self.values.len() as u32 - 1);
+        (Op { kind, operands, results: vec![r], regions: vec![] }, r)
+    }
+}
+
+fn yield_of(operands: Vec<Value>) -> Op {
+    Op { kind: OpKind::Yield, operands, results: vec![], regions: vec![] }
+}
+
+/// A value of type `t` for a branch whose results are never used (zeros).
+fn placeholder(c: &mut Cloner, t: &Type, ops: &mut Vec<Op>) -> Value {
+    let dtype = t.dtype();
+    let (k, zero) = c.new_op(OpKind::Const { value: 0.0, dtype }, vec![], Type::Scalar(dtype));
+    ops.push(k);
+    match t {
+        Type::Tile(_, shape) => {
+            let (s, v) = c.new_op(OpKind::Splat { shape: shape.clone() }, vec![zero], t.clone());
+            ops.push(s);
+            v
+        }
+        _ => zero,
+    }
+}
+
+fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> Vec<Op> {
+    let body = &op.regions[0];
+    let (yield_op, ops) = body.ops.split_last().expect("analysed loop has a yield");
+    let (lo, hi, step) = (op.operands[0], op.operands[1], op.operands[2]);
+    let inits = &op.operands[3..];
+    let iv = body.args[0];
+    let carried = &body.args[1..];
+    let a = split.acc;
+    let n = carried.len();
+    let stage0: Vec<usize> = (0..ops.len()).filter(|i| !split.stage1.contains(i)).collect();
+    let stage1: Vec<usize> = (0..ops.len()).filter(|i| split.stage1.contains(i)).collect();
+    let others: Vec<usize> = (0..n).filter(|k| *k != a).collect();
+    let mut out = Vec::new();
+    let mut c = Cloner { values, map: HashMap::new() };
+    let bool_ty = Type::Scalar(crate::types::DType::I1);
+    let i32_ty = c.values[lo.index()].clone();
+    let (has_op, has) = c.new_op(OpKind::Cmp(CmpPred::Lt), vec![lo, hi], bool_ty);
+    out.push(has_op);
+
+    // ---- prologue: stage 0 of the first iteration
+    let pro_types: Vec<Type> = split
+        .cross
+        .iter()
+        .map(|v| c.values[v.index()].clone())
+        .chain(others.iter().map(|k| c.values[carried[*k].index()].clone()))
+        .collect();
+    c.map = HashMap::from([(iv, lo)]);
+    for k in &others {
+        c.map.insert(carried[*k], inits[*k]);
+    }
+    let mut then_ops: Vec<Op> = stage0.iter().map(|i| c.clone_op(&ops[*i])).collect();
+    let then_yield: Vec<Value> =
+        split.cross.iter().map(|v| c.get(*v)).chain(others.iter().map(|k| c.get(yield_op.operands[*k]))).collect();
+    then_ops.push(yield_of(then_yield));
+    let mut else_ops = Vec::new();
+    let cross_types: Vec<Type> = split.cross.iter().map(|v| c.values[v.index()].clone()).collect();
+    let mut else_yield: Vec<Value> = cross_types.iter().map(|t| placeholder(&mut c, t, &mut else_ops)).collect();
+    else_yield.extend(others.iter().map(|k| inits[*k]));
+    else_ops.push(yield_of(else_yield));
+    let pro_results: Vec<Value> = pro_types
+        .iter()
+        .map(|t| {
+            c.values.push(t.clone());
+            Value(c.values.len() as u32 - 1)
+        })
+        .collect();
+    out.push(Op {
+        kind: OpKind::If,
+        operands: vec![has],
+        results: pro_results.clone(),
+        regions: vec![Block { args: vec![], ops: then_ops }, Block { args: vec![], ops: else_ops }],
+    });
+    let (pro_cross, pro_carried) = pro_results.split_at(split.cross.len());
+
+    // ---- the rotated loop
+    let (hi2_op, hi2) = c.new_op(OpKind::Binary(BinOp::Sub), vec![hi, step], i32_ty.clone());
+    out.push(hi2_op);
+    let j = c.fresh(iv);
+    let acc_arg = c.fresh(carried[a]);
+    let other_args: Vec<Value> = others.iter().map(|k| c.fresh(carried[*k])).collect();
+    let cross_args: Vec<Value> = split.cross.iter().map(|v| c.fresh(*v)).collect();
+    let jp_arg = c.fresh(iv);
+    let mut loop_ops = Vec::new();
+    let (jn_op, jn) = c.new_op(OpKind::Binary(BinOp::Add), vec![j, step], i32_ty.clone());
+    loop_ops.push(jn_op);
+    // stage 0 of j + s, up to and including its first product
+    c.map = HashMap::from([(iv, jn)]);
+    for (k, arg) in others.iter().zip(&other_args) {
+        c.map.insert(carried[*k], *arg);
+    }
+    let first_dot = stage0.iter().position(|i| matches!(ops[*i].kind, OpKind::Dot { .. })).unwrap_or(0);
+    for i in &stage0[..=first_dot] {
+        loop_ops.push(c.clone_op(&ops[*i]));
+    }
+    let s0_map = std::mem::take(&mut c.map);
+    // stage 1 of j, reading the carried cross values
+    c.map = HashMap::from([(iv, j), (carried[a], acc_arg)]);
+    for (v, arg) in split.cross.iter().zip(&cross_args) {
+        c.map.insert(*v, *arg);
+    }
+    for i in &stage1 {
+        loop_ops.push(c.clone_op(&ops[*i]));
+    }
+    let acc_next = c.get(yield_op.operands[a]);
+    // the rest of stage 0
+    c.map = s0_map;
+    for i in &stage0[first_dot + 1..] {
+        loop_ops.push(c.clone_op(&ops[*i]));
+    }
+    let mut loop_yield = vec![acc_next];
+    loop_yield.extend(others.iter().map(|k| c.get(yield_op.operands[*k])));
+    loop_yield.extend(split.cross.iter().map(|v| c.get(*v)));
+    loop_yield.push(jn);
+    loop_ops.push(yield_of(loop_yield));
+    let mut loop_args = vec![j, acc_arg];
+    loop_args.extend(&other_args);
+    loop_args.extend(&cross_args);
+    loop_args.push(jp_arg);
+    let mut loop_inits = vec![lo, hi2, step, inits[a]];
+    loop_inits.extend(pro_carried);
+    loop_inits.extend(pro_cross);
+    loop_inits.push(lo);
+    let loop_results: Vec<Value> = loop_args[1..].iter().map(|v| c.fresh(*v)).collect();
+    // The original results of the carried values other than the accumulator stay the
+    // loop's (so nothing after the loop needs renaming).
+    let mut loop_results = loop_results;
+    for (slot, k) in others.iter().enumerate() {
+        loop_results[1 + slot] = op.results[*k];
+    }
+    out.push(Op {
+        kind: OpKind::For,
+        operands: loop_inits,
+        results: loop_results.clone(),
+        regions: vec![Block { args: loop_args, ops: loop_ops }],
+    });
+    let acc_loop = loop_results[0];
+    let cross_loop = &loop_results[1 + others.len()..1 + others.len() + split.cross.len()];
+    let jp_loop = *loop_results.last().expect("jp result");
+
+    // ---- epilogue: stage 1 of the last iteration
+    c.map = HashMap::from([(iv, jp_loop), (carried[a], acc_loop)]);
+    for (v, r) in split.cross.iter().zip(cross_loop) {
+        c.map.insert(*v, *r);
+    }
+    let mut then_ops: Vec<Op> = stage1.iter().map(|i| c.clone_op(&ops[*i])).collect();
+    then_ops.push(yield_of(vec![c.get(yield_op.operands[a])]));
+    out.push(Op {
+        kind: OpKind::If,
+        operands: vec![has],
+        results: vec![op.results[a]],
+        regions: vec![
+            Block { args: vec![], ops: then_ops },
+            Block { args: vec![], ops: vec![yield_of(vec![acc_loop])] },
+        ],
+    });
+    out
+}
