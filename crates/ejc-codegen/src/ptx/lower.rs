@@ -20,7 +20,7 @@
 //! Parameters: each tensor is `(ptr, shape[rank] i64, strides[rank] i64)`, each scalar
 //! one value (i1 as i32); docs/abi.md states it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use ejc_ir::ir::{AxisIndex, Block, Kernel, Op, OpKind, ReduceOp, Value};
 use ejc_ir::types::{DType, Type};
@@ -53,7 +53,24 @@ struct Dist {
     e: Vec<V>,
 }
 
-/// A tile in shared memory: `rows × cols` elements of `dtype`, rows `row_bytes` apart.
+/// How a shared-memory tile is laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SmemLayout {
+    /// Rows padded by 16 bytes: `ldmatrix` reads them without bank conflicts.
+    Padded,
+    /// For tiles that only feed Hopper's `wgmma`: 8-row groups of "core matrices" (8
+    /// rows × 16 bytes, 128 contiguous bytes each), the canonical layout a descriptor
+    /// without swizzling reads (K-major for `[n, k]`/`[m, k]` tiles, N-major for
+    /// `[k, n]`). Any multiple of 8 columns.
+    CoreMatrix,
+    /// The same, with wgmma's 128-byte swizzle, which its shared-memory reads take at
+    /// full rate: the columns in blocks of 64 (128 bytes), each block `rows` rows of 128
+    /// bytes (8-row atoms of 1024 bytes, 1024-byte aligned), the 16-byte chunk `c` of
+    /// row `r` stored at chunk `c ^ (r mod 8)`. Needs a multiple of 64 columns.
+    Swizzle128,
+}
+
+/// A tile in shared memory: `rows × cols` elements of `dtype` in `layout`.
 #[derive(Clone, Debug)]
 struct Smem {
     /// Byte offset (i32 value) in the dynamic shared array; varies per iteration for
@@ -64,19 +81,40 @@ struct Smem {
     dtype: DType,
     /// `a` fragments read right after the load: `[m-fragment][k-step]`.
     afrags: Option<Vec<Vec<[V; 4]>>>,
-    /// Layout: rows padded by 16 bytes (conflict-free `ldmatrix`), or — for tiles that
-    /// only feed Hopper's `wgmma` — 8-row groups of "core matrices" (8 rows × 16 bytes,
-    /// 128 contiguous bytes each), the canonical layout a wgmma descriptor without
-    /// swizzling reads (K-major for `[n, k]`/`[m, k]` tiles, N-major for `[k, n]`).
-    cm: bool,
+    layout: SmemLayout,
     /// Its `cp.async` copy was committed but not waited for: the first read must wait,
     /// unless a pipelined load of the enclosing loop has waited already (`covered`).
     pending: bool,
 }
 
 impl Smem {
-    fn new(rows: usize, cols: usize, dtype: DType, cm: bool, off: V) -> Smem {
-        Smem { off, rows, cols, dtype, afrags: None, cm, pending: false }
+    fn new(rows: usize, cols: usize, dtype: DType, layout: SmemLayout, off: V) -> Smem {
+        Smem { off, rows, cols, dtype, afrags: None, layout, pending: false }
+    }
+
+    /// The layout of a tile that only `wgmma` reads (`for_wgmma`), or `ldmatrix` too.
+    fn layout_for(cols: usize, dtype: DType, for_wgmma: bool) -> SmemLayout {
+        if !for_wgmma || !cols.is_multiple_of(8) {
+            SmemLayout::Padded
+        } else if (cols * dtype.size_bytes()).is_multiple_of(128) {
+            SmemLayout::Swizzle128
+        } else {
+            SmemLayout::CoreMatrix
+        }
+    }
+
+    /// Read by `wgmma` through descriptors (the async proxy): its writers fence.
+    fn wgmma_readable(&self) -> bool {
+        self.layout != SmemLayout::Padded
+    }
+
+    /// Byte alignment its offset needs.
+    fn align(&self) -> usize {
+        if self.layout == SmemLayout::Swizzle128 {
+            1024
+        } else {
+            128
+        }
     }
 
     fn row_bytes(&self) -> usize {
@@ -88,33 +126,46 @@ impl Smem {
         self.cols.div_ceil(8) * 128
     }
 
+    /// Bytes of one 64-column block of the swizzled layout.
+    fn block_bytes(&self) -> usize {
+        self.rows.div_ceil(8) * 1024
+    }
+
     /// Size of the tile in shared memory.
     fn bytes(&self) -> usize {
-        if self.cm {
-            self.rows.div_ceil(8) * self.group_bytes()
-        } else {
-            self.rows * self.row_bytes()
+        match self.layout {
+            SmemLayout::Padded => self.rows * self.row_bytes(),
+            SmemLayout::CoreMatrix => self.rows.div_ceil(8) * self.group_bytes(),
+            SmemLayout::Swizzle128 => (self.cols * self.dtype.size_bytes()).div_ceil(128) * self.block_bytes(),
         }
     }
 
     /// Byte offset (from `off`) of the 16-byte chunk `ch` (8 elements) of row `row`.
     fn chunk_off(&self, ir: &Ir, row: V, ch: V) -> V {
-        if self.cm {
-            let g = ir.mul(ir.lshr(row, ir.ci32(3)), ir.ci32(self.group_bytes() as i64));
-            ir.add(g, ir.add(ir.mul(ch, ir.ci32(128)), ir.mul(ir.and(row, ir.ci32(7)), ir.ci32(16))))
-        } else {
-            ir.add(ir.mul(row, ir.ci32(self.row_bytes() as i64)), ir.mul(ch, ir.ci32(16)))
+        match self.layout {
+            SmemLayout::Padded => ir.add(ir.mul(row, ir.ci32(self.row_bytes() as i64)), ir.mul(ch, ir.ci32(16))),
+            SmemLayout::CoreMatrix => {
+                let g = ir.mul(ir.lshr(row, ir.ci32(3)), ir.ci32(self.group_bytes() as i64));
+                ir.add(g, ir.add(ir.mul(ch, ir.ci32(128)), ir.mul(ir.and(row, ir.ci32(7)), ir.ci32(16))))
+            }
+            SmemLayout::Swizzle128 => {
+                let block = ir.mul(ir.lshr(ch, ir.ci32(3)), ir.ci32(self.block_bytes() as i64));
+                let within = ir.xor(ir.and(ch, ir.ci32(7)), ir.and(row, ir.ci32(7)));
+                ir.add(block, ir.add(ir.mul(row, ir.ci32(128)), ir.shl(within, ir.ci32(4))))
+            }
         }
     }
 
     /// Byte offset (from `off`) of element (`row`, `col`).
     fn elem_off(&self, ir: &Ir, row: V, col: V) -> V {
         let es = self.dtype.size_bytes() as i64;
-        if self.cm {
-            let ch = self.chunk_off(ir, row, ir.lshr(col, ir.ci32(3)));
-            ir.add(ch, ir.mul(ir.and(col, ir.ci32(7)), ir.ci32(es)))
-        } else {
-            ir.add(ir.mul(row, ir.ci32(self.row_bytes() as i64)), ir.mul(col, ir.ci32(es)))
+        match self.layout {
+            SmemLayout::Padded => ir.add(ir.mul(row, ir.ci32(self.row_bytes() as i64)), ir.mul(col, ir.ci32(es))),
+            _ => {
+                let per_chunk = 16 / es;
+                let ch = self.chunk_off(ir, row, ir.udiv(col, ir.ci32(per_chunk)));
+                ir.add(ch, ir.mul(ir.urem(col, ir.ci32(per_chunk)), ir.ci32(es)))
+            }
         }
     }
 }
@@ -202,6 +253,14 @@ pub struct Lowering<'k> {
     /// waiting (aligned entry): their fragments are read after the next loop's prologue
     /// has issued its copies, so the copies overlap.
     pending_afrags: Vec<Value>,
+    /// Warpgroup MMA groups committed and not yet waited for, oldest first: a sequence
+    /// number and the IR values (register tiles) they write. A product is waited for
+    /// where it is first read, so independent work — the softmax of the next key block,
+    /// after `pipeline-dots` — runs while the tensor cores work.
+    wg_pending: Vec<(u64, Vec<Value>)>,
+    wg_seq: u64,
+    /// Loop prologues issued ahead of the loop (by op address): see [`Self::block`].
+    early_prologues: HashMap<usize, PipePrologue<'k>>,
 }
 
 fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
@@ -236,10 +295,8 @@ impl<'k> Lowering<'k> {
             }
         });
         let dot_only = dot_uses.into_iter().filter(|(_, only)| *only).map(|(v, _)| v).collect();
-        // Every register tile has block_m rows: they must split into 64-row blocks over
-        // the warpgroups.
-        let bm: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(0);
-        let wgmma = hopper && warps.is_multiple_of(4) && bm > 0 && bm.is_multiple_of(64 * (warps / 4));
+        // `hopper`: `super::wgmma_applies` (warpgroups, 64-row blocks of block_m rows).
+        let wgmma = hopper;
         Lowering {
             defs,
             ir,
@@ -265,12 +322,16 @@ impl<'k> Lowering<'k> {
             scaled_softmax: aligned.cloned().unwrap_or_default(),
             covered: false,
             pending_afrags: Vec::new(),
+            wg_pending: Vec::new(),
+            wg_seq: 0,
+            early_prologues: HashMap::new(),
         }
     }
 
-    /// Whether `v`'s shared-memory tile uses the core-matrix layout.
-    fn cm_layout(&self, v: Value) -> bool {
-        self.wgmma && self.dot_only.contains(&v)
+    /// The shared-memory layout of load `v`'s tile: one of wgmma's when only dots read
+    /// it on the Hopper path.
+    fn smem_layout(&self, v: Value, cols: usize, dtype: DType) -> SmemLayout {
+        Smem::layout_for(cols, dtype, self.wgmma && self.dot_only.contains(&v))
     }
 
     /// Row (i32, within the tile) of the first of the 16 rows of m-fragment `mf` of this
@@ -348,6 +409,7 @@ impl<'k> Lowering<'k> {
         self.pid = [nvvm::ctaid(ir, 0), nvvm::ctaid(ir, 1), nvvm::ctaid(ir, 2)];
         let body = &self.kernel.body;
         self.block(body)?;
+        self.wg_resolve_all()?;
         self.ir.ret_void();
         let names: Vec<String> =
             self.kernel.params.iter().filter(|p| matches!(p.ty, Type::Tensor(..))).map(|p| p.name.clone()).collect();
@@ -362,10 +424,34 @@ impl<'k> Lowering<'k> {
     }
 
     fn block(&mut self, b: &'k Block) -> R<()> {
-        for op in &b.ops {
-            if matches!(op.kind, OpKind::Yield) {
+        let first_seq = self.wg_seq;
+        let mut done = HashSet::new();
+        for (i, op) in b.ops.iter().enumerate() {
+            if done.contains(&i) {
                 continue;
             }
+            if let Some(j) = self.loop_after(b, i) {
+                // The copies of the loop's first tiles start before this op (the
+                // prologue of `pipeline-dots`, which computes the loop's first carried
+                // values): both wait for memory at once. The scalar ops between give the
+                // loop's bounds.
+                for k in i + 1..j {
+                    self.op(&b.ops[k])?;
+                    done.insert(k);
+                }
+                let pro = self.for_prologue(&b.ops[j])?;
+                self.early_prologues.insert(&b.ops[j] as *const Op as usize, pro);
+            }
+            if matches!(op.kind, OpKind::Yield) {
+                // A region hands on final values, and leaves no product of its own in
+                // flight (a loop's back edge, an `if`'s join).
+                self.wg_resolve(&op.operands)?;
+                if self.wg_pending.iter().any(|(seq, _)| *seq >= first_seq) {
+                    self.wg_resolve_all()?;
+                }
+                continue;
+            }
+            self.wg_before(op)?;
             self.op(op)?;
         }
         Ok(())
@@ -743,8 +829,8 @@ impl<'k> Lowering<'k> {
         let info = &self.tensors[t];
         let scalar = |v: Value| -> R<V> {
             match subst {
-                Some((from, to)) if from == v => Ok(to),
-                _ => self.scalar(v),
+                Some((from, to)) => self.scalar_at(v, from, to),
+                None => self.scalar(v),
             }
         };
         let mut it = operands.iter();
@@ -773,6 +859,58 @@ impl<'k> Lowering<'k> {
             }
         }
         Ok(Access { off, valid, ranges })
+    }
+
+    /// Scalar `v` with the scalar `from` (a loop's induction variable) replaced by
+    /// `to`: scalar arithmetic between them is computed again (a load of block `j + s`
+    /// after `pipeline-dots`, issued iterations ahead).
+    fn scalar_at(&self, v: Value, from: Value, to: V) -> R<V> {
+        if v == from {
+            return Ok(to);
+        }
+        let op = self.defs.get(&v).copied();
+        let lowered = self.vals[v.index()].is_some();
+        if lowered && !self.scalar_depends_on(v, from) {
+            return self.scalar(v);
+        }
+        match op.map(|o| &o.kind) {
+            Some(OpKind::Const { value, dtype }) => Ok(self.constant(*value, *dtype)),
+            Some(
+                kind @ (OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast { .. }),
+            ) => {
+                let op = op.expect("matched");
+                let xs: Vec<V> = op.operands.iter().map(|x| self.scalar_at(*x, from, to)).collect::<R<_>>()?;
+                let dtypes: Vec<DType> = op.operands.iter().map(|o| self.ty(*o).dtype()).collect();
+                let dtypes = if matches!(kind, OpKind::Select) { dtypes[1..].to_vec() } else { dtypes };
+                Ok(self.elem_op(kind, &dtypes, &xs))
+            }
+            _ => self.scalar(v),
+        }
+    }
+
+    /// Whether scalar `v` is computed from `from` by scalar arithmetic.
+    fn scalar_depends_on(&self, v: Value, from: Value) -> bool {
+        if v == from {
+            return true;
+        }
+        match self.defs.get(&v) {
+            Some(op) if Self::scalar_arith(op) && matches!(self.ty(v), Type::Scalar(_)) => {
+                op.operands.iter().any(|x| self.scalar_depends_on(*x, from))
+            }
+            _ => false,
+        }
+    }
+
+    fn scalar_arith(op: &Op) -> bool {
+        matches!(
+            op.kind,
+            OpKind::Const { .. }
+                | OpKind::Binary(_)
+                | OpKind::Unary(_)
+                | OpKind::Cmp(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+        )
     }
 
     /// Whether tensor index `x` (i64) is inside axis `ta` and under `limit`.
@@ -848,13 +986,13 @@ impl<'k> Lowering<'k> {
         Ok(())
     }
 
-    /// A shared-memory region for (op, slot), allocated once.
-    fn region(&mut self, op: &Op, slot: usize, bytes: usize) -> usize {
+    /// A shared-memory region for (op, slot), allocated once, `align`-byte aligned.
+    fn region(&mut self, op: &Op, slot: usize, bytes: usize, align: usize) -> usize {
         let key = (op as *const Op as usize, slot);
         if let Some(o) = self.regions.get(&key) {
             return *o;
         }
-        let off = self.smem_top.div_ceil(128) * 128;
+        let off = self.smem_top.div_ceil(align) * align;
         self.smem_top = off + bytes;
         self.smem_peak = self.smem_peak.max(self.smem_top);
         self.regions.insert(key, off);
@@ -887,15 +1025,15 @@ impl<'k> Lowering<'k> {
 
     fn load_smem(&mut self, op: &'k Op, t: usize, acc: &Access, pad: f64) -> R<Smem> {
         let (rows, cols, dtype) = self.smem_shape(op, acc)?;
-        let mut s = Smem::new(rows, cols, dtype, self.cm_layout(op.results[0]), self.ir.ci32(0));
+        let mut s = Smem::new(rows, cols, dtype, self.smem_layout(op.results[0], cols, dtype), self.ir.ci32(0));
         let key = op as *const Op as usize;
         if let Some(pf) = self.prefetch.get(&key).cloned() {
             s.off = self.pipelined_load(&pf, t, acc, &s, pad)?;
         } else {
-            let off = self.region(op, 0, s.bytes());
+            let off = self.region(op, 0, s.bytes(), s.align());
             s.off = self.ir.ci32(off as i64);
             let esize = s.dtype.size_bytes() as i64;
-            if self.assume_aligned && !s.cm && self.depth == 0 && {
+            if self.assume_aligned && self.depth == 0 && {
                 let f = self.smem_fast(t, acc, esize, pad);
                 self.ir.is_true(f)
             } {
@@ -915,7 +1053,7 @@ impl<'k> Lowering<'k> {
         // in registers). With more rows per warp its fragments would crowd out the
         // accumulators, so it stays in shared memory and `ldmatrix` reads it per use.
         let per_warp_frags = rows / (16 * self.warps).max(1) * cols.div_ceil(16);
-        if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 && !s.cm {
+        if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 && s.layout == SmemLayout::Padded {
             if s.pending && self.depth == 0 {
                 // Read after the next loop's prologue (`for_op`); its shared
                 // memory stays reserved (the loop's buffers must not reuse it while the
@@ -1042,7 +1180,8 @@ impl<'k> Lowering<'k> {
         let stride_r = self.tensors[t].strides[ra.axis];
         let ir = &self.ir;
         let tid = ir.add(ir.mul(self.warp, ir.ci32(32)), self.lane);
-        let (r0, ch, rstep) = if s.cm && cpr.is_multiple_of(4) && self.warps.is_multiple_of(cpr / 4) {
+        let cm = s.layout == SmemLayout::CoreMatrix;
+        let (r0, ch, rstep) = if cm && cpr.is_multiple_of(4) && self.warps.is_multiple_of(cpr / 4) {
             // Core-matrix layout: the 8 lanes of a quarter-warp write the 8 rows of one
             // core matrix (128 contiguous bytes: no bank conflict), and a warp covers 4
             // chunks of those rows (64 contiguous bytes of each source row).
@@ -1079,8 +1218,12 @@ impl<'k> Lowering<'k> {
         let dst0 = ir.add(s.off, s.chunk_off(ir, r0, ch));
         // Rows r0 + k·rstep: a constant step from dst0 when rstep keeps the row's place
         // in its 8-row group (always, for the padded layout).
-        let const_step = !s.cm || rstep.is_multiple_of(8);
-        let step_bytes = if s.cm { rstep / 8 * s.group_bytes() } else { rstep * s.row_bytes() };
+        let const_step = s.layout == SmemLayout::Padded || rstep.is_multiple_of(8);
+        let step_bytes = match s.layout {
+            SmemLayout::Padded => rstep * s.row_bytes(),
+            SmemLayout::CoreMatrix => rstep / 8 * s.group_bytes(),
+            SmemLayout::Swizzle128 => rstep * 128,
+        };
         for k in 0..steps {
             let ir = &self.ir;
             let gr = ir.add(gr0, ir.ci64((k * rstep) as i64));
@@ -1158,7 +1301,7 @@ impl<'k> Lowering<'k> {
         self.fill_slow(t, acc, s, pad)?;
         self.ir.br(jb);
         self.ir.at_end(jb);
-        if s.cm {
+        if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
         nvvm::barrier(&self.ir);
@@ -1180,7 +1323,7 @@ impl<'k> Lowering<'k> {
         // ---- cp.async pipeline
         self.ir.at_end(fb);
         nvvm::cp_async_wait(&self.ir, pf.in_flight as i64);
-        if s.cm {
+        if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
         nvvm::barrier(&self.ir);
@@ -1208,7 +1351,7 @@ impl<'k> Lowering<'k> {
         nvvm::barrier(&self.ir);
         let here = Smem { off, ..s.clone() };
         self.fill_slow(t, acc, &here, pad)?;
-        if s.cm {
+        if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
         nvvm::barrier(&self.ir);
@@ -1222,6 +1365,9 @@ impl<'k> Lowering<'k> {
     fn ready(&mut self, s: &mut Smem) {
         if s.pending && !self.covered {
             nvvm::cp_async_wait(&self.ir, 0);
+            if s.wgmma_readable() {
+                nvvm::fence_proxy_async(&self.ir);
+            }
             nvvm::barrier(&self.ir);
             s.pending = false;
         }
@@ -1259,8 +1405,9 @@ impl<'k> Lowering<'k> {
             );
         }
         let d = self.dist(v)?;
-        let mut s = Smem::new(shape[0], shape[1], dtype, self.wgmma && shape[1] % 8 == 0, self.ir.ci32(0));
-        let off = self.region(op, slot, s.bytes());
+        let mut s =
+            Smem::new(shape[0], shape[1], dtype, Smem::layout_for(shape[1], dtype, self.wgmma), self.ir.ci32(0));
+        let off = self.region(op, slot, s.bytes(), s.align());
         s.off = self.ir.ci32(off as i64);
         nvvm::barrier(&self.ir);
         let rc = self.row_coords(d.rows);
@@ -1273,7 +1420,7 @@ impl<'k> Lowering<'k> {
                 ir.store(Self::elem(&d, ri, ci, nc), self.sptr(off), 2);
             }
         }
-        if s.cm {
+        if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
         nvvm::barrier(&self.ir);
@@ -1468,11 +1615,13 @@ impl<'k> Lowering<'k> {
     fn row_fold(&self, d: &Dist, ri: usize, max: bool, f: &dyn Fn(V) -> V) -> V {
         let ir = &self.ir;
         let nc = Self::ncols(d.cols);
-        let mut acc = f(Self::elem(d, ri, 0, nc));
-        for ci in 1..nc {
-            let x = f(Self::elem(d, ri, ci, nc));
-            acc = if max { ir.maxnum(acc, x) } else { ir.fadd(acc, x) };
+        // A balanced tree, not a chain: log2(nc) dependent steps instead of nc - 1.
+        let mut xs: Vec<V> = (0..nc).map(|ci| f(Self::elem(d, ri, ci, nc))).collect();
+        while xs.len() > 1 {
+            let pair = |a: V, b: V| if max { ir.maxnum(a, b) } else { ir.fadd(a, b) };
+            xs = xs.chunks(2).map(|p| p.iter().copied().reduce(pair).expect("chunks are not empty")).collect();
         }
+        let mut acc = xs[0];
         if d.cols != Ax::One {
             acc = self.quad_reduce(acc, max);
         }
@@ -1737,9 +1886,14 @@ impl<'k> Lowering<'k> {
         };
         let mut c = acc.e.clone();
         let ncols = Self::ncols(acc.cols);
-        if self.wgmma && bs.cm && n <= 256 && m.is_multiple_of(64 * (self.warps / 4)) {
+        if self.wgmma && bs.wgmma_readable() && n <= 256 && m.is_multiple_of(64 * (self.warps / 4)) {
+            // A product that starts from a zero tile needs no zeros in registers.
+            let c = (!self.is_zero_splat(cv)).then_some(c);
             let c = self.dot_wgmma(f16, (m, n, k), trans_b, &afr, a_smem.as_ref(), &bs, c, ncols)?;
             self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: c }));
+            // Asynchronous: the result is waited for where it is first read.
+            self.wg_pending.push((self.wg_seq, vec![op.results[0]]));
+            self.wg_seq += 1;
             return Ok(());
         }
         for ks in 0..ks_n {
@@ -1790,9 +1944,18 @@ impl<'k> Lowering<'k> {
         Ok(())
     }
 
+    /// Whether `v` is a splat of the constant 0.
+    fn is_zero_splat(&self, v: Value) -> bool {
+        let Some(op) = self.defs.get(&v) else { return false };
+        let OpKind::Splat { .. } = op.kind else { return false };
+        matches!(self.defs.get(&op.operands[0]).map(|c| &c.kind), Some(OpKind::Const { value, .. }) if *value == 0.0)
+    }
+
     /// A dot on Hopper's warpgroup MMA: per 64-row block of this warpgroup and k-step,
     /// one `wgmma.m64n{n}k16` with B (and A when it is in shared memory) read through
-    /// descriptors of the core-matrix layout; the accumulators stay in the mma layout.
+    /// descriptors of a wgmma layout (core matrices, or 128-byte swizzled); the
+    /// accumulators stay in the mma layout. `c` = None: the product starts from zero.
+    /// The group is committed, not waited for: the caller records it as pending.
     #[allow(clippy::too_many_arguments)]
     fn dot_wgmma(
         &mut self,
@@ -1802,7 +1965,7 @@ impl<'k> Lowering<'k> {
         afr: &[Vec<[V; 4]>],
         a_smem: Option<&Smem>,
         bs: &Smem,
-        mut c: Vec<V>,
+        c: Option<Vec<V>>,
         ncols: usize,
     ) -> R<Vec<V>> {
         let fm = m / (16 * self.warps);
@@ -1810,7 +1973,7 @@ impl<'k> Lowering<'k> {
         let groups = self.warps / 4;
         // A: registers (given, or read from a padded tile) or a descriptor.
         let a_regs: Option<Vec<Vec<[V; 4]>>> = match a_smem {
-            Some(sm) if sm.cm => None,
+            Some(sm) if sm.wgmma_readable() => None,
             Some(sm) => {
                 Some((0..fm).map(|mf| (0..ks_n).map(|ks| self.a_frag_ldmatrix(sm, mf, ks)).collect()).collect())
             }
@@ -1818,11 +1981,15 @@ impl<'k> Lowering<'k> {
         };
         // Accumulators per 64-row block, in wgmma's register order.
         let slot = |mf: usize, j: usize, r: usize| (mf * 2 + r / 2) * ncols + j * 2 + r % 2;
-        let mut accs: Vec<Vec<V>> = (0..fm)
-            .map(|mf| (0..n / 8).flat_map(|j| (0..4).map(move |r| (j, r))).map(|(j, r)| c[slot(mf, j, r)]).collect())
-            .collect();
+        let mut accs: Option<Vec<Vec<V>>> = c.as_ref().map(|c| {
+            (0..fm)
+                .map(|mf| {
+                    (0..n / 8).flat_map(|j| (0..4).map(move |r| (j, r))).map(|(j, r)| c[slot(mf, j, r)]).collect()
+                })
+                .collect()
+        });
         // wgmma.fence after every register write the MMAs read.
-        let mut regs: Vec<V> = accs.concat();
+        let mut regs: Vec<V> = accs.as_ref().map(|a| a.concat()).unwrap_or_default();
         if let Some(a) = &a_regs {
             for row in a {
                 for f in row {
@@ -1832,9 +1999,11 @@ impl<'k> Lowering<'k> {
         }
         let fenced = nvvm::wgmma_fence(&self.ir, &regs);
         let mut it = fenced.into_iter();
-        for acc in accs.iter_mut() {
-            for x in acc.iter_mut() {
-                *x = it.next().expect("fenced accumulators");
+        if let Some(accs) = accs.as_mut() {
+            for acc in accs.iter_mut() {
+                for x in acc.iter_mut() {
+                    *x = it.next().expect("fenced accumulators");
+                }
             }
         }
         let a_regs: Option<Vec<Vec<[V; 4]>>> = a_regs.map(|a| {
@@ -1855,41 +2024,162 @@ impl<'k> Lowering<'k> {
         let ir = &self.ir;
         let i32t = ir.i32();
         let b_base = ir.ptr_to_int(self.sptr(bs.off), i32t);
+        let sw = bs.layout == SmemLayout::Swizzle128;
         // B [n, k] is K-major; B [k, n] is N-major (transposed by the instruction).
-        let (b_lbo, b_sbo, b_step) =
-            if trans_b { (128, bs.group_bytes(), 256) } else { (bs.group_bytes(), 128, 2 * bs.group_bytes()) };
         let b_desc: Vec<V> = (0..ks_n)
-            .map(|ks| nvvm::wgmma_desc(ir, ir.add(b_base, ir.ci32((ks * b_step) as i64)), b_lbo, b_sbo))
+            .map(|ks| {
+                let (off, lbo, sbo) = match (bs.layout, trans_b) {
+                    (SmemLayout::Swizzle128, true) => (ks / 4 * bs.block_bytes() + ks % 4 * 32, 16, 1024),
+                    (SmemLayout::Swizzle128, false) => (ks * 2048, bs.block_bytes(), 1024),
+                    (_, true) => (ks * 256, 128, bs.group_bytes()),
+                    (_, false) => (ks * 2 * bs.group_bytes(), bs.group_bytes(), 128),
+                };
+                nvvm::wgmma_desc(ir, ir.add(b_base, ir.ci32(off as i64)), lbo, sbo, sw)
+            })
             .collect();
-        let a_base = a_smem.filter(|s| s.cm).map(|s| (ir.ptr_to_int(self.sptr(s.off), i32t), s.group_bytes()));
+        let a_base = a_smem.filter(|s| s.wgmma_readable()).map(|s| (ir.ptr_to_int(self.sptr(s.off), i32t), s));
         let g = ir.lshr(self.warp, ir.ci32(2));
-        for (mf, acc) in accs.iter_mut().enumerate() {
+        let mut out: Vec<Vec<V>> = Vec::new();
+        for mf in 0..fm {
+            let mut acc: Option<Vec<V>> = accs.as_ref().map(|a| a[mf].clone());
             for (ks, bd) in b_desc.iter().enumerate() {
                 let ir = &self.ir;
-                let a = match (&a_regs, a_base) {
+                let a = match (&a_regs, &a_base) {
                     (Some(r), _) => nvvm::WgmmaA::Regs(r[mf][ks]),
-                    (None, Some((base, gb))) => {
-                        // This warpgroup's 64-row block: 8 row-groups of the K-major tile.
+                    (None, Some((base, s))) => {
+                        // This warpgroup's 64-row block of the K-major tile.
                         let block = ir.add(ir.ci32((mf * groups) as i64), g);
+                        let (block_stride, off, lbo, sbo, sw) = match s.layout {
+                            SmemLayout::Swizzle128 => {
+                                (64 * 128, ks / 4 * s.block_bytes() + ks % 4 * 32, 16, 1024, true)
+                            }
+                            _ => (8 * s.group_bytes(), ks * 256, 128, s.group_bytes(), false),
+                        };
                         let start =
-                            ir.add(base, ir.add(ir.mul(block, ir.ci32((8 * gb) as i64)), ir.ci32((ks * 256) as i64)));
-                        nvvm::WgmmaA::Desc(nvvm::wgmma_desc(ir, start, 128, gb))
+                            ir.add(*base, ir.add(ir.mul(block, ir.ci32(block_stride as i64)), ir.ci32(off as i64)));
+                        nvvm::WgmmaA::Desc(nvvm::wgmma_desc(ir, start, lbo, sbo, sw))
                     }
                     (None, None) => return Err(self.err("wgmma: no A operand".into())),
                 };
-                *acc = nvvm::wgmma_m64k16(ir, f16, n, acc, &a, *bd, !trans_b);
+                acc = Some(nvvm::wgmma_m64k16(ir, f16, n, acc.as_deref(), &a, *bd, !trans_b));
             }
+            out.push(acc.expect("k >= 16"));
         }
-        let done = nvvm::wgmma_commit_wait(&self.ir, &accs.concat());
-        let mut it = done.into_iter();
+        nvvm::wgmma_commit(&self.ir);
+        let mut c = c.unwrap_or_else(|| vec![std::ptr::null_mut(); 2 * fm * ncols]);
+        let mut it = out.concat().into_iter();
         for mf in 0..fm {
             for j in 0..n / 8 {
                 for r in 0..4 {
-                    c[slot(mf, j, r)] = it.next().expect("waited accumulators");
+                    c[slot(mf, j, r)] = it.next().expect("wgmma accumulators");
                 }
             }
         }
         Ok(c)
+    }
+
+    /// Wait for the pending warpgroup MMA groups up to and including `upto` (they
+    /// complete in order): `wgmma.wait_group` with the number of newer groups, tied
+    /// through the accumulators it makes final.
+    fn wg_wait(&mut self, upto: usize) -> R<()> {
+        let newer = self.wg_pending.len() - 1 - upto;
+        let done: Vec<(u64, Vec<Value>)> = self.wg_pending.drain(..=upto).collect();
+        let values: Vec<Value> = done.into_iter().flat_map(|(_, vs)| vs).collect();
+        let mut regs = Vec::new();
+        for v in &values {
+            match self.get(*v)? {
+                GV::Dist(d) => regs.extend_from_slice(&d.e),
+                _ => return Err(self.err(format!("pending product %{} is not a register tile", v.index()))),
+            }
+        }
+        let waited = nvvm::wgmma_wait(&self.ir, newer, &regs);
+        let mut it = waited.into_iter();
+        for v in values {
+            if let Some(GV::Dist(d)) = self.vals[v.index()].as_mut() {
+                for x in d.e.iter_mut() {
+                    *x = it.next().expect("waited accumulators");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Make the pending products among `used` final (and every older one).
+    fn wg_resolve(&mut self, used: &[Value]) -> R<()> {
+        let newest = self.wg_pending.iter().rposition(|(_, vs)| vs.iter().any(|v| used.contains(v)));
+        match newest {
+            Some(i) => self.wg_wait(i),
+            None => Ok(()),
+        }
+    }
+
+    fn wg_resolve_all(&mut self) -> R<()> {
+        match self.wg_pending.len() {
+            0 => Ok(()),
+            n => self.wg_wait(n - 1),
+        }
+    }
+
+    /// For an `scf.if` at `i` followed, with only scalar arithmetic between, by an
+    /// `scf.for` with prefetched loads (at `j`): `Some(j)` when the loop's bounds and
+    /// loads do not depend on the `if` nor the ops between depend on it.
+    fn loop_after(&self, b: &'k Block, i: usize) -> Option<usize> {
+        let op = &b.ops[i];
+        if !matches!(op.kind, OpKind::If) || self.stages < 2 {
+            return None;
+        }
+        let results: HashSet<Value> = op.results.iter().copied().collect();
+        let mut j = i + 1;
+        while j < b.ops.len() {
+            let o = &b.ops[j];
+            if matches!(o.kind, OpKind::For) {
+                break;
+            }
+            let scalar = Self::scalar_arith(o) && o.results.iter().all(|r| matches!(self.ty(*r), Type::Scalar(_)));
+            if !scalar || o.operands.iter().any(|v| results.contains(v)) {
+                return None;
+            }
+            j += 1;
+        }
+        let lp = b.ops.get(j)?;
+        if lp.operands[..3].iter().any(|v| results.contains(v)) {
+            return None;
+        }
+        let loads = self.prefetchable(lp);
+        if loads.is_empty() || loads.iter().any(|l| l.operands.iter().any(|v| results.contains(v))) {
+            return None;
+        }
+        Some(j)
+    }
+
+    /// Before lowering `op`: wait for the pending products it reads. An op with
+    /// regions waits for every value its regions read, and for everything when they
+    /// issue products of their own (the count of groups in flight must not depend on
+    /// the branch taken).
+    fn wg_before(&mut self, op: &Op) -> R<()> {
+        if self.wg_pending.is_empty() {
+            return Ok(());
+        }
+        if op.regions.is_empty() {
+            return self.wg_resolve(&op.operands);
+        }
+        let mut used = Vec::new();
+        let mut dots = false;
+        fn walk(op: &Op, used: &mut Vec<Value>, dots: &mut bool) {
+            used.extend(&op.operands);
+            *dots |= matches!(op.kind, OpKind::Dot { .. });
+            for r in &op.regions {
+                for o in &r.ops {
+                    walk(o, used, dots);
+                }
+            }
+        }
+        walk(op, &mut used, &mut dots);
+        if dots {
+            self.wg_resolve_all()
+        } else {
+            self.wg_resolve(&used)
+        }
     }
 
     // ---------------------------------------------------------------- control flow
@@ -1911,13 +2201,20 @@ impl<'k> Lowering<'k> {
         }
     }
 
-    /// The layout a value of type `v` has in registers.
+    /// The layout a value of type `v` has in registers, and across region boundaries:
+    /// 16-bit float tiles cross them as pairs packed in 32-bit registers (half the phis;
+    /// the pairs a `dot` operand is made of).
     fn shape_of(&self, v: Value) -> R<Shape> {
         match self.ty(v) {
             Type::Scalar(_) => Ok(Shape::Scalar),
-            Type::Tile(..) => {
+            Type::Tile(d, _) => {
                 let (r, c) = self.axes_of(v)?;
-                Ok(Shape::Dist(r, c))
+                let n = self.nrows(r) * Self::ncols(c);
+                if matches!(d, DType::BF16 | DType::F16) && n.is_multiple_of(2) {
+                    Ok(Shape::Packed(r, c, *d))
+                } else {
+                    Ok(Shape::Dist(r, c))
+                }
             }
             Type::Tensor(..) => Err(self.err("tensors cannot be loop-carried".into())),
         }
@@ -1927,18 +2224,34 @@ impl<'k> Lowering<'k> {
         match s {
             Shape::Scalar => 1,
             Shape::Dist(r, c) => self.nrows(r) * Self::ncols(c),
+            Shape::Packed(r, c, _) => self.nrows(r) * Self::ncols(c) / 2,
         }
     }
 
-    fn rebuild(s: Shape, xs: Vec<V>) -> GV {
+    fn rebuild(&self, s: Shape, xs: Vec<V>) -> GV {
         match s {
             Shape::Scalar => GV::Scalar(xs[0]),
             Shape::Dist(rows, cols) => GV::Dist(Dist { rows, cols, e: xs }),
+            Shape::Packed(rows, cols, dtype) => {
+                let ir = &self.ir;
+                let pair = ir.vec(self.compute_ty(dtype), 2);
+                let mut e = Vec::with_capacity(2 * xs.len());
+                for x in xs {
+                    let v = ir.bitcast(x, pair);
+                    e.push(ir.extract(v, 0));
+                    e.push(ir.extract(v, 1));
+                }
+                GV::Dist(Dist { rows, cols, e })
+            }
         }
     }
 
     /// Flatten `v` into exactly the layout `want` (broadcast tiles are expanded).
     fn flatten_as(&mut self, v: Value, want: Shape) -> R<Vec<V>> {
+        if let Shape::Packed(r, c, dtype) = want {
+            let e = self.flatten_as(v, Shape::Dist(r, c))?;
+            return Ok(e.chunks(2).map(|p| self.pack2(p[0], p[1], dtype)).collect());
+        }
         let (xs, have) = self.flatten(v)?;
         if have == want {
             return Ok(xs);
@@ -1961,36 +2274,49 @@ impl<'k> Lowering<'k> {
     }
 
     /// The shared-memory loads of a loop body worth prefetching: at the body's top level,
-    /// indexed only by the induction variable and values from outside the loop.
+    /// indexed by values from outside the loop and the induction variable, or scalar
+    /// arithmetic of those (`j + s`).
     fn prefetchable(&self, op: &'k Op) -> Vec<&'k Op> {
         if self.stages < 2 {
             return Vec::new();
         }
         let region = &op.regions[0];
         let iv = region.args[0];
-        let mut inside = std::collections::HashSet::new();
+        let mut inside = HashSet::new();
         ejc_ir::ir::walk_ops(region, &mut |o: &Op| inside.extend(o.results.iter().copied()));
         inside.extend(region.args.iter().copied());
+        fn indexable(cg: &Lowering, x: Value, iv: Value, inside: &HashSet<Value>) -> bool {
+            if x == iv || !inside.contains(&x) {
+                return true;
+            }
+            match cg.defs.get(&x) {
+                Some(d) if Lowering::scalar_arith(d) && d.regions.is_empty() => {
+                    matches!(cg.ty(x), Type::Scalar(_)) && d.operands.iter().all(|y| indexable(cg, *y, iv, inside))
+                }
+                _ => false,
+            }
+        }
         region
             .ops
             .iter()
             .filter(|o| matches!(o.kind, OpKind::Load { .. }) && self.plan.smem_loads.contains(&o.results[0]))
-            .filter(|o| o.operands.iter().all(|x| *x == iv || !inside.contains(x)))
+            .filter(|o| o.operands.iter().all(|x| indexable(self, *x, iv, &inside)))
             .collect()
     }
 
-    fn for_op(&mut self, op: &'k Op) -> R<()> {
+    /// A loop's software-pipeline prologue: its buffers, and the copies of the first
+    /// `stages - 1` iterations' prefetched tiles, issued. Needs only the loop's bounds
+    /// (not its carried values), so [`Self::block`] may issue it before the op that
+    /// computes those (the prologue `scf.if` of `pipeline-dots`).
+    fn for_prologue(&mut self, op: &'k Op) -> R<PipePrologue<'k>> {
         let lo = self.scalar(op.operands[0])?;
         let hi = self.scalar(op.operands[1])?;
         let step = self.scalar(op.operands[2])?;
         let region = &op.regions[0];
-        let n = op.results.len();
-        let shapes: Vec<Shape> = op.results.iter().map(|r| self.shape_of(*r)).collect::<R<_>>()?;
-        let mut inits = Vec::new();
-        for (i, s) in shapes.iter().enumerate() {
-            inits.push(self.flatten_as(op.operands[3 + i], *s)?);
-        }
-
+        // Shared memory allocated for the loop (its pipeline buffers, the tiles of its
+        // body) is free again after it: tiles never outlive their region, and every
+        // later writer starts at a barrier.
+        let smem_top = self.smem_top;
         // ---- software pipeline: buffers, and the first `stages - 1` iterations' copies
         let pf_ops = self.prefetchable(op);
         let st = self.stages;
@@ -1999,9 +2325,9 @@ impl<'k> Lowering<'k> {
         for o in &pf_ops {
             let acc = self.load_access(o, Some((region.args[0], lo)))?;
             let (rows, cols, dtype) = self.smem_shape(o, &acc)?;
-            let tmpl = Smem::new(rows, cols, dtype, self.cm_layout(o.results[0]), self.ir.ci32(0));
-            let stride = tmpl.bytes().div_ceil(128) * 128;
-            let base = self.region(o, 0, stride * st);
+            let tmpl = Smem::new(rows, cols, dtype, self.smem_layout(o.results[0], cols, dtype), self.ir.ci32(0));
+            let stride = tmpl.bytes().div_ceil(tmpl.align()) * tmpl.align();
+            let base = self.region(o, 0, stride * st, tmpl.align());
             let t = self.tensor_of(o.operands[0])?;
             let OpKind::Load { pad, .. } = o.kind else { continue };
             let f = self.smem_fast(t, &acc, dtype.size_bytes() as i64, pad);
@@ -2053,6 +2379,26 @@ impl<'k> Lowering<'k> {
                 }
             }
         }
+        Ok(PipePrologue { smem_top, pf_info, fast, loads: pf_ops.len() })
+    }
+
+    fn for_op(&mut self, op: &'k Op) -> R<()> {
+        let pro = match self.early_prologues.remove(&(op as *const Op as usize)) {
+            Some(p) => p,
+            None => self.for_prologue(op)?,
+        };
+        let PipePrologue { smem_top, pf_info, fast, loads } = pro;
+        let lo = self.scalar(op.operands[0])?;
+        let hi = self.scalar(op.operands[1])?;
+        let step = self.scalar(op.operands[2])?;
+        let region = &op.regions[0];
+        let st = self.stages;
+        let n = op.results.len();
+        let shapes: Vec<Shape> = op.results.iter().map(|r| self.shape_of(*r)).collect::<R<_>>()?;
+        let mut inits = Vec::new();
+        for (i, s) in shapes.iter().enumerate() {
+            inits.push(self.flatten_as(op.operands[3 + i], *s)?);
+        }
 
         let pre = self.ir.current();
         let head = self.ir.block("for.head");
@@ -2081,10 +2427,10 @@ impl<'k> Lowering<'k> {
         self.ir.at_end(body);
         self.set(region.args[0], GV::Scalar(iv));
         for i in 0..n {
-            self.set(region.args[1 + i], Self::rebuild(shapes[i], phis[i].clone()));
+            self.set(region.args[1 + i], self.rebuild(shapes[i], phis[i].clone()));
         }
         let saved = std::mem::take(&mut self.prefetch);
-        let p = pf_info.len();
+        let p = loads;
         for (o, _, _, base, stride) in &pf_info {
             self.prefetch.insert(
                 *o as *const Op as usize,
@@ -2126,18 +2472,21 @@ impl<'k> Lowering<'k> {
         }
         self.ir.br(head);
         self.ir.at_end(exit);
-        if !pf_ops.is_empty() {
+        if loads > 0 {
             // Nothing may still be copying into shared memory after the loop.
             nvvm::cp_async_wait(&self.ir, 0);
         }
+        self.smem_top = smem_top;
         for i in 0..n {
-            self.set(op.results[i], Self::rebuild(shapes[i], phis[i].clone()));
+            self.set(op.results[i], self.rebuild(shapes[i], phis[i].clone()));
         }
         Ok(())
     }
 
     fn if_op(&mut self, op: &'k Op) -> R<()> {
         let cond = self.scalar(op.operands[0])?;
+        // Like loops, branches give their shared memory back.
+        let smem_top = self.smem_top;
         let shapes: Vec<Shape> = op.results.iter().map(|r| self.shape_of(*r)).collect::<R<_>>()?;
         let tb = self.ir.block("if.then");
         let eb = self.ir.block("if.else");
@@ -2146,6 +2495,8 @@ impl<'k> Lowering<'k> {
         let mut arms: Vec<(B, Vec<Vec<V>>)> = Vec::new();
         for (bb, region) in [(tb, &op.regions[0]), (eb, &op.regions[1])] {
             self.ir.at_end(bb);
+            // The arms exclude each other: they share the same shared memory.
+            self.smem_top = smem_top;
             self.block(region)?;
             let yields = region.ops.last().map(|y| y.operands.clone()).unwrap_or_default();
             let mut vals = Vec::new();
@@ -2156,7 +2507,9 @@ impl<'k> Lowering<'k> {
             self.ir.br(jb);
         }
         self.ir.at_end(jb);
-        for (i, s) in shapes.iter().enumerate() {
+        // Every phi first (they head the block), then the values built from them.
+        let mut phis = Vec::new();
+        for i in 0..shapes.len() {
             let mut xs = Vec::new();
             for j in 0..arms[0].1[i].len() {
                 let t = self.ir.type_of(arms[0].1[i][j]);
@@ -2166,10 +2519,24 @@ impl<'k> Lowering<'k> {
                 }
                 xs.push(p);
             }
-            self.set(op.results[i], Self::rebuild(*s, xs));
+            phis.push(xs);
         }
+        for (i, (s, xs)) in shapes.iter().zip(phis).enumerate() {
+            self.set(op.results[i], self.rebuild(*s, xs));
+        }
+        self.smem_top = smem_top;
         Ok(())
     }
+}
+
+/// What [`Lowering::for_prologue`] set up for a loop: the shared-memory top to restore
+/// after it, the prefetched loads `(op, tensor, tile template, first buffer, stride)`,
+/// whether they all take the `cp.async` path (i1), and how many there are.
+struct PipePrologue<'k> {
+    smem_top: usize,
+    pf_info: Vec<(&'k Op, usize, Smem, usize, usize)>,
+    fast: V,
+    loads: usize,
 }
 
 /// A load of a loop body that is copied `stages - 1` iterations ahead.
@@ -2196,6 +2563,8 @@ struct Prefetch<'k> {
 enum Shape {
     Scalar,
     Dist(Ax, Ax),
+    /// A 16-bit float register tile as packed pairs.
+    Packed(Ax, Ax, DType),
 }
 
 #[derive(Clone, Copy, Debug)]

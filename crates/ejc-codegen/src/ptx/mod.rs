@@ -168,6 +168,14 @@ fn llvm_params(ir: &crate::llvm::Ir, kernel: &Kernel) -> Result<Vec<crate::llvm:
     Ok(out)
 }
 
+/// Whether `kernel`'s dots run as `wgmma` under `cfg`: the Hopper path, warps in whole
+/// warpgroups, and every register tile's `block_m` rows split into 64-row blocks over
+/// them.
+pub fn wgmma_applies(kernel: &Kernel, cfg: &PtxConfig) -> bool {
+    let bm: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(0);
+    cfg.wgmma && cfg.num_warps.is_multiple_of(4) && bm > 0 && bm.is_multiple_of(64 * (cfg.num_warps / 4))
+}
+
 /// Build the (unoptimised) LLVM module of one kernel.
 fn emit<'ctx>(
     ctx: &'ctx Context,
@@ -175,6 +183,18 @@ fn emit<'ctx>(
     cfg: &PtxConfig,
 ) -> Result<(inkwell::module::Module<'ctx>, PtxCode), CodegenError> {
     use llvm_sys::core::*;
+    // On the wgmma path the products are asynchronous: rotate the key loop so that the
+    // value product of block j and the score product of block j+1 are issued together
+    // and the softmax of block j+1 overlaps the former (`pipeline-dots`).
+    let pipelined;
+    let kernel = if wgmma_applies(kernel, cfg) {
+        let pass: Box<dyn ejc_ir::passes::Pass> = Box::new(ejc_ir::passes::PipelineDots);
+        pipelined = ejc_ir::passes::run_pipeline(kernel, &[pass])
+            .map_err(|e| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {e}") })?;
+        &pipelined
+    } else {
+        kernel
+    };
     let plan = layout::plan(kernel)
         .map_err(|m| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {m}") })?;
     let module = ctx.create_module("ejc_ptx");
@@ -219,8 +239,9 @@ fn emit<'ctx>(
         let sname = std::ffi::CString::new("ejc_smem").unwrap_or_default();
         let smem = LLVMAddGlobalInAddressSpace(m, arr, sname.as_ptr(), 3);
         LLVMSetLinkage(smem, llvm_sys::LLVMLinkage::LLVMExternalLinkage);
-        LLVMSetAlignment(smem, 128);
-        let hopper = cfg.wgmma;
+        // 1024: wgmma's 128-byte swizzle repeats every 1024 bytes of address.
+        LLVMSetAlignment(smem, 1024);
+        let hopper = wgmma_applies(kernel, cfg);
         let f = add_entry(&kernel.name)?;
         let ir = crate::llvm::Ir::new(c, m, f);
         let mut code =

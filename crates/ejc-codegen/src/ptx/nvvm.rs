@@ -131,9 +131,15 @@ pub fn wgmma_fence(ir: &Ir, regs: &[V]) -> Vec<V> {
     tied(ir, "wgmma.fence.sync.aligned;", regs, &[], &[])
 }
 
-/// `wgmma.commit_group` + `wait_group 0`: the accumulators `regs` are final after it.
-pub fn wgmma_commit_wait(ir: &Ir, regs: &[V]) -> Vec<V> {
-    tied(ir, "wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;", regs, &[], &[])
+/// `wgmma.commit_group`: the `wgmma`s issued since the last commit form one group.
+pub fn wgmma_commit(ir: &Ir) {
+    tied(ir, "wgmma.commit_group.sync.aligned;", &[], &[], &[]);
+}
+
+/// `wgmma.wait_group n`: every committed group but the newest `n` is complete; the
+/// accumulators `regs` of the completed groups are final after it.
+pub fn wgmma_wait(ir: &Ir, n: usize, regs: &[V]) -> Vec<V> {
+    tied(ir, &format!("wgmma.wait_group.sync.aligned {n};"), regs, &[], &[])
 }
 
 /// The A operand of a warpgroup MMA.
@@ -147,14 +153,18 @@ pub enum WgmmaA {
 
 /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{bf16,f16}`: `acc` (n/2 f32 per thread,
 /// the accumulator layout) += A · B, B from the shared-memory descriptor `b_desc`
-/// (`trans_b`: B is stored N-major). Asynchronous: read `acc` only after
-/// [`wgmma_commit_wait`].
-pub fn wgmma_m64k16(ir: &Ir, f16: bool, n: usize, acc: &[V], a: &WgmmaA, b_desc: V, trans_b: bool) -> Vec<V> {
-    assert_eq!(acc.len(), n / 2, "wgmma m64n{n}: {} accumulators", acc.len());
+/// (`trans_b`: B is stored N-major). Without `acc` the product starts from zero
+/// (`scale-d` = 0: no register needs to hold zeros first). Asynchronous: read the
+/// result only after [`wgmma_commit`] and a [`wgmma_wait`] that covers its group.
+pub fn wgmma_m64k16(ir: &Ir, f16: bool, n: usize, acc: Option<&[V]>, a: &WgmmaA, b_desc: V, trans_b: bool) -> Vec<V> {
+    if let Some(acc) = acc {
+        assert_eq!(acc.len(), n / 2, "wgmma m64n{n}: {} accumulators", acc.len());
+    }
     let ty = if f16 { "f16" } else { "bf16" };
     // LLVM inline asm names operands `$i`; `%` stays PTX's.
     let d: Vec<String> = (0..n / 2).map(|i| format!("${i}")).collect();
-    let base = 2 * (n / 2); // outputs, then tied inputs
+    // outputs, then (when accumulating) the tied inputs
+    let base = if acc.is_some() { 2 * (n / 2) } else { n / 2 };
     let (a_ops, a_cons, a_vals): (String, Vec<&str>, Vec<V>) = match a {
         WgmmaA::Regs(r) => (
             format!("{{${}, ${}, ${}, ${}}}", base, base + 1, base + 2, base + 3),
@@ -163,8 +173,7 @@ pub fn wgmma_m64k16(ir: &Ir, f16: bool, n: usize, acc: &[V], a: &WgmmaA, b_desc:
         ),
         WgmmaA::Desc(x) => (format!("${base}"), vec!["l"], vec![*x]),
     };
-    let nb = base + a_vals.len();
-    let (bd, scale) = (nb, nb + 1);
+    let (bd, scale) = (base + a_vals.len(), base + a_vals.len() + 1);
     let trans = match a {
         WgmmaA::Regs(_) => format!("{}", trans_b as u8),
         WgmmaA::Desc(_) => format!("0, {}", trans_b as u8),
@@ -175,18 +184,32 @@ pub fn wgmma_m64k16(ir: &Ir, f16: bool, n: usize, acc: &[V], a: &WgmmaA, b_desc:
     );
     let mut extra = a_vals;
     extra.push(b_desc);
-    extra.push(ir.ci32(1));
+    extra.push(ir.ci32(acc.is_some() as i64));
     let mut cons = a_cons;
     cons.push("l");
     cons.push("r");
-    tied(ir, &asm, acc, &extra, &cons)
+    match acc {
+        Some(acc) => tied(ir, &asm, acc, &extra, &cons),
+        None => {
+            // Outputs only.
+            let tys = vec![ir.f32(); n / 2];
+            let mut all: Vec<String> = (0..n / 2).map(|_| "=f".to_string()).collect();
+            all.extend(cons.iter().map(|c| c.to_string()));
+            all.push("~{memory}".into());
+            let r = ir.inline_asm(ir.struct_ty(&tys), &extra, &asm, &all.join(","));
+            (0..(n / 2) as u32).map(|i| ir.extract_value(r, i)).collect()
+        }
+    }
 }
 
-/// A shared-memory matrix descriptor without swizzling: start address (bytes, i32 in
-/// the shared window), leading- and stride-dimension byte offsets (ejc's layouts:
-/// docs/gpu.md).
-pub fn wgmma_desc(ir: &Ir, start: V, lbo: usize, sbo: usize) -> V {
+/// A shared-memory matrix descriptor: start address (bytes, i32 in the shared window),
+/// leading- and stride-dimension byte offsets, and the layout: no swizzle, or the
+/// 128-byte swizzle (ejc's layouts: `lower::SmemLayout`, docs/gpu.md).
+pub fn wgmma_desc(ir: &Ir, start: V, lbo: usize, sbo: usize, swizzle128: bool) -> V {
     let addr = ir.zext(ir.and(ir.lshr(start, ir.ci32(4)), ir.ci32(0x3FFF)), ir.i64());
-    let fixed = (((lbo >> 4) & 0x3FFF) as i64) << 16 | (((sbo >> 4) & 0x3FFF) as i64) << 32;
+    let mut fixed = (((lbo >> 4) & 0x3FFF) as i64) << 16 | (((sbo >> 4) & 0x3FFF) as i64) << 32;
+    if swizzle128 {
+        fixed |= 1i64 << 62;
+    }
     ir.or(addr, ir.ci64(fixed))
 }
