@@ -167,6 +167,9 @@ def main():
         except Exception as e:
             print(f"  triton: {type(e).__name__}: {str(e)[:100]}", flush=True)
         rows.append(row)
+        if args.json:  # after every row: a run cut short keeps what it measured
+            with open(args.json, "w") as fh:
+                json.dump(dict(device=dev_name, rows=rows), fh, indent=1)
 
         def r(x):
             return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"

@@ -2,13 +2,17 @@
 # On the GPU machine (through the device tool, carrying .gpu): correctness of every
 # PTX artifact against the reference, the CuPy example, and the side-by-side benchmark.
 # Results go to $OUT (or /tmp/ejc-gpu-out).
-#   bash scripts/gpu_run.sh            # quick benchmark (3 rows)
-#   bash scripts/gpu_run.sh --full     # the whole standard grid
-#   bash scripts/gpu_run.sh --rows 1024,8192   # those sequence lengths of the grid
-#   bash scripts/gpu_run.sh --mlir-only  # only the MLIR gpu form's correctness (+ memcheck sample)
-#   bash scripts/gpu_run.sh --hopper     # only the sm_90a (wgmma) artifacts' correctness, memcheck, 3 bench rows
+#   bash scripts/gpu_run.sh            # every check, then a quick benchmark (3 rows)
+#   bash scripts/gpu_run.sh --full     # every check, then the whole standard grid
+#   bash scripts/gpu_run.sh --rows 1024,8192   # every check, then those sequence lengths of the grid
+#   bash scripts/gpu_run.sh --mlir-only  # only the MLIR gpu form's correctness (+ memcheck sample; `gpu_prepare.sh --mlir`)
+#   bash scripts/gpu_run.sh --hopper     # wgmma layout probe, the sm_90a artifacts' correctness, memcheck, 3 bench rows
 #   bash scripts/gpu_run.sh --checks     # every PTX check (both entries), memcheck, CuPy example; no MLIR, no bench
 #   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths)
+#   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
+# EJC_FILTER=TEXT keeps the artifacts whose id contains TEXT in the checks; EJC_SHARDS=N
+# (default: the CPU count, at most 16) runs N `ejc-gpu check` processes side by side:
+# loading PTX is the driver's JIT compile, CPU-bound, about a second per entry.
 # (the device tool allows 10 minutes per call: --checks then --bench-only fit two calls)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,14 +22,60 @@ tar -C /tmp/ejc-art -xzf .gpu/artifacts.tgz
 nvidia-smi -L | tee "$OUT/device.txt"
 export PYTHONUNBUFFERED=1
 status=0
-if [ "${1:-}" = "--hopper" ]; then
-    echo "== sm_90a (wgmma): ejc-gpu check"
-    ./.gpu/ejc-gpu check /tmp/ejc-art/check_sm90a 2>&1 | tee "$OUT/check_sm90a.log" || status=1
-    if command -v compute-sanitizer >/dev/null; then
-        compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check /tmp/ejc-art/check_sm90a \
-            --filter causal_bf16_d128 2>&1 | tail -8 | tee "$OUT/memcheck_sm90a.log" || status=1
+SEED=${EJC_SEED:-$(date +%s%N)}
+SHARDS=${EJC_SHARDS:-$(nproc)}
+[ "$SHARDS" -gt 16 ] && SHARDS=16
+
+# check_set NAME: every artifact of /tmp/ejc-art/NAME, in $SHARDS processes; one log,
+# $OUT/check_NAME.log, and a summary line.
+check_set() {
+    local name=$1 pids=() i rc=0
+    if [ ! -d "/tmp/ejc-art/$name" ]; then
+        echo "check $name: not in this pack (scripts/gpu_prepare.sh builds it): skipped" | tee -a "$OUT/summary.txt"
+        return 0
     fi
+    for i in $(seq 0 $((SHARDS - 1))); do
+        ./.gpu/ejc-gpu check "/tmp/ejc-art/$name" --seed "$SEED" --shard "$i/$SHARDS" \
+            ${EJC_FILTER:+--filter "$EJC_FILTER"} > "/tmp/ejc-check-$name.$i.log" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    cat /tmp/ejc-check-"$name".*.log > "$OUT/check_$name.log"
+    local passed failed
+    passed=$(grep -c '^ok ' "$OUT/check_$name.log")
+    failed=$(grep -c '^FAIL' "$OUT/check_$name.log")
+    grep '^FAIL' "$OUT/check_$name.log" | head -20
+    echo "check $name: $passed passed, $failed failed (seed $SEED, $SHARDS processes)" | tee -a "$OUT/summary.txt"
+    [ "$failed" -eq 0 ] && [ "$rc" -eq 0 ]
+}
+
+memcheck() {  # memcheck SET FILTER
+    if command -v compute-sanitizer >/dev/null; then
+        compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" --seed "$SEED" \
+            --filter "$2" 2>&1 | tail -4 | tee -a "$OUT/memcheck.log"
+        local rc=${PIPESTATUS[0]}
+        echo "memcheck $1 $2: exit $rc" | tee -a "$OUT/summary.txt"
+        return "$rc"
+    fi
+    echo "compute-sanitizer not found: memcheck skipped" | tee -a "$OUT/summary.txt"
+}
+
+if [ "${1:-}" = "--hopper" ]; then
+    echo "== wgmma layouts (scripts/probe_wgmma.py --swizzle)"
+    python3 scripts/probe_wgmma.py --swizzle 2>&1 | tee "$OUT/probe.log"
+    echo "== sm_90a: ejc-gpu check"
+    check_set check_sm90a || status=1
+    memcheck check_sm90a causal_bf16_d128_m128_n64@ptx:sm_90a/w4_s2_wgmma || status=1
     python3 bench/compare_gpu.py /tmp/ejc-art/bench --quick --verbose --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+    exit $status
+fi
+if [ "${1:-}" = "--verify" ]; then
+    for set in check_sm90a check check2; do check_set $set || status=1; done
+    memcheck check_sm90a causal_bf16_d128_m128_n64@ptx:sm_90a/w4_s2_wgmma || status=1
+    memcheck check_sm90a varlen_causal_f16_d64_m128_n128@ptx:sm_90a/w8_s2_wgmma || status=1
+    python3 bench/compare_gpu.py /tmp/ejc-art/bench --verbose --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    grep '^d=' "$OUT/bench.log"
+    rm -f "$OUT/device.txt"
     exit $status
 fi
 if [ "${1:-}" = "--bench-only" ]; then
@@ -34,30 +84,23 @@ if [ "${1:-}" = "--bench-only" ]; then
     python3 bench/compare_gpu.py /tmp/ejc-art/bench "${rows[@]}" --verbose --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
     exit $status
 fi
-if [ "${1:-}" != "--checks" ]; then
-echo "== MLIR gpu form: ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
-./.gpu/ejc-gpu check /tmp/ejc-art/mlir 2>&1 | tee "$OUT/check_mlir.log" || status=1
-if command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check /tmp/ejc-art/mlir --filter causal_bf16_d64 \
-        2>&1 | tail -8 | tee "$OUT/memcheck_mlir.log" || status=1
+if [ "${1:-}" != "--checks" ] && [ -d /tmp/ejc-art/mlir ]; then
+    echo "== MLIR gpu form: ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
+    check_set mlir || status=1
+    memcheck mlir causal_bf16_d64 || status=1
 fi
 if [ "${1:-}" = "--mlir-only" ]; then
+    [ -d /tmp/ejc-art/mlir ] || echo "no MLIR pack: run scripts/gpu_prepare.sh --mlir first"
     exit $status
 fi
-fi
-echo "== ejc-gpu check (every artifact x 5 awkward shapes vs the reference)"
-./.gpu/ejc-gpu check /tmp/ejc-art/check_sm90a 2>&1 | tee "$OUT/check_sm90a.log" || status=1
-./.gpu/ejc-gpu check /tmp/ejc-art/check 2>&1 | tee "$OUT/check.log" || status=1
-./.gpu/ejc-gpu check /tmp/ejc-art/check2 2>&1 | tee "$OUT/check2.log" || status=1
-echo "== compute-sanitizer memcheck on a sample (causal, gemma2, varlen_causal, sinks; both archs, both entries)"
-if command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check /tmp/ejc-art/check2 --filter bf16_d64_m64_n32 \
-        2>&1 | tail -25 | tee "$OUT/memcheck.log" || status=1
-    compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check /tmp/ejc-art/check_sm90a --filter causal_bf16_d128 \
-        2>&1 | tail -12 | tee "$OUT/memcheck_sm90a.log" || status=1
-else
-    echo "compute-sanitizer not found: skipped" | tee "$OUT/memcheck.log"
-fi
+echo "== ejc-gpu check (every artifact x 5 awkward shapes vs the reference, both entries)"
+check_set check_sm90a || status=1
+check_set check || status=1
+check_set check2 || status=1
+echo "== compute-sanitizer memcheck on a sample (both entries)"
+memcheck check2 bf16_d64_m64_n32 || status=1
+memcheck check_sm90a causal_bf16_d128_m128_n64@ptx:sm_90a/w4_s2_wgmma || status=1
+memcheck check_sm90a varlen_causal_f16_d64_m128_n128@ptx:sm_90a/w8_s2_wgmma || status=1
 echo "== examples/cupy_launch.py"
 python3 examples/cupy_launch.py /tmp/ejc-art/check 2>&1 | tee "$OUT/cupy.log" || status=1
 if [ "${1:-}" = "--checks" ]; then

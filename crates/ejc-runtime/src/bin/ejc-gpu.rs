@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! ejc-gpu info
-//! ejc-gpu check DIR [--filter TEXT] [--seed N]      every artifact vs the reference, awkward shapes
+//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]   every artifact vs the reference, awkward shapes
 //! ejc-gpu bench DIR --variant V --dtype D --head-dim N --shape B,SQ,SK,HQ,HKV,D [--reps N] [--json FILE]
 //! ```
 //!
@@ -14,12 +14,13 @@
 //! and reports the fastest, as the autotuner would pick it. Without a driver both
 //! say so and exit 0.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
-use ejc_ir::flash::FlashShape;
+use ejc_ir::flash::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};
 use ejc_ir::manifest::Artifact;
 use ejc_ir::spec::Features;
 use ejc_ir::tensor::compare;
@@ -31,7 +32,7 @@ use ejc_runtime::registry::features_from_json;
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N]\n  ejc-gpu bench DIR --variant V --dtype D \
+        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]\n  ejc-gpu bench DIR --variant V --dtype D \
          --head-dim N --shape B,SQ,SK,HQ,HKV,D [--reps N] [--json FILE]"
     );
     ExitCode::from(2)
@@ -103,15 +104,32 @@ fn tol(d: DType) -> f64 {
     }
 }
 
-/// Run one artifact on one shape; returns (rel_err out, rel_err lse).
-fn run_one(cuda: &Cuda, k: &CudaKernel, art: &Art, shape: &FlashShape, seed: u64) -> Result<(f64, f64), String> {
+/// Inputs, run-time arguments and reference outputs of one case, shared by every
+/// artifact (and entry) of the same features, dtype and shape: the f64 reference is
+/// what a check spends most of its time on.
+type Case = std::rc::Rc<(FlashInputs, FlashRuntime, FlashOutputs)>;
+
+fn case(cache: &mut HashMap<String, Case>, art: &Art, shape: &FlashShape, seed: u64) -> Result<Case, String> {
+    let key = format!("{:?} {} {shape} {seed}", art.features, art.dtype);
+    if let Some(c) = cache.get(&key) {
+        return Ok(c.clone());
+    }
     let f = &art.features;
     let inputs = random_inputs(f, art.dtype, shape, seed);
     let rt = default_runtime(f, shape, seed);
     let want = reference(f, &rt, &inputs)?;
+    let c: Case = std::rc::Rc::new((inputs, rt, want));
+    cache.insert(key, c.clone());
+    Ok(c)
+}
+
+/// Run one artifact on one case; returns (rel_err out, rel_err lse).
+fn run_one(cuda: &Cuda, k: &CudaKernel, art: &Art, case: &Case) -> Result<(f64, f64), String> {
+    let f = &art.features;
+    let (inputs, rt, want) = (&case.0, &case.1, &case.2);
     let mut call = FlashBuffers::from_inputs(&inputs);
     let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
-    let dev = FlashDevice::new(cuda, f, art.dtype, art.a.head_dim, bm, &rt, &mut call).map_err(|e| e.to_string())?;
+    let dev = FlashDevice::new(cuda, f, art.dtype, art.a.head_dim, bm, rt, &mut call).map_err(|e| e.to_string())?;
     if let Some(al) = art.a.aligned.as_ref().filter(|al| al.entry == k.entry) {
         if !dev.meets(al) {
             return Err(format!("the inputs do not meet the aligned entry's condition ({})", al.tensors.join(", ")));
@@ -129,6 +147,18 @@ fn run_one(cuda: &Cuda, k: &CudaKernel, art: &Art, shape: &FlashShape, seed: u64
 fn check(args: &[String]) -> ExitCode {
     let Some(dir) = args.first() else { return usage() };
     let filter = flag(args, "--filter");
+    // --shard I/N: every N-th artifact from the I-th, so N processes check a build in
+    // parallel (loading PTX is the driver's JIT compile: CPU-bound, one core each).
+    let shard = match flag(args, "--shard")
+        .map(|s| s.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?))))
+    {
+        None => (0, 1),
+        Some(Some((i, n))) if n > 0 && i < n => (i, n),
+        Some(_) => {
+            eprintln!("error: --shard takes I/N with 0 <= I < N");
+            return ExitCode::from(2);
+        }
+    };
     let seed: u64 = flag(args, "--seed").and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
@@ -152,7 +182,9 @@ fn check(args: &[String]) -> ExitCode {
         }
     };
     let (mut pass, mut fail) = (0, 0);
-    for art in arts.iter().filter(|a| filter.as_ref().is_none_or(|f| a.a.artifact_id.contains(f.as_str()))) {
+    let mut cases = HashMap::new();
+    let selected = arts.iter().filter(|a| filter.as_ref().is_none_or(|f| a.a.artifact_id.contains(f.as_str())));
+    for art in selected.skip(shard.0).step_by(shard.1) {
         let d = art.a.head_dim;
         // s_q ≠ s_k both ways, lengths off the block size, GQA 2:1 and 4:1, MQA, one query row.
         let shapes = [
@@ -187,7 +219,9 @@ fn check(args: &[String]) -> ExitCode {
                         break;
                     }
                 };
-                match run_one(&cuda, &k, art, &shape, seed.wrapping_add(i as u64)) {
+                let ran = case(&mut cases, art, &shape, seed.wrapping_add(i as u64))
+                    .and_then(|c| run_one(&cuda, &k, art, &c));
+                match ran {
                     Ok((o, l)) => {
                         let ok = |x: f64| x <= tol(art.dtype);
                         if !ok(o) || !ok(l) {
