@@ -10,7 +10,7 @@ use ejc_ir::flash::build_flash_kernel;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::FlashShape;
 use ejc_ir::ir::{walk_ops, OpKind};
-use ejc_ir::passes::{default_pipeline, run_pipeline, Pass, PipelineDots};
+use ejc_ir::passes::{default_pipeline, rotate_loops, run_pipeline, Pass, PipelineDots};
 use ejc_ir::print::print_kernel;
 use ejc_ir::spec;
 use ejc_ir::types::DType;
@@ -55,6 +55,16 @@ fn rotates_a_two_product_loop() {
     let dots: Vec<usize> = body.iter().enumerate().filter(|(_, n)| **n == "tile.dot").map(|(i, _)| i).collect();
     assert_eq!(dots.len(), 2, "{printed}");
     assert!(body[dots[0]..dots[1]].iter().all(|n| !n.starts_with("math") && !n.starts_with("reduce")), "{printed}");
+    // The value load of the epilogue continues the loop's: back ends may prefetch it
+    // with the loop's copies.
+    let mut k = before.clone();
+    let rotations = rotate_loops(&mut k);
+    assert_eq!(k, after);
+    assert_eq!(rotations.len(), 1);
+    let [(epi, in_loop)] = rotations[0].epilogue_loads[..] else { panic!("{rotations:?}") };
+    let epilogue = after.body.ops.iter().rfind(|o| o.kind == OpKind::If).unwrap();
+    assert!(epilogue.regions[0].ops.iter().any(|o| o.results.contains(&epi)), "{printed}");
+    assert!(lp.regions[0].ops.iter().any(|o| o.results.contains(&in_loop) && o.kind.name() == "tile.load"));
     // Same results, loops of 0, 1, 2 and 3 iterations included.
     for n in [0.0, 5.0, 16.0, 17.0, 40.0] {
         let spec =

@@ -261,6 +261,12 @@ pub struct Lowering<'k> {
     wg_seq: u64,
     /// Loop prologues issued ahead of the loop (by op address): see [`Self::block`].
     early_prologues: HashMap<usize, PipePrologue<'k>>,
+    /// Loads of a loop whose tile stream an epilogue load continues (`pipeline-dots`'s
+    /// [`ejc_ir::passes::Rotation`]): loop load → epilogue load.
+    stream_next: HashMap<Value, Value>,
+    /// Epilogue loads whose tile the loop's ring already holds (after the loop): the
+    /// tile, and whether the loop took the `cp.async` path (i1; else it was not copied).
+    epilogue_tiles: HashMap<Value, (Smem, V)>,
 }
 
 fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
@@ -280,6 +286,7 @@ impl<'k> Lowering<'k> {
         smem: V,
         hopper: bool,
         aligned: Option<&HashMap<Value, Value>>,
+        streams: &[(Value, Value)],
     ) -> Lowering<'k> {
         let null = std::ptr::null_mut();
         let mut defs = HashMap::new();
@@ -325,6 +332,8 @@ impl<'k> Lowering<'k> {
             wg_pending: Vec::new(),
             wg_seq: 0,
             early_prologues: HashMap::new(),
+            stream_next: streams.iter().map(|(epi, in_loop)| (*in_loop, *epi)).collect(),
+            epilogue_tiles: HashMap::new(),
         }
     }
 
@@ -1024,6 +1033,25 @@ impl<'k> Lowering<'k> {
     }
 
     fn load_smem(&mut self, op: &'k Op, t: usize, acc: &Access, pad: f64) -> R<Smem> {
+        if let Some((s, fast)) = self.epilogue_tiles.remove(&op.results[0]) {
+            // The loop before copied this tile into its ring (cp.async path): make it
+            // visible; otherwise copy it here, into the same buffer.
+            let ub = self.ir.block("epi.ring");
+            let fb = self.ir.block("epi.fill");
+            let jb = self.ir.block("epi.done");
+            self.ir.cond_br(fast, ub, fb);
+            self.ir.at_end(ub);
+            if s.wgmma_readable() {
+                nvvm::fence_proxy_async(&self.ir);
+            }
+            nvvm::barrier(&self.ir);
+            self.ir.br(jb);
+            self.ir.at_end(fb);
+            self.fill_smem(t, acc, &s, pad)?;
+            self.ir.br(jb);
+            self.ir.at_end(jb);
+            return Ok(s);
+        }
         let (rows, cols, dtype) = self.smem_shape(op, acc)?;
         let mut s = Smem::new(rows, cols, dtype, self.smem_layout(op.results[0], cols, dtype), self.ir.ci32(0));
         let key = op as *const Op as usize;
@@ -2320,7 +2348,7 @@ impl<'k> Lowering<'k> {
         // ---- software pipeline: buffers, and the first `stages - 1` iterations' copies
         let pf_ops = self.prefetchable(op);
         let st = self.stages;
-        let mut pf_info = Vec::new(); // (op, tensor, smem template, base, stride)
+        let mut pf_info = Vec::new();
         let mut fast = self.ir.ctrue();
         for o in &pf_ops {
             let acc = self.load_access(o, Some((region.args[0], lo)))?;
@@ -2332,7 +2360,10 @@ impl<'k> Lowering<'k> {
             let OpKind::Load { pad, .. } = o.kind else { continue };
             let f = self.smem_fast(t, &acc, dtype.size_bytes() as i64, pad);
             fast = self.ir.and(fast, f);
-            pf_info.push((*o, t, tmpl, base, stride));
+            // A stream that an epilogue continues (`pipeline-dots`) is copied one
+            // iteration further: the epilogue finds its tile in the ring.
+            let hi = if self.stream_next.contains_key(&o.results[0]) { self.ir.add(hi, step) } else { hi };
+            pf_info.push(PfLoad { op: o, tensor: t, tmpl, base, stride, hi });
         }
         if !pf_ops.is_empty() {
             let fb = self.ir.block("pipe.prologue");
@@ -2343,25 +2374,18 @@ impl<'k> Lowering<'k> {
             nvvm::barrier(&self.ir);
             for k in 0..st - 1 {
                 let ivk = self.ir.add(lo, self.ir.mul(step, self.ir.ci32(k as i64)));
-                let more = self.ir.icmp(LLVMIntSLT, ivk, hi);
-                let infos = pf_info.clone();
                 let iv_value = region.args[0];
-                self.if_then(more, &mut |cg| {
-                    for (o, t, tmpl, base, stride) in &infos {
-                        let acc = cg.load_access(o, Some((iv_value, ivk)))?;
-                        let dst = Smem { off: cg.ir.ci32((base + k * stride) as i64), ..tmpl.clone() };
-                        cg.issue_cp_async(*t, &acc, &dst)?;
-                        nvvm::cp_async_commit(&cg.ir);
-                    }
-                    Ok(())
-                })?;
-                // Keep the group count uniform when there is no such iteration.
-                self.if_then(self.ir.not(more), &mut |cg| {
-                    for _ in &infos {
-                        nvvm::cp_async_commit(&cg.ir);
-                    }
-                    Ok(())
-                })?;
+                for l in pf_info.clone() {
+                    let more = self.ir.icmp(LLVMIntSLT, ivk, l.hi);
+                    self.if_then(more, &mut |cg| {
+                        let acc = cg.load_access(l.op, Some((iv_value, ivk)))?;
+                        let dst = Smem { off: cg.ir.ci32((l.base + k * l.stride) as i64), ..l.tmpl.clone() };
+                        cg.issue_cp_async(l.tensor, &acc, &dst)
+                    })?;
+                    // One group per load and iteration, copied or not: the counts the
+                    // loop's waits rely on stay uniform.
+                    nvvm::cp_async_commit(&self.ir);
+                }
             }
             self.ir.br(jb);
             self.ir.at_end(jb);
@@ -2431,19 +2455,19 @@ impl<'k> Lowering<'k> {
         }
         let saved = std::mem::take(&mut self.prefetch);
         let p = loads;
-        for (o, _, _, base, stride) in &pf_info {
+        for l in &pf_info {
             self.prefetch.insert(
-                *o as *const Op as usize,
+                l.op as *const Op as usize,
                 Prefetch {
-                    op: o,
+                    op: l.op,
                     iv_value: region.args[0],
                     iv,
                     step,
-                    hi,
+                    hi: l.hi,
                     counter,
                     fast,
-                    base: *base,
-                    stride: *stride,
+                    base: l.base,
+                    stride: l.stride,
                     in_flight: (st - 1) * p - 1,
                 },
             );
@@ -2475,6 +2499,15 @@ impl<'k> Lowering<'k> {
         if loads > 0 {
             // Nothing may still be copying into shared memory after the loop.
             nvvm::cp_async_wait(&self.ir, 0);
+        }
+        // The tiles the epilogue continues with: the `counter`-th of their ring.
+        for l in &pf_info {
+            if let Some(epi) = self.stream_next.get(&l.op.results[0]).copied() {
+                let ir = &self.ir;
+                let slot = ir.urem(counter, ir.ci32(st as i64));
+                let off = ir.add(ir.ci32(l.base as i64), ir.mul(slot, ir.ci32(l.stride as i64)));
+                self.epilogue_tiles.insert(epi, (Smem { off, ..l.tmpl.clone() }, fast));
+            }
         }
         self.smem_top = smem_top;
         for i in 0..n {
@@ -2529,12 +2562,25 @@ impl<'k> Lowering<'k> {
     }
 }
 
+/// A prefetched load of a loop: the op, its tensor, its tile's template, the first
+/// buffer of its ring and the distance between buffers, and the (exclusive) bound of the
+/// induction variable up to which its tiles are copied.
+#[derive(Clone)]
+struct PfLoad<'k> {
+    op: &'k Op,
+    tensor: usize,
+    tmpl: Smem,
+    base: usize,
+    stride: usize,
+    hi: V,
+}
+
 /// What [`Lowering::for_prologue`] set up for a loop: the shared-memory top to restore
-/// after it, the prefetched loads `(op, tensor, tile template, first buffer, stride)`,
-/// whether they all take the `cp.async` path (i1), and how many there are.
+/// after it, the prefetched loads, whether they all take the `cp.async` path (i1), and
+/// how many there are.
 struct PipePrologue<'k> {
     smem_top: usize,
-    pf_info: Vec<(&'k Op, usize, Smem, usize, usize)>,
+    pf_info: Vec<PfLoad<'k>>,
     fast: V,
     loads: usize,
 }

@@ -186,11 +186,19 @@ fn emit<'ctx>(
     // On the wgmma path the products are asynchronous: rotate the key loop so that the
     // value product of block j and the score product of block j+1 are issued together
     // and the softmax of block j+1 overlaps the former (`pipeline-dots`).
-    let pipelined;
+    // The rotation also says which epilogue loads continue a loop's tile stream, so the
+    // loop's copies can fetch their tiles ahead too.
+    let mut pipelined;
+    let mut streams = Vec::new();
     let kernel = if wgmma_applies(kernel, cfg) {
-        let pass: Box<dyn ejc_ir::passes::Pass> = Box::new(ejc_ir::passes::PipelineDots);
-        pipelined = ejc_ir::passes::run_pipeline(kernel, &[pass])
-            .map_err(|e| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {e}") })?;
+        pipelined = kernel.clone();
+        for r in ejc_ir::passes::rotate_loops(&mut pipelined) {
+            streams.extend(r.epilogue_loads);
+        }
+        ejc_ir::verify::verify(&pipelined).map_err(|e| CodegenError::Kernel {
+            kernel: kernel.name.clone(),
+            message: format!("PTX back end: pipeline-dots produced invalid IR: {e}"),
+        })?;
         &pipelined
     } else {
         kernel
@@ -245,7 +253,8 @@ fn emit<'ctx>(
         let f = add_entry(&kernel.name)?;
         let ir = crate::llvm::Ir::new(c, m, f);
         let mut code =
-            lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper, None).run()?;
+            lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper, None, &streams)
+                .run()?;
         // The same kernel once more, as a second entry that assumes the shared-memory
         // operands' tensors are aligned (see `PtxCode::aligned_tensors`): no element-by-element
         // fallback, so fewer registers live. Only when there is something to assume.
@@ -270,6 +279,7 @@ fn emit<'ctx>(
                 smem,
                 hopper,
                 Some(&folded.scaled),
+                &streams,
             )
             .run()?;
             code.positive_scalars = folded.positive;

@@ -42,7 +42,7 @@ pub use classify_mask_blocks::ClassifyMaskBlocks;
 pub use dce::Dce;
 pub use licm::Licm;
 pub use lower_masks::LowerMasks;
-pub use pipeline_dots::PipelineDots;
+pub use pipeline_dots::{rotate_loops, PipelineDots, Rotation};
 
 use std::path::PathBuf;
 

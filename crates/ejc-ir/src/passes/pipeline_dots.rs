@@ -53,21 +53,39 @@ impl Pass for PipelineDots {
     }
 
     fn run(&self, kernel: &mut Kernel) {
-        let mut body = std::mem::take(&mut kernel.body);
-        rewrite_block(&mut body, &mut kernel.values);
-        kernel.body = body;
+        rotate_loops(kernel);
     }
 }
 
-fn rewrite_block(block: &mut Block, values: &mut Vec<Type>) {
+/// What rotating one loop produced, for back ends that pipeline its loads: each load of
+/// stage 1 in the epilogue, with the load of the rotated loop whose tile stream it
+/// continues (the same tile, one iteration after the loop's last).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rotation {
+    /// `(epilogue load, loop load)` result values.
+    pub epilogue_loads: Vec<(Value, Value)>,
+}
+
+/// The pass, returning what it did per rotated loop.
+pub fn rotate_loops(kernel: &mut Kernel) -> Vec<Rotation> {
+    let mut body = std::mem::take(&mut kernel.body);
+    let mut out = Vec::new();
+    rewrite_block(&mut body, &mut kernel.values, &mut out);
+    kernel.body = body;
+    out
+}
+
+fn rewrite_block(block: &mut Block, values: &mut Vec<Type>, out: &mut Vec<Rotation>) {
     let ops = std::mem::take(&mut block.ops);
     for mut op in ops {
         for r in &mut op.regions {
-            rewrite_block(r, values);
+            rewrite_block(r, values, out);
         }
         if matches!(op.kind, OpKind::For) {
             if let Some(split) = analyse(&op) {
-                block.ops.extend(rotate(&op, &split, values));
+                let (ops, rotation) = rotate(&op, &split, values);
+                block.ops.extend(ops);
+                out.push(rotation);
                 continue;
             }
         }
@@ -269,7 +287,7 @@ fn placeholder(c: &mut Cloner, t: &Type, ops: &mut Vec<Op>) -> Value {
     }
 }
 
-fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> Vec<Op> {
+fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> (Vec<Op>, Rotation) {
     let body = &op.regions[0];
     let (yield_op, ops) = body.ops.split_last().expect("analysed loop has a yield");
     let (lo, hi, step) = (op.operands[0], op.operands[1], op.operands[2]);
@@ -353,6 +371,11 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> Vec<Op> {
         loop_ops.push(c.clone_op(&ops[*i]));
     }
     let acc_next = c.get(yield_op.operands[a]);
+    let stage1_loads: Vec<(Value, Value)> = stage1
+        .iter()
+        .filter(|i| matches!(ops[**i].kind, OpKind::Load { .. }))
+        .map(|i| (ops[*i].results[0], c.get(ops[*i].results[0])))
+        .collect();
     // the rest of stage 0
     c.map = s0_map;
     for i in &stage0[first_dot + 1..] {
@@ -395,6 +418,8 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> Vec<Op> {
     }
     let mut then_ops: Vec<Op> = stage1.iter().map(|i| c.clone_op(&ops[*i])).collect();
     then_ops.push(yield_of(vec![c.get(yield_op.operands[a])]));
+    let rotation =
+        Rotation { epilogue_loads: stage1_loads.iter().map(|(orig, in_loop)| (c.get(*orig), *in_loop)).collect() };
     out.push(Op {
         kind: OpKind::If,
         operands: vec![has],
@@ -404,5 +429,5 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> Vec<Op> {
             Block { args: vec![], ops: vec![yield_of(vec![acc_loop])] },
         ],
     });
-    out
+    (out, rotation)
 }
