@@ -258,7 +258,7 @@ fn run_json_and_flags() {
 fn run_refuses_what_it_cannot_do() {
     for (args, needle) in [
         (vec!["--backend", "cpu", "--isa", "neon"], "unknown CPU ISA"),
-        (vec!["--backend", "cuda"], "ejc-gpu"),
+        (vec!["--backend", "cuda", "--dtype", "f32"], "tensor cores take 16-bit operands"),
         (vec!["--variant", "nope"], "--variant nope"),
         (vec!["--dtype", "i32"], "declares dtypes"),
         (vec!["--shape", "1,2,3"], "expected 6"),
@@ -275,6 +275,26 @@ fn run_refuses_what_it_cannot_do() {
         let o = ejc(&a);
         assert_eq!(code(&o), 2, "{needle}");
         assert!(text(&o.stderr).contains(needle), "{needle}: {}", text(&o.stderr));
+    }
+}
+
+/// Without a GPU (CI), `--backend cuda` says so and exits 0; with one, it checks every
+/// candidate configuration of the tiling (both entries' worth of launch path) against
+/// the reference.
+#[test]
+fn cuda_backend_runs_or_says_there_is_no_gpu() {
+    let o = ejc(&["run", SPEC, "--backend", "cuda", "--variant", "causal", "--shape", "1,70,90,2,1,64"]);
+    let out = text(&o.stdout);
+    if ejc_runtime::cuda::driver_present() {
+        assert_eq!(code(&o), 0, "{out}{}", text(&o.stderr));
+        assert!(out.lines().filter(|l| l.starts_with("ok ")).count() >= 2, "{out}");
+    } else {
+        eprintln!("no CUDA driver: checking that --backend cuda says so");
+        assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+        assert!(out.contains("skipped: no CUDA driver"), "{out}");
+        let o = ejc(&["bench", SPEC, "--backend", "cuda", "--variant", "full", "--shape", "1,256,256,2,2,64"]);
+        assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+        assert!(text(&o.stdout).contains("skipped: no CUDA driver"), "{}", text(&o.stdout));
     }
 }
 

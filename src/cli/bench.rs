@@ -1,4 +1,4 @@
-//! `ejc bench SPEC --backend cpu|mlir`: time a kernel on fresh random inputs.
+//! `ejc bench SPEC --backend cpu|mlir|cuda`: time a kernel on fresh random inputs.
 //!
 //! FLOPs are counted as in ANCHORS.md: 4·b·h·s_q·s_k·d, halved for causal variants
 //! (other masks are counted as full attention). Times are medians over `--reps` runs
@@ -34,9 +34,9 @@ pub fn flops(p: &Problem, v: &Variant) -> f64 {
 
 pub fn run(req: &Request) -> Outcome {
     match req.backend {
-        "cpu" | "mlir" => {}
+        "cpu" | "mlir" | "cuda" => {}
         "interp" => return Outcome::Error(
-            "error: the interpreter is a correctness reference, not a benchmark back end (use --backend cpu or mlir)"
+            "error: the interpreter is a correctness reference, not a benchmark back end (use --backend cpu, mlir or cuda)"
                 .into(),
         ),
         other => {
@@ -59,6 +59,9 @@ pub fn run(req: &Request) -> Outcome {
         ));
     }
     let v = variants[0];
+    if req.backend == "cuda" {
+        return super::gpu::bench(&p, v, flops(&p, v), req.warmup, req.reps, req.json);
+    }
     let tilings = match p.tiling {
         Some(t) => vec![t],
         None => p.spec.schedule.tilings(),

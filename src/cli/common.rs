@@ -161,16 +161,10 @@ impl Problem {
     }
 }
 
-/// The refusal for a back end `ejc` does not run itself (None for interp, cpu and mlir).
+/// The refusal for a back end `ejc` does not know (None for interp, cpu, mlir, cuda).
 pub fn unsupported_backend(backend: &str) -> Option<Outcome> {
     match backend {
-        "interp" | "cpu" | "mlir" => None,
-        "cuda" => Some(Outcome::Error(
-            "error: `ejc` does not run CUDA kernels itself (it links LLVM and stays on the build machine): build them \
-with `ejc build SPEC --target ptx -o out`, then run `ejc-gpu check out` / `ejc-gpu bench out ...` on the GPU \
-machine (docs/gpu.md)"
-                .into(),
-        )),
+        "interp" | "cpu" | "mlir" | "cuda" => None,
         other => Some(Outcome::Error(format!("error: unknown backend `{other}`"))),
     }
 }

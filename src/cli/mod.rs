@@ -6,6 +6,7 @@ pub mod build;
 pub mod cache;
 pub mod check;
 pub mod common;
+pub mod gpu;
 pub mod list;
 pub mod run;
 pub mod tune;
@@ -23,6 +24,8 @@ pub enum Outcome {
     CheckFailed,
     /// Exit 2: bad input or an unsupported request; the message goes to stderr.
     Error(String),
+    /// Exit 0 with a message on stdout: the machine cannot do it (no GPU), nothing failed.
+    Skipped(String),
 }
 
 /// Load a spec, or the outcome that reports its diagnostics.

@@ -30,7 +30,7 @@ pub fn tolerance(dtype: DType) -> f64 {
 const INTERP_MAX_SCORES: usize = 1 << 27;
 
 pub fn run(req: &Request) -> Outcome {
-    // Refused before reading the spec, with the issue that brings the back end.
+    // Refused before reading the spec.
     if let Some(o) = unsupported_backend(req.backend) {
         return o;
     }
@@ -38,6 +38,10 @@ pub fn run(req: &Request) -> Outcome {
         Ok(p) => p,
         Err(o) => return o,
     };
+    if req.backend == "cuda" {
+        let seed = req.seed.unwrap_or_else(|| rand::random::<u64>() >> 11);
+        return super::gpu::run(&p, seed, req.json);
+    }
     let s = &p.shape;
     let scores = s.batch.saturating_mul(s.heads_q).saturating_mul(s.seq_q).saturating_mul(s.seq_k);
     if req.backend == "interp" && scores > INTERP_MAX_SCORES {

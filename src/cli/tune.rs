@@ -33,9 +33,12 @@ pub struct Request {
 pub fn run(req: &Request) -> Outcome {
     if req.backend != "cpu" {
         return super::common::unsupported_backend(req.backend).unwrap_or_else(|| {
-            Outcome::Error(
-                "error: tuning runs on the cpu backend (the interpreter is a reference, not a target)".into(),
-            )
+            Outcome::Error(match req.backend {
+                "cuda" => "error: `ejc tune` stores CPU choices only: the runtime's configuration chain does not pick \
+CUDA kernels yet; `ejc bench --backend cuda` times every candidate on the GPU and names the fastest"
+                    .into(),
+                _ => "error: tuning runs on the cpu backend (the interpreter is a reference, not a target)".into(),
+            })
         });
     }
     let p = match Problem::from_flags(&req.problem) {

@@ -350,3 +350,53 @@ impl FlashDevice {
         Ok(())
     }
 }
+
+// ---- artifacts of a build: what `ejc-gpu` and `ejc run/bench --backend cuda` share
+
+/// Load entry `entry` (the artifact's `entry`, or its aligned entry) of PTX artifact
+/// `a` of build `m`: the driver JIT-compiles the module for this GPU.
+pub fn load_entry(
+    cuda: &Cuda,
+    m: &crate::manifest::Loaded,
+    a: &ejc_ir::manifest::Artifact,
+    entry: &str,
+) -> Result<CudaKernel, CudaError> {
+    let path = m.path_of(a);
+    let ptx = std::fs::read_to_string(&path).map_err(|e| CudaError::Invalid(format!("{}: {e}", path.display())))?;
+    let threads = a.block.map(|b| b[0]).unwrap_or(128);
+    let mut k = cuda.load(&ptx, entry, threads, a.dynamic_shared_memory)?;
+    k.scratch_bytes = a.scratch_bytes;
+    Ok(k)
+}
+
+/// The entry a launcher calls for `dev`: the aligned one when the call meets its
+/// condition (docs/abi.md, "Aligned entry"), else the general one.
+pub fn entry_for<'a>(a: &'a ejc_ir::manifest::Artifact, dev: &FlashDevice) -> &'a str {
+    match &a.aligned {
+        Some(al) if dev.meets(al) => &al.entry,
+        _ => &a.entry,
+    }
+}
+
+/// Whether a `ptx:<arch>` / `mlir:gpu:<arch>` artifact runs on a GPU of compute
+/// capability `cc` (e.g. 90): sm_80 code runs on every GPU from sm_80 on (the driver
+/// JIT-compiles it), `sm_90a` only on 9.0.
+pub fn runs_on(target: &str, cc: u32) -> bool {
+    match target.strip_prefix("ptx:").or_else(|| target.strip_prefix("mlir:gpu:")) {
+        Some("sm_90a") => cc == 90,
+        Some(a) => a.trim_start_matches("sm_").parse::<u32>().map(|x| x <= cc).unwrap_or(false),
+        None => false,
+    }
+}
+
+/// Median milliseconds of `reps` launches of `k` on `dev`, timed with CUDA events,
+/// after `warmup` untimed launches.
+pub fn median_ms(cuda: &Cuda, dev: &FlashDevice, k: &CudaKernel, warmup: usize, reps: usize) -> Result<f64, CudaError> {
+    let mut run = || dev.launch(cuda, k);
+    if warmup > 0 {
+        cuda.time(warmup, &mut run)?;
+    }
+    let mut ts = cuda.time(reps.max(1), &mut run)?;
+    ts.sort_by(|a, b| a.total_cmp(b));
+    Ok(ts[ts.len() / 2] as f64)
+}

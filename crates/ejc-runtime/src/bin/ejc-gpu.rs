@@ -25,7 +25,7 @@ use ejc_ir::manifest::Artifact;
 use ejc_ir::spec::Features;
 use ejc_ir::tensor::compare;
 use ejc_ir::types::DType;
-use ejc_runtime::cuda::{Cuda, CudaError, CudaKernel, FlashDevice};
+use ejc_runtime::cuda::{entry_for, load_entry, median_ms, runs_on, Cuda, CudaError, CudaKernel, FlashDevice};
 use ejc_runtime::flash::FlashBuffers;
 use ejc_runtime::manifest::{load, Loaded};
 use ejc_runtime::registry::features_from_json;
@@ -56,17 +56,6 @@ fn cuda_or_skip() -> Result<Cuda, ExitCode> {
     }
 }
 
-/// Which PTX archs this GPU runs (`ptx:<arch>` and `mlir:gpu:<arch>` artifacts): sm_80
-/// code runs everywhere from sm_80 (the driver JIT-compiles it); `sm_90a` only on compute
-/// capability 9.0.
-fn runs_here(target: &str, cc: u32) -> bool {
-    match target.strip_prefix("ptx:").or_else(|| target.strip_prefix("mlir:gpu:")) {
-        Some("sm_90a") => cc == 90,
-        Some(a) => a.trim_start_matches("sm_").parse::<u32>().map(|x| x <= cc).unwrap_or(false),
-        None => false,
-    }
-}
-
 struct Art<'a> {
     a: &'a Artifact,
     features: Features,
@@ -76,7 +65,7 @@ struct Art<'a> {
 fn artifacts<'a>(m: &'a Loaded, cc: u32) -> Result<Vec<Art<'a>>, String> {
     let mut out = Vec::new();
     for a in &m.manifest.artifacts {
-        if !runs_here(&a.target, cc) {
+        if !runs_on(&a.target, cc) {
             continue;
         }
         let features = features_from_json(&a.features)?;
@@ -88,12 +77,7 @@ fn artifacts<'a>(m: &'a Loaded, cc: u32) -> Result<Vec<Art<'a>>, String> {
 
 /// Load `entry` of artifact `a` (its `entry`, or its aligned entry).
 fn kernel(cuda: &Cuda, m: &Loaded, a: &Artifact, entry: &str) -> Result<CudaKernel, String> {
-    let path = m.path_of(a);
-    let ptx = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let threads = a.block.map(|b| b[0]).unwrap_or(128);
-    let mut k = cuda.load(&ptx, entry, threads, a.dynamic_shared_memory).map_err(|e| e.to_string())?;
-    k.scratch_bytes = a.scratch_bytes;
-    Ok(k)
+    load_entry(cuda, m, a, entry).map_err(|e| e.to_string())
 }
 
 fn tol(d: DType) -> f64 {
@@ -127,7 +111,7 @@ fn case(cache: &mut HashMap<String, Case>, art: &Art, shape: &FlashShape, seed: 
 fn run_one(cuda: &Cuda, k: &CudaKernel, art: &Art, case: &Case) -> Result<(f64, f64), String> {
     let f = &art.features;
     let (inputs, rt, want) = (&case.0, &case.1, &case.2);
-    let mut call = FlashBuffers::from_inputs(&inputs);
+    let mut call = FlashBuffers::from_inputs(inputs);
     let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
     let dev = FlashDevice::new(cuda, f, art.dtype, art.a.head_dim, bm, rt, &mut call).map_err(|e| e.to_string())?;
     if let Some(al) = art.a.aligned.as_ref().filter(|al| al.entry == k.entry) {
@@ -257,11 +241,6 @@ fn check(args: &[String]) -> ExitCode {
     }
 }
 
-fn median(mut xs: Vec<f32>) -> f64 {
-    xs.sort_by(|a, b| a.total_cmp(b));
-    xs[xs.len() / 2] as f64
-}
-
 fn bench(args: &[String]) -> ExitCode {
     let Some(dir) = args.first() else { return usage() };
     let (Some(variant), Some(dtype), Some(hd), Some(shape)) =
@@ -324,10 +303,7 @@ fn bench(args: &[String]) -> ExitCode {
             }
         };
         // The aligned entry where the tensors allow it (what a launcher does).
-        let entry = match &art.a.aligned {
-            Some(al) if dev.meets(al) => al.entry.clone(),
-            _ => art.a.entry.clone(),
-        };
+        let entry = entry_for(art.a, &dev).to_string();
         let k = match kernel(&cuda, &m, art.a, &entry) {
             Ok(k) => k,
             Err(e) => {
@@ -335,11 +311,8 @@ fn bench(args: &[String]) -> ExitCode {
                 continue;
             }
         };
-        let mut run = || dev.launch(&cuda, &k);
-        let _ = cuda.time(3, &mut run);
-        match cuda.time(reps, &mut run) {
-            Ok(ts) => {
-                let ms = median(ts);
+        match median_ms(&cuda, &dev, &k, 3, reps) {
+            Ok(ms) => {
                 let tf = flops / (ms * 1e-3) / 1e12;
                 println!("  {:<60} {ms:8.3} ms  {tf:7.1} TFLOP/s", art.a.artifact_id);
                 rows.push((art.a.artifact_id.clone(), ms, tf));
