@@ -192,7 +192,10 @@ fn emit<'ctx>(
     let mut streams = Vec::new();
     let kernel = if wgmma_applies(kernel, cfg) {
         pipelined = kernel.clone();
-        for r in ejc_ir::passes::rotate_loops(&mut pipelined) {
+        // EJC_PTX_SINK_SOFTMAX=1: also move the softmax into the masks' branch, so that
+        // ptxas keeps the value product in flight over it (docs/gpu.md; not measured yet).
+        let sink = std::env::var("EJC_PTX_SINK_SOFTMAX").is_ok_and(|v| v == "1");
+        for r in ejc_ir::passes::rotate_loops(&mut pipelined, sink) {
             streams.extend(r.epilogue_loads);
         }
         ejc_ir::verify::verify(&pipelined).map_err(|e| CodegenError::Kernel {

@@ -27,7 +27,10 @@
 //! ```
 //!
 //! The values stage 1 takes from stage 0 (`%x`: the probabilities and the rescale
-//! factor) are carried from one iteration to the next. Every value is computed exactly
+//! factor) are carried from one iteration to the next. Optionally ([`rotate_loops`] with
+//! `sink`), when the rest of stage 0 is a branch (the masks of partial blocks) followed by
+//! branch-free work (the softmax), that work moves into both arms of the branch, so
+//! nothing joins while the value product runs (see `sink_into_branch`). Every value is computed exactly
 //! as before, so results are bit for bit the same; the point is the order: a back end
 //! with asynchronous matrix instructions (Hopper's `wgmma`) can leave the value product
 //! of block `j` running on the tensor cores while it computes the softmax of block
@@ -53,7 +56,7 @@ impl Pass for PipelineDots {
     }
 
     fn run(&self, kernel: &mut Kernel) {
-        rotate_loops(kernel);
+        rotate_loops(kernel, false);
     }
 }
 
@@ -66,24 +69,26 @@ pub struct Rotation {
     pub epilogue_loads: Vec<(Value, Value)>,
 }
 
-/// The pass, returning what it did per rotated loop.
-pub fn rotate_loops(kernel: &mut Kernel) -> Vec<Rotation> {
+/// The pass, returning what it did per rotated loop. With `sink`, the rest of stage 0
+/// after a branch moves into the branch's arms ([`sink_into_branch`]; an experiment for
+/// Hopper, not measured yet, so the pass itself leaves it off).
+pub fn rotate_loops(kernel: &mut Kernel, sink: bool) -> Vec<Rotation> {
     let mut body = std::mem::take(&mut kernel.body);
     let mut out = Vec::new();
-    rewrite_block(&mut body, &mut kernel.values, &mut out);
+    rewrite_block(&mut body, &mut kernel.values, &mut out, sink);
     kernel.body = body;
     out
 }
 
-fn rewrite_block(block: &mut Block, values: &mut Vec<Type>, out: &mut Vec<Rotation>) {
+fn rewrite_block(block: &mut Block, values: &mut Vec<Type>, out: &mut Vec<Rotation>, sink: bool) {
     let ops = std::mem::take(&mut block.ops);
     for mut op in ops {
         for r in &mut op.regions {
-            rewrite_block(r, values, out);
+            rewrite_block(r, values, out, sink);
         }
         if matches!(op.kind, OpKind::For) {
             if let Some(split) = analyse(&op) {
-                let (ops, rotation) = rotate(&op, &split, values);
+                let (ops, rotation) = rotate(&op, &split, values, sink);
                 block.ops.extend(ops);
                 out.push(rotation);
                 continue;
@@ -268,6 +273,60 @@ impl Cloner<'_> {
     }
 }
 
+/// Tail duplication: when `ops[from..]` holds an `scf.if` followed only by pure ops
+/// without regions (the masks of partial blocks, then the softmax), move those ops into
+/// both arms of the `if`, which then yields what the rest needs of them. So no branch
+/// joins between the value product's issue and the softmax: Hopper's assembler
+/// completes in-flight `wgmma`s at a join, which would serialise the product with the
+/// softmax it is meant to overlap. Ops computing a `pinned` value (the next product's
+/// register operand: the probabilities in 16 bits) stay after the join — writing a
+/// register that an in-flight `wgmma` reads would serialise everything.
+fn sink_into_branch(ops: &mut Vec<Op>, from: usize, live_out: &[Value], pinned: &[Value], c: &mut Cloner) {
+    let Some(b) = ops[from..].iter().rposition(|o| !o.regions.is_empty()).map(|i| from + i) else { return };
+    let tail = &ops[b + 1..];
+    if ops[b].kind != OpKind::If || tail.is_empty() || tail.iter().any(|o| !o.regions.is_empty() || !o.kind.is_pure()) {
+        return;
+    }
+    let tail: Vec<Op> = ops.drain(b + 1..).collect();
+    // Ops that stay after the join: those computing a pinned value, and what depends on them.
+    let mut stay_values: HashSet<Value> = HashSet::new();
+    let (mut sunk, mut stay) = (Vec::new(), Vec::new());
+    for o in tail {
+        if o.results.iter().any(|r| pinned.contains(r)) || o.operands.iter().any(|v| stay_values.contains(v)) {
+            stay_values.extend(&o.results);
+            stay.push(o);
+        } else {
+            sunk.push(o);
+        }
+    }
+    if sunk.is_empty() {
+        ops.extend(stay);
+        return;
+    }
+    // What the `if` must now yield: its own results and the sunk ops' that are used
+    // after it (by the ops that stay, or the loop's yield).
+    let mut used_after: HashSet<Value> = live_out.iter().copied().collect();
+    for o in &stay {
+        used_after.extend(&o.operands);
+    }
+    let defined: Vec<Value> =
+        ops[b].results.iter().chain(sunk.iter().flat_map(|o| o.results.iter())).copied().collect();
+    let out: Vec<Value> = defined.into_iter().filter(|v| used_after.contains(v)).collect();
+    let mut branch = ops.pop().expect("the branch");
+    for arm in &mut branch.regions {
+        let y = arm.ops.pop().expect("a region ends in its yield");
+        c.map = branch.results.iter().copied().zip(y.operands.iter().copied()).collect();
+        for o in &sunk {
+            let cloned = c.clone_op(o);
+            arm.ops.push(cloned);
+        }
+        arm.ops.push(yield_of(out.iter().map(|v| c.get(*v)).collect()));
+    }
+    branch.results = out;
+    ops.push(branch);
+    ops.extend(stay);
+}
+
 fn yield_of(operands: Vec<Value>) -> Op {
     Op { kind: OpKind::Yield, operands, results: vec![], regions: vec![] }
 }
@@ -287,7 +346,7 @@ fn placeholder(c: &mut Cloner, t: &Type, ops: &mut Vec<Op>) -> Value {
     }
 }
 
-fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> (Vec<Op>, Rotation) {
+fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>, sink: bool) -> (Vec<Op>, Rotation) {
     let body = &op.regions[0];
     let (yield_op, ops) = body.ops.split_last().expect("analysed loop has a yield");
     let (lo, hi, step) = (op.operands[0], op.operands[1], op.operands[2]);
@@ -378,6 +437,7 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> (Vec<Op>, Rotation)
         .collect();
     // the rest of stage 0
     c.map = s0_map;
+    let rest = loop_ops.len();
     for i in &stage0[first_dot + 1..] {
         loop_ops.push(c.clone_op(&ops[*i]));
     }
@@ -385,6 +445,18 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>) -> (Vec<Op>, Rotation)
     loop_yield.extend(others.iter().map(|k| c.get(yield_op.operands[*k])));
     loop_yield.extend(split.cross.iter().map(|v| c.get(*v)));
     loop_yield.push(jn);
+    // The values stage 1's products read as operands (the probabilities), as computed
+    // in this iteration for the next.
+    let pinned: Vec<Value> = stage1
+        .iter()
+        .filter(|i| matches!(ops[**i].kind, OpKind::Dot { .. }))
+        .flat_map(|i| ops[*i].operands[..2].iter().copied())
+        .filter(|v| split.cross.contains(v))
+        .map(|v| c.get(v))
+        .collect();
+    if sink {
+        sink_into_branch(&mut loop_ops, rest, &loop_yield, &pinned, &mut c);
+    }
     loop_ops.push(yield_of(loop_yield));
     let mut loop_args = vec![j, acc_arg];
     loop_args.extend(&other_args);
