@@ -1,13 +1,13 @@
 """The docs/perf.md table (and the ratio summary) from bench/compare_gpu.py's --json output.
 
-    python3 bench/gpu_table.py docs/data/gpu_bench_h100.json
+    python3 bench/gpu_table.py docs/data/gpu_bench_h100_2026-11-24.json
 """
 import json
 import sys
 
 
 def main():
-    path = sys.argv[1] if len(sys.argv) > 1 else "docs/data/gpu_bench_h100.json"
+    path = sys.argv[1] if len(sys.argv) > 1 else "docs/data/gpu_bench_h100_2026-11-24.json"
     with open(path) as fh:
         data = json.load(fh)
     print(f"device: {data['device']}\n")
