@@ -119,7 +119,8 @@ fn build_candidates(
     Ok(TempBuild { dir, loaded })
 }
 
-fn check_dtype(p: &Problem) -> Result<(), Outcome> {
+/// The GPU and the arch to build for, once the problem is one the PTX target runs.
+fn gpu_for(p: &Problem) -> Result<(Cuda, Arch), Outcome> {
     if p.dtype == DType::F32 {
         return Err(Outcome::Error(
             "error: --backend cuda runs bf16 and f16 kernels (tensor cores take 16-bit operands; tf32 would miss f32's \
@@ -127,7 +128,10 @@ fn check_dtype(p: &Problem) -> Result<(), Outcome> {
                 .into(),
         ));
     }
-    Ok(())
+    let cuda = open()?;
+    let arch = arch_for(cuda.compute_capability())
+        .map_err(|e| Outcome::Error(format!("error: {}: {e}", cuda.device_name())))?;
+    Ok((cuda, arch))
 }
 
 fn artifacts_of<'a>(b: &'a TempBuild, v: &Variant) -> Vec<&'a Artifact> {
@@ -141,16 +145,9 @@ fn config_of(a: &Artifact) -> String {
 /// `ejc run --backend cuda`: every candidate configuration of the tiling, both entries
 /// where the call allows the aligned one, against the reference.
 pub fn run(p: &Problem, seed: u64, json_out: bool) -> Outcome {
-    if let Err(o) = check_dtype(p) {
-        return o;
-    }
-    let cuda = match open() {
-        Ok(c) => c,
+    let (cuda, arch) = match gpu_for(p) {
+        Ok(g) => g,
         Err(o) => return o,
-    };
-    let arch = match arch_for(cuda.compute_capability()) {
-        Ok(a) => a,
-        Err(e) => return Outcome::Error(format!("error: {}: {e}", cuda.device_name())),
     };
     let tiling = p.tiling.unwrap_or((p.spec.schedule.block_m[0], p.spec.schedule.block_n[0]));
     let variants = p.variants();
@@ -241,16 +238,9 @@ pub fn run(p: &Problem, seed: u64, json_out: bool) -> Outcome {
 /// `ejc bench --backend cuda`: time every candidate configuration (every tiling unless
 /// one is given) on the same inputs with CUDA events; report the fastest.
 pub fn bench(p: &Problem, v: &Variant, flops: f64, warmup: usize, reps: usize, json_out: bool) -> Outcome {
-    if let Err(o) = check_dtype(p) {
-        return o;
-    }
-    let cuda = match open() {
-        Ok(c) => c,
+    let (cuda, arch) = match gpu_for(p) {
+        Ok(g) => g,
         Err(o) => return o,
-    };
-    let arch = match arch_for(cuda.compute_capability()) {
-        Ok(a) => a,
-        Err(e) => return Outcome::Error(format!("error: {}: {e}", cuda.device_name())),
     };
     let built = match build_candidates(p, &[v], p.tiling, arch, json_out) {
         Ok(b) => b,

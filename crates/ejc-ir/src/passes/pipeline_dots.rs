@@ -235,34 +235,25 @@ impl Cloner<'_> {
         self.map.get(&v).copied().unwrap_or(v)
     }
 
+    /// A fresh value like `v`, recorded as `v`'s copy.
+    fn rename(&mut self, v: Value) -> Value {
+        let n = self.fresh(v);
+        self.map.insert(v, n);
+        n
+    }
+
     fn clone_op(&mut self, op: &Op) -> Op {
         let operands = op.operands.iter().map(|v| self.get(*v)).collect();
         let regions = op
             .regions
             .iter()
             .map(|r| {
-                let args = r
-                    .args
-                    .iter()
-                    .map(|a| {
-                        let n = self.fresh(*a);
-                        self.map.insert(*a, n);
-                        n
-                    })
-                    .collect();
+                let args = r.args.iter().map(|a| self.rename(*a)).collect();
                 let ops = r.ops.iter().map(|o| self.clone_op(o)).collect();
                 Block { args, ops }
             })
             .collect();
-        let results = op
-            .results
-            .iter()
-            .map(|r| {
-                let n = self.fresh(*r);
-                self.map.insert(*r, n);
-                n
-            })
-            .collect();
+        let results = op.results.iter().map(|r| self.rename(*r)).collect();
         Op { kind: op.kind.clone(), operands, results, regions }
     }
 
