@@ -2403,7 +2403,7 @@ impl<'k> Lowering<'k> {
                 }
             }
         }
-        Ok(PipePrologue { smem_top, pf_info, fast, loads: pf_ops.len() })
+        Ok(PipePrologue { smem_top, pf_info, fast })
     }
 
     fn for_op(&mut self, op: &'k Op) -> R<()> {
@@ -2411,7 +2411,7 @@ impl<'k> Lowering<'k> {
             Some(p) => p,
             None => self.for_prologue(op)?,
         };
-        let PipePrologue { smem_top, pf_info, fast, loads } = pro;
+        let PipePrologue { smem_top, pf_info, fast } = pro;
         let lo = self.scalar(op.operands[0])?;
         let hi = self.scalar(op.operands[1])?;
         let step = self.scalar(op.operands[2])?;
@@ -2454,7 +2454,7 @@ impl<'k> Lowering<'k> {
             self.set(region.args[1 + i], self.rebuild(shapes[i], phis[i].clone()));
         }
         let saved = std::mem::take(&mut self.prefetch);
-        let p = loads;
+        let p = pf_info.len();
         for l in &pf_info {
             self.prefetch.insert(
                 l.op as *const Op as usize,
@@ -2496,7 +2496,7 @@ impl<'k> Lowering<'k> {
         }
         self.ir.br(head);
         self.ir.at_end(exit);
-        if loads > 0 {
+        if !pf_info.is_empty() {
             // Nothing may still be copying into shared memory after the loop.
             nvvm::cp_async_wait(&self.ir, 0);
         }
@@ -2576,13 +2576,11 @@ struct PfLoad<'k> {
 }
 
 /// What [`Lowering::for_prologue`] set up for a loop: the shared-memory top to restore
-/// after it, the prefetched loads, whether they all take the `cp.async` path (i1), and
-/// how many there are.
+/// after it, the prefetched loads, and whether they all take the `cp.async` path (i1).
 struct PipePrologue<'k> {
     smem_top: usize,
     pf_info: Vec<PfLoad<'k>>,
     fast: V,
-    loads: usize,
 }
 
 /// A load of a loop body that is copied `stages - 1` iterations ahead.
