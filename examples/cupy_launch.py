@@ -2,6 +2,7 @@
 
     ejc build specs/flash.yaml --target ptx:sm_80 --variant causal --dtype bf16 --head-dim 128 -o out
     python3 examples/cupy_launch.py out            # on a machine with a GPU, torch and cupy
+    python3 examples/cupy_launch.py out _ws        # the first artifact whose id contains `_ws`
 
 The manifest (docs/abi.md) gives, per artifact: the PTX file and its entry symbol, the
 parameters in order, the grid as formulas of the call's sizes, the block, and the
@@ -9,8 +10,12 @@ dynamic shared memory. A tensor parameter is passed as (pointer, shape[rank] int
 strides[rank] int64), strides in elements; a scalar as its value (f32, or int32 for
 i32/u32/i1). Where the artifact has an `aligned` entry, every tensor it names is aligned
 (16-byte data address, last stride 1, other strides multiples of 8) and every scalar it
-names is positive, that entry is called instead: same parameters, faster code. The script runs one kernel on an awkward shape and compares it with
-PyTorch's attention in float32; bench/compare_gpu.py uses the same loader.
+names is positive, that entry is called instead: same parameters, faster code. A
+warp-specialised artifact's aligned entry also takes tensor maps after those parameters
+(`aligned.tensor_maps`: `CUtensorMap`s encoded with the driver's cuTensorMapEncodeTiled,
+passed by value; docs/abi.md, "Tensor maps"). The script runs one kernel on an awkward
+shape and compares it with PyTorch's attention in float32; bench/compare_gpu.py uses the
+same loader.
 """
 import json
 import math
@@ -37,6 +42,36 @@ def eval_grid(formula, sizes):
     return int(eval(expr, {"__builtins__": {}}, {"cdiv": cdiv, "max": max, "min": min}))
 
 
+# CUtensorMapDataType values (cuda.h).
+TENSOR_MAP_DTYPES = {"bfloat16": 9, "float16": 6}
+
+
+def encode_tensor_map(t, spec):
+    """A CUtensorMap (128 bytes, as a NumPy structured scalar CuPy passes by value) for
+    torch tensor `t` and a manifest `tensor_maps` entry: the tensor's shape and strides
+    innermost first, the box, 128-byte swizzle, zero fill outside the tensor."""
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    f = lib.cuTensorMapEncodeTiled
+    f.restype = ctypes.c_int
+    rank = t.dim()
+    if spec["swizzle"] != "128B" or len(spec["box"]) != rank:
+        raise ValueError(f"tensor map {spec}: not for a rank-{rank} tensor with 128B swizzle")
+    dims = (ctypes.c_uint64 * rank)(*[max(1, n) for n in reversed(t.shape)])
+    strides = (ctypes.c_uint64 * max(1, rank - 1))(*[s * t.element_size() for s in reversed(t.stride()[:-1])])
+    box = (ctypes.c_uint32 * rank)(*reversed(spec["box"]))
+    ones = (ctypes.c_uint32 * rank)(*([1] * rank))
+    out = (ctypes.c_uint64 * 16)()
+    dtype = TENSOR_MAP_DTYPES[str(t.dtype).replace("torch.", "")]
+    # interleave none (0), swizzle 128B (3), L2 promotion 256B (3), zero fill (0)
+    r = f(ctypes.byref(out), ctypes.c_int(dtype), ctypes.c_uint32(rank), ctypes.c_void_p(t.data_ptr()),
+          dims, strides, box, ones, ctypes.c_int(0), ctypes.c_int(3), ctypes.c_int(3), ctypes.c_int(0))
+    if r != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed ({r}) for {spec['tensor']} {tuple(t.shape)} {t.stride()}")
+    return np.frombuffer(bytes(out), dtype=np.dtype([("opaque", np.uint64, (16,))]))[0]
+
+
 class EjcKernel:
     """One PTX artifact, callable on torch tensors."""
 
@@ -49,6 +84,8 @@ class EjcKernel:
         self.fn = self._function(artifact["entry"])
         aligned = artifact.get("aligned")
         self.aligned = aligned and (self._function(aligned["entry"]), aligned["tensors"], aligned.get("positive", []))
+        self.tensor_maps = (aligned or {}).get("tensor_maps", [])
+        self._maps = {}
         self.block = tuple(artifact["block"])
 
     def _function(self, entry):
@@ -70,7 +107,15 @@ class EjcKernel:
             return self.aligned[0]
         return self.fn
 
-    def args(self, tensors, scalars):
+    def maps(self, tensors):
+        """The aligned entry's tensor maps for these tensors (cached by address and layout)."""
+        key = tuple((m["tensor"], tensors[m["tensor"]].data_ptr(), tuple(tensors[m["tensor"]].shape),
+                     tensors[m["tensor"]].stride()) for m in self.tensor_maps)
+        if key not in self._maps:
+            self._maps = {key: [encode_tensor_map(tensors[m["tensor"]], m) for m in self.tensor_maps]}
+        return self._maps[key]
+
+    def args(self, tensors, scalars, fn=None):
         out = []
         for p in self.a["params"]:
             if p["kind"] == "tensor":
@@ -84,13 +129,16 @@ class EjcKernel:
                 out.append(np.float32(scalars[p["name"]]))
             else:
                 out.append(np.int32(scalars[p["name"]]))
+        if self.tensor_maps and self.aligned and fn is self.aligned[0]:
+            out.extend(self.maps(tensors))
         return tuple(out)
 
     def grid(self, sizes):
         return tuple(eval_grid(g, sizes) for g in self.a["grid"])
 
     def __call__(self, tensors, scalars, sizes):
-        self.function(tensors, scalars)(self.grid(sizes), self.block, self.args(tensors, scalars), shared_mem=self.smem)
+        fn = self.function(tensors, scalars)
+        fn(self.grid(sizes), self.block, self.args(tensors, scalars, fn), shared_mem=self.smem)
 
 
 def flash_sizes(q, k):
@@ -123,6 +171,8 @@ def main():
     major, minor = torch.cuda.get_device_capability()
     arts = [a for a in m["artifacts"] if a["target"] == "ptx:sm_80" or (a["target"] == "ptx:sm_90a" and (major, minor) == (9, 0))]
     arts = [a for a in arts if a["variant"] in ("full", "causal") and a["dtype"] in ("bf16", "f16")]
+    if len(sys.argv) > 2:  # an artifact id substring: e.g. `_ws` for a warp-specialised one
+        arts = [a for a in arts if sys.argv[2] in a["artifact_id"]]
     if not arts:
         sys.exit("no full/causal bf16/f16 PTX artifact in " + build_dir)
     a = arts[0]

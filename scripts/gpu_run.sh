@@ -10,6 +10,7 @@
 #   bash scripts/gpu_run.sh --checks     # every PTX check (both entries), memcheck, CuPy example; no MLIR, no bench
 #   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths)
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
+#   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
 # EJC_FILTER=TEXT keeps the artifacts whose id contains TEXT in the checks; EJC_SHARDS=N
 # (default: the CPU count, at most 16) runs N `ejc-gpu check` processes side by side:
 # loading PTX is the driver's JIT compile, CPU-bound, about a second per entry.
@@ -35,7 +36,7 @@ check_set() {
         return 0
     fi
     for i in $(seq 0 $((SHARDS - 1))); do
-        ./.gpu/ejc-gpu check "/tmp/ejc-art/$name" --seed "$SEED" --shard "$i/$SHARDS" \
+        timeout "${EJC_TIMEOUT:-480}" ./.gpu/ejc-gpu check "/tmp/ejc-art/$name" --seed "$SEED" --shard "$i/$SHARDS" \
             ${EJC_FILTER:+--filter "$EJC_FILTER"} > "/tmp/ejc-check-$name.$i.log" 2>&1 &
         pids+=($!)
     done
@@ -51,7 +52,7 @@ check_set() {
 
 memcheck() {  # memcheck SET FILTER
     if command -v compute-sanitizer >/dev/null; then
-        compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" --seed "$SEED" \
+        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" --seed "$SEED" \
             --filter "$2" 2>&1 | tail -4 | tee -a "$OUT/memcheck.log"
         local rc=${PIPESTATUS[0]}
         echo "memcheck $1 $2: exit $rc" | tee -a "$OUT/summary.txt"
@@ -67,6 +68,20 @@ if [ "${1:-}" = "--hopper" ]; then
     check_set check_sm90a || status=1
     memcheck check_sm90a causal_bf16_d128_m128_n64@ptx:sm_90a/w4_s2_wgmma || status=1
     python3 bench/compare_gpu.py /tmp/ejc-art/bench --quick --verbose --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+    exit $status
+fi
+if [ "${1:-}" = "--ws" ]; then
+    # Warp-specialised candidates (`_ws`): their checks (both entries), memcheck on one,
+    # the CuPy example on one (tensor maps from Python), then the bench (ROWS, or the
+    # whole grid) over every candidate of the bench set.
+    EJC_FILTER=_ws check_set check_sm90a || status=1
+    memcheck check_sm90a causal_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws || status=1
+    timeout 120 python3 examples/cupy_launch.py /tmp/ejc-art/check_sm90a _ws 2>&1 | tee "$OUT/cupy.log" || status=1
+    rows=()
+    [ -n "${2:-}" ] && rows=(--rows "$2")
+    timeout "${EJC_BENCH_TIMEOUT:-400}" python3 bench/compare_gpu.py /tmp/ejc-art/bench "${rows[@]}" --verbose \
+        --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    grep '^d=' "$OUT/bench.log"
     exit $status
 fi
 if [ "${1:-}" = "--verify" ]; then

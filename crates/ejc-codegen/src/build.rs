@@ -217,6 +217,7 @@ struct PtxJob<'a> {
     warps: u32,
     stages: u32,
     wgmma: bool,
+    ws: bool,
 }
 
 /// Every (kernel × num_warps × num_stages) of the schedule for `arch`, compiled in
@@ -248,11 +249,23 @@ fn build_ptx(
                 if !(opts.num_stages.is_empty() || opts.num_stages.contains(&stages)) {
                     continue;
                 }
-                jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: false });
+                jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: false, ws: false });
                 // sm_90a: Hopper's warpgroup MMA too, as one more candidate (warps in
                 // whole warpgroups); the autotuner picks between the instruction paths.
                 if arch == crate::ptx::Arch::Sm90a && warps % 4 == 0 {
-                    jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true });
+                    jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: false });
+                    // And warp-specialised (a producer warpgroup copying with the bulk
+                    // tensor copy engine), where it applies (not to varlen's bounded tiles).
+                    let cfg = crate::ptx::PtxConfig {
+                        arch,
+                        num_warps: warps as usize,
+                        num_stages: stages as usize,
+                        wgmma: true,
+                        ws: true,
+                    };
+                    if crate::ptx::ws_applies(kernel, &cfg).is_ok() {
+                        jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: true });
+                    }
                 }
             }
         }
@@ -280,6 +293,7 @@ fn build_ptx(
                     num_warps: j.warps as usize,
                     num_stages: j.stages as usize,
                     wgmma: j.wgmma,
+                    ws: j.ws,
                 };
                 let _ = tx.send((i, crate::ptx::compile(j.kernel, &cfg)));
             });
@@ -299,7 +313,13 @@ fn build_ptx(
             too_big += 1;
             continue;
         }
-        let suffix = format!("w{}_s{}{}", j.warps, j.stages, if j.wgmma { "_wgmma" } else { "" });
+        let suffix = format!(
+            "w{}_s{}{}{}",
+            j.warps,
+            j.stages,
+            if j.wgmma { "_wgmma" } else { "" },
+            if j.ws { "_ws" } else { "" }
+        );
         let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
         let path = out_dir.join(&file);
         std::fs::write(&path, &k.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
@@ -310,6 +330,9 @@ fn build_ptx(
         if j.wgmma {
             a.config.insert("wgmma".to_string(), 1);
         }
+        if j.ws {
+            a.config.insert("ws".to_string(), 1);
+        }
         a.artifact_id = format!("{}@{target}/{suffix}", j.inst.id);
         a.entry = k.code.entry.clone();
         a.block = Some([k.code.threads as u32, 1, 1]);
@@ -318,6 +341,16 @@ fn build_ptx(
             entry,
             tensors: k.code.aligned_tensors.clone(),
             positive: k.code.positive_scalars.clone(),
+            tensor_maps: k
+                .code
+                .tensor_maps
+                .iter()
+                .map(|t| ejc_ir::manifest::TensorMapParam {
+                    tensor: t.tensor.clone(),
+                    box_dims: t.box_dims.clone(),
+                    swizzle: "128B".into(),
+                })
+                .collect(),
         });
         artifacts.push(a);
     }

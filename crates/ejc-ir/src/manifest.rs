@@ -111,6 +111,25 @@ pub struct AlignedEntry {
     /// exponent); absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub positive: Vec<String>,
+    /// Warp-specialised artifacts: tensor maps (`CUtensorMap`, 128 bytes, by value) the
+    /// aligned entry takes after the ABI's parameters, in this order (docs/abi.md,
+    /// "Tensor maps"); absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tensor_maps: Vec<TensorMapParam>,
+}
+
+/// A tensor map the aligned entry of a warp-specialised artifact takes: a tiled map of
+/// tensor `tensor` (its shape and strides, innermost axis first), box `box_dims` (in the
+/// tensor's axis order), element strides 1, no interleave, swizzle `swizzle`, zero
+/// fill out of bounds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorMapParam {
+    pub tensor: String,
+    #[serde(rename = "box")]
+    pub box_dims: Vec<u32>,
+    /// `128B`.
+    pub swizzle: String,
 }
 
 impl AlignedEntry {

@@ -80,6 +80,70 @@ pub struct CudaKernel {
     /// Global scratch bytes per block (manifest `scratch_bytes`; MLIR gpu-form kernels):
     /// when nonzero, the launch appends a pointer to `blocks × scratch_bytes` bytes.
     pub scratch_bytes: u64,
+    /// Tensor maps the entry takes after the ABI's parameters (the aligned entry of a
+    /// warp-specialised artifact; docs/abi.md, "Tensor maps").
+    pub tensor_maps: Vec<ejc_ir::manifest::TensorMapParam>,
+}
+
+/// A `CUtensorMap`, passed by value (128 bytes, 64-byte aligned).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub struct TensorMap(pub [u64; 16]);
+
+// Safety: plain bytes, the layout the driver expects for a `.param .align 64 .b8 [128]`.
+unsafe impl cudarc::driver::DeviceRepr for TensorMap {}
+
+/// Encode the tiled tensor map `p` of tensor `t` (`cuTensorMapEncodeTiled`): its shape
+/// and strides innermost first, box `p.box_dims`, 128-byte swizzle, zeros outside.
+pub fn encode_tensor_map(t: &DeviceBuffer, p: &ejc_ir::manifest::TensorMapParam) -> Result<TensorMap, CudaError> {
+    use cudarc::driver::sys::*;
+    let rank = t.shape.len();
+    let bad = |m: String| CudaError::Invalid(format!("tensor map of `{}`: {m}", p.tensor));
+    if p.box_dims.len() != rank || !(1..=5).contains(&rank) {
+        return Err(bad(format!("box {:?} for a tensor of rank {rank}", p.box_dims)));
+    }
+    if p.swizzle != "128B" {
+        return Err(bad(format!("swizzle `{}` is not supported (128B is)", p.swizzle)));
+    }
+    let dtype = match t.dtype {
+        DType::BF16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        DType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        other => return Err(bad(format!("{other} tensors have no tensor map here"))),
+    };
+    let es = t.dtype.size_bytes() as u64;
+    if t.strides.last() != Some(&1) || t.strides.iter().any(|s| *s < 0) {
+        return Err(bad(format!("strides {:?}: the last must be 1 and none negative", t.strides)));
+    }
+    let dims: Vec<u64> = t.shape.iter().rev().map(|d| (*d as u64).max(1)).collect();
+    let strides: Vec<u64> = t.strides.iter().rev().skip(1).map(|s| *s as u64 * es).collect();
+    let boxes: Vec<u32> = p.box_dims.iter().rev().copied().collect();
+    let ones = vec![1u32; rank];
+    let mut map = CUtensorMap { opaque: [0; 16] };
+    // Safety: every array has `rank` (strides `rank - 1`) entries; the address is the
+    // tensor's device address.
+    let r = unsafe {
+        cuTensorMapEncodeTiled(
+            &mut map,
+            dtype,
+            rank as u32,
+            t.address() as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            ones.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(bad(format!(
+            "cuTensorMapEncodeTiled failed ({r:?}) for shape {:?}, strides {:?}, box {:?}",
+            t.shape, t.strides, p.box_dims
+        )));
+    }
+    Ok(TensorMap(map.opaque))
 }
 
 /// One scalar argument.
@@ -179,7 +243,14 @@ impl Cuda {
             )
             .map_err(|e| CudaError::Driver(format!("`{entry}` needs {smem_bytes} bytes of shared memory: {e:?}")))?;
         }
-        let k = CudaKernel { func, entry: entry.to_string(), threads, smem_bytes, scratch_bytes: 0 };
+        let k = CudaKernel {
+            func,
+            entry: entry.to_string(),
+            threads,
+            smem_bytes,
+            scratch_bytes: 0,
+            tensor_maps: Vec::new(),
+        };
         cache.insert(key, k.clone());
         Ok(k)
     }
@@ -195,7 +266,16 @@ impl Cuda {
         grid: [i64; 3],
         tensors: &[&DeviceBuffer],
         scalars: &[Scalar],
+        maps: &[TensorMap],
     ) -> Result<(), CudaError> {
+        if maps.len() != k.tensor_maps.len() {
+            return Err(CudaError::Invalid(format!(
+                "`{}` takes {} tensor maps, {} given",
+                k.entry,
+                k.tensor_maps.len(),
+                maps.len()
+            )));
+        }
         if grid.iter().any(|g| *g < 0 || *g > u32::MAX as i64) {
             return Err(CudaError::Invalid(format!("grid {grid:?} is out of range")));
         }
@@ -236,6 +316,9 @@ impl Cuda {
                 Arg::I32(x) => b.arg(x),
             };
         }
+        for m in maps {
+            b.arg(m);
+        }
         let cfg = LaunchConfig {
             grid_dim: (grid[0] as u32, grid[1] as u32, grid[2] as u32),
             block_dim: (k.threads, 1, 1),
@@ -272,6 +355,8 @@ pub struct FlashDevice {
     pub scalars: Vec<Scalar>,
     /// The scalars' parameter names, in the same order.
     pub scalar_names: Vec<String>,
+    /// Tensor maps encoded for these tensors, by entry (see [`CudaKernel::tensor_maps`]).
+    maps: Mutex<HashMap<String, Vec<TensorMap>>>,
 }
 
 impl FlashDevice {
@@ -307,7 +392,7 @@ impl FlashDevice {
             let b = call.get(n).ok_or_else(|| CudaError::Invalid(format!("the call has no `{n}`")))?;
             tensors.push(cuda.upload(b)?);
         }
-        Ok(FlashDevice { tensors, names, grid, scalars, scalar_names })
+        Ok(FlashDevice { tensors, names, grid, scalars, scalar_names, maps: Mutex::new(HashMap::new()) })
     }
 
     /// Whether these tensors meet the condition of an artifact's aligned entry (every
@@ -332,9 +417,27 @@ impl FlashDevice {
     /// Launch `k` on these tensors.
     pub fn launch(&self, cuda: &Cuda, k: &CudaKernel) -> Result<(), CudaError> {
         let refs: Vec<&DeviceBuffer> = self.tensors.iter().collect();
+        let mut maps = Vec::new();
+        if !k.tensor_maps.is_empty() && !self.grid.contains(&0) {
+            let mut cache = self.maps.lock().map_err(|_| CudaError::Invalid("tensor-map cache poisoned".into()))?;
+            if !cache.contains_key(&k.entry) {
+                let mut ms = Vec::new();
+                for p in &k.tensor_maps {
+                    let i = self.names.iter().position(|n| *n == p.tensor).ok_or_else(|| {
+                        CudaError::Invalid(format!(
+                            "`{}` wants a tensor map of `{}`, not in the call",
+                            k.entry, p.tensor
+                        ))
+                    })?;
+                    ms.push(encode_tensor_map(&self.tensors[i], p)?);
+                }
+                cache.insert(k.entry.clone(), ms);
+            }
+            maps = cache[&k.entry].clone();
+        }
         // Safety: `new` checked every tensor against the ABI; outputs are separate
-        // allocations.
-        unsafe { cuda.launch(k, self.grid, &refs, &self.scalars) }
+        // allocations; the maps describe these tensors.
+        unsafe { cuda.launch(k, self.grid, &refs, &self.scalars, &maps) }
     }
 
     /// Copy `out` and `lse` back into `call`.
@@ -366,6 +469,9 @@ pub fn load_entry(
     let threads = a.block.map(|b| b[0]).unwrap_or(128);
     let mut k = cuda.load(&ptx, entry, threads, a.dynamic_shared_memory)?;
     k.scratch_bytes = a.scratch_bytes;
+    if let Some(al) = a.aligned.as_ref().filter(|al| al.entry == entry) {
+        k.tensor_maps = al.tensor_maps.clone();
+    }
     Ok(k)
 }
 

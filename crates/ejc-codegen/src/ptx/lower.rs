@@ -205,6 +205,9 @@ pub struct PtxCode {
     /// Scalar parameters the aligned entry needs > 0 (its softmax scale is folded into
     /// the exponent: `scale_fold`).
     pub positive_scalars: Vec<String>,
+    /// Warp-specialised: the aligned entry's tensor-map parameters (after the ABI's),
+    /// one per load the producer copies.
+    pub tensor_maps: Vec<super::ws::TmaLoad>,
 }
 
 pub struct Lowering<'k> {
@@ -266,7 +269,23 @@ pub struct Lowering<'k> {
     stream_next: HashMap<Value, Value>,
     /// Epilogue loads whose tile the loop's ring already holds (after the loop): the
     /// tile, and whether the loop took the `cp.async` path (i1; else it was not copied).
-    epilogue_tiles: HashMap<Value, (Smem, V)>,
+    epilogue_tiles: HashMap<Value, (Smem, V, Option<(V, V)>)>,
+    /// Warp specialisation (`PtxConfig::ws`): a producer warpgroup follows the
+    /// `warps` consumer warps; consumers synchronise with a named barrier.
+    ws: Option<WsLowering>,
+    /// Lowering the producer's program (scalars and bulk tensor copies only).
+    producer: bool,
+}
+
+/// What a warp-specialised entry needs besides the consumers' program.
+#[derive(Clone, Debug)]
+pub struct WsLowering {
+    /// The loads the producer copies with the bulk tensor copy engine (aligned entry
+    /// only; empty for the general entry, whose producer has nothing to do), in the
+    /// order of their tensor-map parameters.
+    pub tma: Vec<super::ws::TmaLoad>,
+    /// Raise the consumers' registers (and lower the producer's) with `setmaxnreg`.
+    pub regs: Option<(usize, usize)>,
 }
 
 fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
@@ -334,7 +353,41 @@ impl<'k> Lowering<'k> {
             early_prologues: HashMap::new(),
             stream_next: streams.iter().map(|(epi, in_loop)| (*in_loop, *epi)).collect(),
             epilogue_tiles: HashMap::new(),
+            ws: None,
+            producer: false,
         }
+    }
+
+    /// Make this a warp-specialised entry (see [`WsLowering`]).
+    pub fn with_ws(mut self, ws: Option<WsLowering>) -> Self {
+        self.ws = ws;
+        self
+    }
+
+    /// A block barrier over the consumer threads (all threads without warp
+    /// specialisation).
+    fn sync(&self) {
+        match &self.ws {
+            Some(_) => nvvm::barrier_named(&self.ir, 1, self.warps * 32),
+            None => nvvm::barrier(&self.ir),
+        }
+    }
+
+    /// Whether load `v` is one the producer copies (TMA), and its index.
+    fn tma_index(&self, v: Value) -> Option<usize> {
+        self.ws.as_ref().and_then(|w| w.tma.iter().position(|t| t.load == v))
+    }
+
+    /// The (full, empty) mbarriers of TMA load `li`, ring slot `slot` (i32): shared
+    /// addresses (i32).
+    fn tma_bars(&self, li: usize, slot: V) -> (V, V) {
+        let n = self.ws.as_ref().map(|w| w.tma.len()).unwrap_or(0);
+        let st = self.stages as i64;
+        let ir = &self.ir;
+        let base = ir.ptr_to_int(self.sptr(ir.ci32(0)), ir.i32());
+        let full = ir.add(base, ir.mul(ir.add(ir.ci32(li as i64 * st), slot), ir.ci32(8)));
+        let empty = ir.add(base, ir.mul(ir.add(ir.ci32((n + li) as i64 * st), slot), ir.ci32(8)));
+        (full, empty)
     }
 
     /// The shared-memory layout of load `v`'s tile: one of wgmma's when only dots read
@@ -417,19 +470,182 @@ impl<'k> Lowering<'k> {
         self.lane = ir.and(tid, ir.ci32(31));
         self.pid = [nvvm::ctaid(ir, 0), nvvm::ctaid(ir, 1), nvvm::ctaid(ir, 2)];
         let body = &self.kernel.body;
-        self.block(body)?;
-        self.wg_resolve_all()?;
-        self.ir.ret_void();
+        if let Some(ws) = self.ws.clone() {
+            self.run_ws(&ws, pi, tid)?;
+        } else {
+            self.block(body)?;
+            self.wg_resolve_all()?;
+            self.ir.ret_void();
+        }
         let names: Vec<String> =
             self.kernel.params.iter().filter(|p| matches!(p.ty, Type::Tensor(..))).map(|p| p.name.clone()).collect();
         Ok(PtxCode {
             entry: self.kernel.name.clone(),
             smem_bytes: self.smem_peak.max(self.smem_top),
-            threads: self.warps * 32,
+            threads: (self.warps + if self.ws.is_some() { 4 } else { 0 }) * 32,
             aligned_tensors: self.aligned_tensors.iter().map(|t| names[*t].clone()).collect(),
             aligned_entry: None,
             positive_scalars: Vec::new(),
+            tensor_maps: self.ws.as_ref().map(|w| w.tma.clone()).unwrap_or_default(),
         })
+    }
+
+    /// The warp-specialised entry: barriers, then the consumers' program (the kernel)
+    /// and the producer's (see [`super::ws`]). `pi`: the first parameter after the
+    /// ABI's (the tensor maps).
+    fn run_ws(&mut self, ws: &WsLowering, pi: u32, tid: V) -> R<()> {
+        let body = &self.kernel.body;
+        let tmaps: Vec<V> = (0..ws.tma.len()).map(|i| self.ir.param(pi + i as u32)).collect();
+        if !ws.tma.is_empty() {
+            // The mbarriers (full and empty, per load and ring slot) at the bottom of
+            // shared memory, initialised by one thread before anyone uses them.
+            let bytes = 16 * ws.tma.len() * self.stages;
+            self.smem_top = bytes;
+            self.smem_peak = bytes;
+            let first = self.ir.icmp(LLVMIntEQ, tid, self.ir.ci32(0));
+            let n = ws.tma.len();
+            let consumers = self.warps * 32;
+            self.if_then(first, &mut |cg| {
+                for li in 0..n {
+                    for slot in 0..cg.stages {
+                        let (full, empty) = cg.tma_bars(li, cg.ir.ci32(slot as i64));
+                        nvvm::mbarrier_init(&cg.ir, full, 1);
+                        nvvm::mbarrier_init(&cg.ir, empty, consumers);
+                    }
+                }
+                nvvm::mbarrier_init_fence(&cg.ir);
+                Ok(())
+            })?;
+            nvvm::barrier(&self.ir);
+            // The rings first, below everything else: the producer starts copying at
+            // once, so no tile of the consumers may ever share their memory.
+            for t in &ws.tma {
+                let op = *self.defs.get(&t.load).ok_or_else(|| self.err("a TMA load is not in the kernel".into()))?;
+                let tmpl = Smem::new(t.rows, t.cols, t.dtype, SmemLayout::Swizzle128, self.ir.ci32(0));
+                let stride = tmpl.bytes().div_ceil(tmpl.align()) * tmpl.align();
+                self.region(op, 0, stride * self.stages, tmpl.align());
+            }
+        }
+        let params: Vec<Option<GV>> = self.vals.clone();
+        let pb = self.ir.block("producer");
+        let cb = self.ir.block("consumer");
+        let is_producer = self.ir.icmp(LLVMIntUGE, self.warp, self.ir.ci32(self.warps as i64));
+        self.ir.cond_br(is_producer, pb, cb);
+        // ---- consumers: the kernel
+        self.ir.at_end(cb);
+        if let Some((more, _)) = ws.regs {
+            nvvm::setmaxnreg(&self.ir, more, true);
+        }
+        self.block(body)?;
+        self.wg_resolve_all()?;
+        self.ir.ret_void();
+        // ---- producer: one thread issues the copies of the loops' tiles
+        self.ir.at_end(pb);
+        if let Some((_, fewer)) = ws.regs {
+            nvvm::setmaxnreg(&self.ir, fewer, false);
+        }
+        if !ws.tma.is_empty() {
+            self.vals = params;
+            self.producer = true;
+            let elected = self.ir.icmp(LLVMIntEQ, tid, self.ir.ci32((self.warps * 32) as i64));
+            self.if_then(elected, &mut |cg| cg.producer_block(body, &tmaps))?;
+            self.producer = false;
+        }
+        self.ir.ret_void();
+        Ok(())
+    }
+
+    /// The producer's share of block `b`: the scalars (loop bounds, tile indices) and
+    /// the loops' copies.
+    fn producer_block(&mut self, b: &'k Block, tmaps: &[V]) -> R<()> {
+        for op in &b.ops {
+            let scalar_results = op.results.iter().all(|r| matches!(self.ty(*r), Type::Scalar(_)));
+            match &op.kind {
+                OpKind::ProgramId { .. } | OpKind::TensorDim { .. } | OpKind::Const { .. } => self.op(op)?,
+                OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast { .. }
+                    if scalar_results =>
+                {
+                    self.op(op)?
+                }
+                OpKind::Load { axes, .. } if axes.iter().all(|a| matches!(a, AxisIndex::Index)) => self.op(op)?,
+                OpKind::For => self.producer_for(op, tmaps)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The producer's loop for `op`: for each iteration and TMA load, wait until the
+    /// consumers are done with the ring slot, then copy the iteration's tile into it.
+    fn producer_for(&mut self, op: &'k Op, tmaps: &[V]) -> R<()> {
+        let loads: Vec<(&'k Op, usize)> =
+            self.prefetchable(op).into_iter().filter_map(|o| self.tma_index(o.results[0]).map(|i| (o, i))).collect();
+        if loads.is_empty() {
+            return Ok(());
+        }
+        let tma = self.ws.as_ref().map(|w| w.tma.clone()).unwrap_or_default();
+        let lo = self.scalar(op.operands[0])?;
+        let hi = self.scalar(op.operands[1])?;
+        let step = self.scalar(op.operands[2])?;
+        let iv_value = op.regions[0].args[0];
+        let st = self.stages as i64;
+        let mut infos = Vec::new();
+        let mut top = hi;
+        for (o, li) in &loads {
+            let t = &tma[*li];
+            let tmpl = Smem::new(t.rows, t.cols, t.dtype, SmemLayout::Swizzle128, self.ir.ci32(0));
+            let stride = tmpl.bytes().div_ceil(tmpl.align()) * tmpl.align();
+            let base = *self.regions.get(&(*o as *const Op as usize, 0)).ok_or_else(|| {
+                self.err(format!("producer: the ring of load %{} was not allocated", o.results[0].index()))
+            })?;
+            let lhi = if self.stream_next.contains_key(&o.results[0]) { self.ir.add(hi, step) } else { hi };
+            top = self.ir.select(self.ir.icmp(LLVMIntSLT, top, lhi), lhi, top);
+            infos.push((*o, *li, base, stride, lhi));
+        }
+        let pre = self.ir.current();
+        let head = self.ir.block("prod.head");
+        let body = self.ir.block("prod.body");
+        let exit = self.ir.block("prod.exit");
+        self.ir.br(head);
+        self.ir.at_end(head);
+        let iv = self.ir.phi(self.ir.i32());
+        self.ir.add_incoming(iv, lo, pre);
+        let counter = self.ir.phi(self.ir.i32());
+        self.ir.add_incoming(counter, self.ir.ci32(0), pre);
+        self.ir.cond_br(self.ir.icmp(LLVMIntSLT, iv, top), body, exit);
+        self.ir.at_end(body);
+        let slot = self.ir.urem(counter, self.ir.ci32(st));
+        let phase = self.ir.and(self.ir.udiv(counter, self.ir.ci32(st)), self.ir.ci32(1));
+        for (o, li, base, stride, lhi) in infos {
+            let t = tma[li].clone();
+            let tmap = tmaps[li];
+            let more = self.ir.icmp(LLVMIntSLT, iv, lhi);
+            self.if_then(more, &mut |cg| {
+                let (full, empty) = cg.tma_bars(li, slot);
+                let ir = &cg.ir;
+                nvvm::mbarrier_wait(ir, empty, ir.xor(phase, ir.ci32(1)));
+                nvvm::mbarrier_arrive_expect_tx(ir, full, t.bytes());
+                let acc = cg.load_access(o, Some((iv_value, iv)))?;
+                let ir = &cg.ir;
+                let buf = ir.add(ir.ci32(base as i64), ir.mul(slot, ir.ci32(stride as i64)));
+                // Innermost axis first.
+                let mut coords: Vec<V> = acc.coords.iter().rev().copied().collect();
+                let col0 = coords[0];
+                for c in 0..t.cols / 64 {
+                    coords[0] = ir.add(col0, ir.ci32((c * 64) as i64));
+                    let dst = ir.add(buf, ir.ci32((c * t.rows * 128) as i64));
+                    let dst = ir.ptr_to_int(cg.sptr(dst), ir.i32());
+                    nvvm::tma_load(ir, dst, tmap, &coords, full);
+                }
+                Ok(())
+            })?;
+        }
+        let latch = self.ir.current();
+        self.ir.add_incoming(iv, self.ir.add(iv, step), latch);
+        self.ir.add_incoming(counter, self.ir.add(counter, self.ir.ci32(1)), latch);
+        self.ir.br(head);
+        self.ir.at_end(exit);
+        Ok(())
     }
 
     fn block(&mut self, b: &'k Block) -> R<()> {
@@ -846,9 +1062,11 @@ impl<'k> Lowering<'k> {
         let mut off = ir.ci64(0);
         let mut valid = ir.ctrue();
         let mut ranges = Vec::new();
+        let mut coords = Vec::new();
         for (ta, a) in axes.iter().enumerate() {
             let first = *it.next().ok_or_else(|| self.err("missing index operand".into()))?;
             let x = scalar(first)?;
+            coords.push(x);
             let x64 = ir.sext(x, ir.i64());
             match a {
                 AxisIndex::Index => {
@@ -867,7 +1085,7 @@ impl<'k> Lowering<'k> {
                 }
             }
         }
-        Ok(Access { off, valid, ranges })
+        Ok(Access { off, valid, ranges, coords })
     }
 
     /// Scalar `v` with the scalar `from` (a loop's induction variable) replaced by
@@ -1033,7 +1251,13 @@ impl<'k> Lowering<'k> {
     }
 
     fn load_smem(&mut self, op: &'k Op, t: usize, acc: &Access, pad: f64) -> R<Smem> {
-        if let Some((s, fast)) = self.epilogue_tiles.remove(&op.results[0]) {
+        if let Some((s, _, Some((full, parity)))) = self.epilogue_tiles.get(&op.results[0]).cloned() {
+            // The producer copied it into the loop's ring.
+            self.epilogue_tiles.remove(&op.results[0]);
+            nvvm::mbarrier_wait(&self.ir, full, parity);
+            return Ok(s);
+        }
+        if let Some((s, fast, _)) = self.epilogue_tiles.remove(&op.results[0]) {
             // The loop before copied this tile into its ring (cp.async path): make it
             // visible; otherwise copy it here, into the same buffer.
             let ub = self.ir.block("epi.ring");
@@ -1044,7 +1268,7 @@ impl<'k> Lowering<'k> {
             if s.wgmma_readable() {
                 nvvm::fence_proxy_async(&self.ir);
             }
-            nvvm::barrier(&self.ir);
+            self.sync();
             self.ir.br(jb);
             self.ir.at_end(fb);
             self.fill_smem(t, acc, &s, pad)?;
@@ -1068,7 +1292,7 @@ impl<'k> Lowering<'k> {
                 // The aligned entry copies a tile loaded before a loop (the query tile)
                 // without waiting: the loop's first pipelined wait covers it, so its
                 // latency overlaps the prologue's copies of the first key/value tiles.
-                nvvm::barrier(&self.ir);
+                self.sync();
                 self.issue_cp_async(t, acc, &s)?;
                 nvvm::cp_async_commit(&self.ir);
                 s.pending = true;
@@ -1095,7 +1319,7 @@ impl<'k> Lowering<'k> {
             if self.depth == 0 && !self.prefetch.contains_key(&key) {
                 // The tile lives on in registers: its shared memory is free again once
                 // every warp has read it.
-                nvvm::barrier(&self.ir);
+                self.sync();
                 if let Some(off) = self.regions.get(&(key, 0)) {
                     self.smem_top = self.smem_top.min(*off);
                 }
@@ -1314,7 +1538,7 @@ impl<'k> Lowering<'k> {
     /// Copy the tile of `acc` into `s`, synchronously (barrier before: previous readers
     /// are done; barrier after: the data is visible to every warp).
     fn fill_smem(&mut self, t: usize, acc: &Access, s: &Smem, pad: f64) -> R<()> {
-        nvvm::barrier(&self.ir);
+        self.sync();
         let fast = self.smem_fast(t, acc, s.dtype.size_bytes() as i64, pad);
         let fb = self.ir.block("smem.vec");
         let sb = self.ir.block("smem.scalar");
@@ -1332,7 +1556,7 @@ impl<'k> Lowering<'k> {
         if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
-        nvvm::barrier(&self.ir);
+        self.sync();
         Ok(())
     }
 
@@ -1344,6 +1568,14 @@ impl<'k> Lowering<'k> {
         let ir = &self.ir;
         let stage = ir.urem(pf.counter, ir.ci32(st));
         let off = ir.add(ir.ci32(pf.base as i64), ir.mul(stage, ir.ci32(pf.stride as i64)));
+        if let Some(li) = pf.tma {
+            // The producer copies it: wait for the slot's full barrier.
+            let (full, _) = self.tma_bars(li, stage);
+            let ir = &self.ir;
+            let phase = ir.and(ir.udiv(pf.counter, ir.ci32(st)), ir.ci32(1));
+            nvvm::mbarrier_wait(ir, full, phase);
+            return Ok(off);
+        }
         let fb = ir.block("pipe.fast");
         let sb = ir.block("pipe.slow");
         let jb = ir.block("pipe.done");
@@ -1354,7 +1586,7 @@ impl<'k> Lowering<'k> {
         if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
-        nvvm::barrier(&self.ir);
+        self.sync();
         let ir = &self.ir;
         let ahead = ir.ci32(st - 1);
         let next_iv = ir.add(pf.iv, ir.mul(pf.step, ahead));
@@ -1376,13 +1608,13 @@ impl<'k> Lowering<'k> {
         }
         // ---- element by element, synchronous
         self.ir.at_end(sb);
-        nvvm::barrier(&self.ir);
+        self.sync();
         let here = Smem { off, ..s.clone() };
         self.fill_slow(t, acc, &here, pad)?;
         if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
-        nvvm::barrier(&self.ir);
+        self.sync();
         self.ir.br(jb);
         self.ir.at_end(jb);
         Ok(off)
@@ -1396,7 +1628,7 @@ impl<'k> Lowering<'k> {
             if s.wgmma_readable() {
                 nvvm::fence_proxy_async(&self.ir);
             }
-            nvvm::barrier(&self.ir);
+            self.sync();
             s.pending = false;
         }
     }
@@ -1437,7 +1669,7 @@ impl<'k> Lowering<'k> {
             Smem::new(shape[0], shape[1], dtype, Smem::layout_for(shape[1], dtype, self.wgmma), self.ir.ci32(0));
         let off = self.region(op, slot, s.bytes(), s.align());
         s.off = self.ir.ci32(off as i64);
-        nvvm::barrier(&self.ir);
+        self.sync();
         let rc = self.row_coords(d.rows);
         let cc = self.col_coords(d.cols);
         let nc = cc.len();
@@ -1451,7 +1683,7 @@ impl<'k> Lowering<'k> {
         if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
         }
-        nvvm::barrier(&self.ir);
+        self.sync();
         Ok(s)
     }
 
@@ -2365,13 +2597,21 @@ impl<'k> Lowering<'k> {
             let hi = if self.stream_next.contains_key(&o.results[0]) { self.ir.add(hi, step) } else { hi };
             pf_info.push(PfLoad { op: o, tensor: t, tmpl, base, stride, hi });
         }
+        let tma = pf_ops.iter().filter(|o| self.tma_index(o.results[0]).is_some()).count();
+        if tma > 0 && tma < pf_ops.len() {
+            return Err(self.err("a loop mixes tiles the producer copies with tiles it does not".into()));
+        }
+        if tma > 0 {
+            // The producer copies every tile of the loop.
+            return Ok(PipePrologue { smem_top, pf_info, fast: self.ir.ctrue() });
+        }
         if !pf_ops.is_empty() {
             let fb = self.ir.block("pipe.prologue");
             let jb = self.ir.block("pipe.prologue.done");
             self.ir.cond_br(fast, fb, jb);
             self.ir.at_end(fb);
             // The shared memory may still be read by an earlier part of the program.
-            nvvm::barrier(&self.ir);
+            self.sync();
             for k in 0..st - 1 {
                 let ivk = self.ir.add(lo, self.ir.mul(step, self.ir.ci32(k as i64)));
                 let iv_value = region.args[0];
@@ -2393,7 +2633,7 @@ impl<'k> Lowering<'k> {
             // oldest groups, so waiting for all but the prologue's is waiting for them.
             if self.depth == 0 && self.ir.is_true(fast) && !self.pending_afrags.is_empty() {
                 nvvm::cp_async_wait(&self.ir, ((st - 1) * pf_ops.len()) as i64);
-                nvvm::barrier(&self.ir);
+                self.sync();
                 for v in std::mem::take(&mut self.pending_afrags) {
                     if let GV::Smem(mut sm) = self.get(v)?.clone() {
                         sm.afrags = Some(self.a_frags_from_smem(&sm)?);
@@ -2424,6 +2664,11 @@ impl<'k> Lowering<'k> {
             inits.push(self.flatten_as(op.operands[3 + i], *s)?);
         }
 
+        if pf_info.iter().any(|l| self.tma_index(l.op.results[0]).is_some()) {
+            nvvm::cp_async_wait(&self.ir, 0);
+            nvvm::fence_proxy_async(&self.ir);
+            self.sync();
+        }
         let pre = self.ir.current();
         let head = self.ir.block("for.head");
         let body = self.ir.block("for.body");
@@ -2469,11 +2714,19 @@ impl<'k> Lowering<'k> {
                     base: l.base,
                     stride: l.stride,
                     in_flight: (st - 1) * p - 1,
+                    tma: self.tma_index(l.op.results[0]),
                 },
             );
         }
         self.depth += 1;
+        let tma_loop = pf_info.iter().any(|l| self.tma_index(l.op.results[0]).is_some());
         let covered = std::mem::replace(&mut self.covered, false);
+        if tma_loop {
+            // Copies committed before the loop (the query tile) are complete and visible
+            // from here on: waited for once, before the loop's first iteration (below,
+            // at the end of the loop's entry block).
+            self.covered = true;
+        }
         let r = self.block(region);
         self.covered = covered;
         self.depth -= 1;
@@ -2483,6 +2736,15 @@ impl<'k> Lowering<'k> {
         let mut nexts = Vec::new();
         for i in 0..n {
             nexts.push(self.flatten_as(yields[i], shapes[i])?);
+        }
+        // The iteration's products are complete (its yield waited for them): its tiles
+        // go back to the producer.
+        for l in &pf_info {
+            if let Some(li) = self.tma_index(l.op.results[0]) {
+                let slot = self.ir.urem(counter, self.ir.ci32(st as i64));
+                let (_, empty) = self.tma_bars(li, slot);
+                nvvm::mbarrier_arrive(&self.ir, empty);
+            }
         }
         let next_iv = self.ir.add(iv, step);
         let next_counter = self.ir.add(counter, self.ir.ci32(1));
@@ -2506,7 +2768,12 @@ impl<'k> Lowering<'k> {
                 let ir = &self.ir;
                 let slot = ir.urem(counter, ir.ci32(st as i64));
                 let off = ir.add(ir.ci32(l.base as i64), ir.mul(slot, ir.ci32(l.stride as i64)));
-                self.epilogue_tiles.insert(epi, (Smem { off, ..l.tmpl.clone() }, fast));
+                let bar = self.tma_index(l.op.results[0]).map(|li| {
+                    let (full, _) = self.tma_bars(li, slot);
+                    let ir = &self.ir;
+                    (full, ir.and(ir.udiv(counter, ir.ci32(st as i64)), ir.ci32(1)))
+                });
+                self.epilogue_tiles.insert(epi, (Smem { off, ..l.tmpl.clone() }, fast, bar));
             }
         }
         self.smem_top = smem_top;
@@ -2601,6 +2868,8 @@ struct Prefetch<'k> {
     stride: usize,
     /// Copy groups that may still be in flight when this load's group must be done.
     in_flight: usize,
+    /// The producer copies this load's tiles (warp specialisation): its index.
+    tma: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -2627,4 +2896,6 @@ struct Access {
     /// i1: the fixed indices are inside the tensor.
     valid: V,
     ranges: Vec<RangeAx>,
+    /// Per tensor axis: the index, or the range's start (i32).
+    coords: Vec<V>,
 }

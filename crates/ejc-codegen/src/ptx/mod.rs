@@ -4,7 +4,7 @@
 //! ```no_run
 //! use ejc_codegen::ptx::{compile, Arch, PtxConfig};
 //! # fn demo(kernel: ejc_ir::ir::Kernel) {
-//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, wgmma: false }).unwrap();
+//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, wgmma: false, ws: false }).unwrap();
 //! println!("{} bytes of PTX, {} bytes of shared memory", k.ptx.len(), k.code.smem_bytes);
 //! # }
 //! ```
@@ -26,6 +26,7 @@ pub mod layout;
 pub mod lower;
 mod nvvm;
 pub mod scale_fold;
+pub mod ws;
 
 use std::path::{Path, PathBuf};
 
@@ -108,6 +109,10 @@ pub struct PtxConfig {
     /// `wgmma.mma_async` with B (and a shared-memory A) read through descriptors, and
     /// the register tiles follow the warpgroup row layout; otherwise `mma.sync`.
     pub wgmma: bool,
+    /// Warp specialisation (with `wgmma`; [`ws`]): one more warpgroup, the producer,
+    /// copies the key loop's tiles with the bulk tensor copy engine in the aligned entry
+    /// while the `num_warps` consumer warps compute; the block has `num_warps + 4` warps.
+    pub ws: bool,
 }
 
 /// One compiled kernel.
@@ -176,6 +181,42 @@ pub fn wgmma_applies(kernel: &Kernel, cfg: &PtxConfig) -> bool {
     cfg.wgmma && cfg.num_warps.is_multiple_of(4) && bm > 0 && bm.is_multiple_of(64 * (cfg.num_warps / 4))
 }
 
+/// Whether warp specialisation applies to `kernel` under `cfg` (`Ok`), or why not.
+pub fn ws_applies(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), String> {
+    ws_plan(&rotated(kernel, cfg)?.0, cfg).map(|_| ())
+}
+
+/// The TMA loads of the (rotated) kernel when `cfg` asks for warp specialisation.
+fn ws_plan(kernel: &Kernel, cfg: &PtxConfig) -> Result<Vec<ws::TmaLoad>, String> {
+    if !wgmma_applies(kernel, cfg) {
+        return Err("warp specialisation needs the wgmma path (sm_90a, whole warpgroups)".into());
+    }
+    if cfg.num_stages < 2 || !matches!(cfg.num_warps, 4 | 8) {
+        return Err("warp specialisation needs at least 2 stages and 4 or 8 consumer warps".into());
+    }
+    let plan = layout::plan(kernel)?;
+    ws::tma_loads(kernel, &plan)
+}
+
+/// `kernel` after `pipeline-dots` where the wgmma path applies, and the epilogue loads
+/// that continue a loop's tile stream.
+type Streams = Vec<(ejc_ir::ir::Value, ejc_ir::ir::Value)>;
+fn rotated(kernel: &Kernel, cfg: &PtxConfig) -> Result<(Kernel, Streams), String> {
+    let mut streams = Vec::new();
+    if !wgmma_applies(kernel, cfg) {
+        return Ok((kernel.clone(), streams));
+    }
+    let mut pipelined = kernel.clone();
+    // EJC_PTX_SINK_SOFTMAX=1: also move the softmax into the masks' branch, so that
+    // ptxas keeps the value product in flight over it (docs/gpu.md).
+    let sink = std::env::var("EJC_PTX_SINK_SOFTMAX").is_ok_and(|v| v == "1");
+    for r in ejc_ir::passes::rotate_loops(&mut pipelined, sink) {
+        streams.extend(r.epilogue_loads);
+    }
+    ejc_ir::verify::verify(&pipelined).map_err(|e| format!("pipeline-dots produced invalid IR: {e}"))?;
+    Ok((pipelined, streams))
+}
+
 /// Build the (unoptimised) LLVM module of one kernel.
 fn emit<'ctx>(
     ctx: &'ctx Context,
@@ -188,24 +229,12 @@ fn emit<'ctx>(
     // and the softmax of block j+1 overlaps the former (`pipeline-dots`).
     // The rotation also says which epilogue loads continue a loop's tile stream, so the
     // loop's copies can fetch their tiles ahead too.
-    let mut pipelined;
-    let mut streams = Vec::new();
-    let kernel = if wgmma_applies(kernel, cfg) {
-        pipelined = kernel.clone();
-        // EJC_PTX_SINK_SOFTMAX=1: also move the softmax into the masks' branch, so that
-        // ptxas keeps the value product in flight over it (docs/gpu.md; not measured yet).
-        let sink = std::env::var("EJC_PTX_SINK_SOFTMAX").is_ok_and(|v| v == "1");
-        for r in ejc_ir::passes::rotate_loops(&mut pipelined, sink) {
-            streams.extend(r.epilogue_loads);
-        }
-        ejc_ir::verify::verify(&pipelined).map_err(|e| CodegenError::Kernel {
-            kernel: kernel.name.clone(),
-            message: format!("PTX back end: pipeline-dots produced invalid IR: {e}"),
-        })?;
-        &pipelined
-    } else {
-        kernel
-    };
+    let kerr = |m: String| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {m}") };
+    let (pipelined, streams) = rotated(kernel, cfg).map_err(kerr)?;
+    let kernel = &pipelined;
+    let tma = if cfg.ws { Some(ws_plan(kernel, cfg).map_err(kerr)?) } else { None };
+    // Two consumer warpgroups: 240 registers each, the producer 24 (64512 of 65536).
+    let regs = if cfg.num_warps == 8 { Some((240, 24)) } else { None };
     let plan = layout::plan(kernel)
         .map_err(|m| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {m}") })?;
     let module = ctx.create_module("ejc_ptx");
@@ -220,12 +249,12 @@ fn emit<'ctx>(
         let mut params = llvm_params(&probe, kernel)?;
         drop(probe);
         let fty = LLVMFunctionType(LLVMVoidTypeInContext(c), params.as_mut_ptr(), params.len() as u32, 0);
-        let add_entry = |entry: &str| -> Result<llvm_sys::prelude::LLVMValueRef, CodegenError> {
+        let add_entry_typed = |entry: &str, fty| -> Result<llvm_sys::prelude::LLVMValueRef, CodegenError> {
             let name = std::ffi::CString::new(entry).map_err(|_| CodegenError::Llvm("kernel name has a NUL".into()))?;
             let f = LLVMAddFunction(m, name.as_ptr(), fty);
             // Calling convention 71 = PTX_Kernel: an `.entry`.
             LLVMSetFunctionCallConv(f, 71);
-            let threads = (cfg.num_warps * 32).to_string();
+            let threads = ((cfg.num_warps + if cfg.ws { 4 } else { 0 }) * 32).to_string();
             for (k, v) in [("nvvm.maxntid", threads.as_str()), ("nvvm.minctasm", "1")] {
                 let a = LLVMCreateStringAttribute(
                     c,
@@ -246,6 +275,7 @@ fn emit<'ctx>(
             }
             Ok(f)
         };
+        let add_entry = |entry: &str| add_entry_typed(entry, fty);
         let arr = LLVMArrayType2(LLVMInt8TypeInContext(c), 0);
         let sname = std::ffi::CString::new("ejc_smem").unwrap_or_default();
         let smem = LLVMAddGlobalInAddressSpace(m, arr, sname.as_ptr(), 3);
@@ -257,6 +287,7 @@ fn emit<'ctx>(
         let ir = crate::llvm::Ir::new(c, m, f);
         let mut code =
             lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper, None, &streams)
+                .with_ws(tma.as_ref().map(|_| lower::WsLowering { tma: Vec::new(), regs }))
                 .run()?;
         // The same kernel once more, as a second entry that assumes the shared-memory
         // operands' tensors are aligned (see `PtxCode::aligned_tensors`): no element-by-element
@@ -265,7 +296,30 @@ fn emit<'ctx>(
         // the exponent (`scale_fold`).
         if !code.aligned_tensors.is_empty() {
             let entry = format!("{}_aligned", kernel.name);
-            let f = add_entry(&entry)?;
+            let f = match &tma {
+                // The tensor maps follow the ABI's parameters, by value
+                // (`.param .align 64 .b8 [128]`, `__grid_constant__`).
+                Some(t) => {
+                    let mut ps = params.clone();
+                    ps.extend(std::iter::repeat_n(LLVMPointerTypeInContext(c, 0), t.len()));
+                    let fty = LLVMFunctionType(LLVMVoidTypeInContext(c), ps.as_mut_ptr(), ps.len() as u32, 0);
+                    let f = add_entry_typed(&entry, fty)?;
+                    let map_ty = LLVMArrayType2(LLVMInt8TypeInContext(c), 128);
+                    let byval = LLVMGetEnumAttributeKindForName("byval".as_ptr() as *const _, 5);
+                    let align = LLVMGetEnumAttributeKindForName("align".as_ptr() as *const _, 5);
+                    let gc = "nvvm.grid_constant";
+                    for i in params.len()..ps.len() {
+                        let idx = i as u32 + 1;
+                        LLVMAddAttributeAtIndex(f, idx, LLVMCreateTypeAttribute(c, byval, map_ty));
+                        LLVMAddAttributeAtIndex(f, idx, LLVMCreateEnumAttribute(c, align, 64));
+                        let a =
+                            LLVMCreateStringAttribute(c, gc.as_ptr() as *const _, gc.len() as u32, std::ptr::null(), 0);
+                        LLVMAddAttributeAtIndex(f, idx, a);
+                    }
+                    f
+                }
+                None => add_entry(&entry)?,
+            };
             let ir = crate::llvm::Ir::new(c, m, f);
             let mut folded_kernel = kernel.clone();
             let folded = scale_fold::fold(&mut folded_kernel);
@@ -284,7 +338,9 @@ fn emit<'ctx>(
                 Some(&folded.scaled),
                 &streams,
             )
+            .with_ws(tma.as_ref().map(|t| lower::WsLowering { tma: t.clone(), regs }))
             .run()?;
+            code.tensor_maps = a.tensor_maps;
             code.positive_scalars = folded.positive;
             code.smem_bytes = code.smem_bytes.max(a.smem_bytes);
             code.aligned_entry = Some(entry);

@@ -213,3 +213,74 @@ pub fn wgmma_desc(ir: &Ir, start: V, lbo: usize, sbo: usize, swizzle128: bool) -
     }
     ir.or(addr, ir.ci64(fixed))
 }
+
+// ---- Hopper: bulk tensor copies (TMA), mbarriers, warp specialisation ----
+//
+// Shared-memory operands are 32-bit addresses in the shared window (`-nvptx-short-ptr`).
+
+/// `bar.sync id, threads`: a named barrier over `threads` threads (a multiple of 32),
+/// for the consumer warps of a warp-specialised kernel while the producer runs apart.
+pub fn barrier_named(ir: &Ir, id: u32, threads: usize) {
+    ir.call_intrinsic("llvm.nvvm.barrier.cta.sync.aligned.count", &[], &[ir.ci32(id as i64), ir.ci32(threads as i64)]);
+}
+
+/// `mbarrier.init.shared::cta.b64 [bar], count`.
+pub fn mbarrier_init(ir: &Ir, bar: V, count: usize) {
+    tied(ir, "mbarrier.init.shared::cta.b64 [$0], $1;", &[], &[bar, ir.ci32(count as i64)], &["r", "r"]);
+}
+
+/// Makes the barriers' initialisation visible to the other threads and to the async
+/// proxy (the copy engine completes transactions on them); a block barrier follows.
+pub fn mbarrier_init_fence(ir: &Ir) {
+    tied(ir, "fence.mbarrier_init.release.cluster;\n\tfence.proxy.async.shared::cta;", &[], &[], &[]);
+}
+
+/// `mbarrier.arrive.expect_tx`: this thread arrives on `bar` and announces `bytes` of
+/// copies that will complete on it in the current phase.
+pub fn mbarrier_arrive_expect_tx(ir: &Ir, bar: V, bytes: usize) {
+    tied(ir, "mbarrier.arrive.expect_tx.shared::cta.b64 _, [$0], $1;", &[], &[bar, ir.ci32(bytes as i64)], &["r", "r"]);
+}
+
+/// `mbarrier.arrive`: this thread arrives on `bar`.
+pub fn mbarrier_arrive(ir: &Ir, bar: V) {
+    tied(ir, "mbarrier.arrive.shared::cta.b64 _, [$0];", &[], &[bar], &["r"]);
+}
+
+/// Wait until the phase of `bar` with parity `parity` (i32, 0 or 1) has completed
+/// (`mbarrier.try_wait.parity` in a loop; the label is local to the braces).
+pub fn mbarrier_wait(ir: &Ir, bar: V, parity: V) {
+    tied(
+        ir,
+        "{\n\t.reg .pred p;\n\tejc_wait:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n\t@!p bra ejc_wait;\n\t}",
+        &[],
+        &[bar, parity],
+        &["r", "r"],
+    );
+}
+
+/// `cp.async.bulk.tensor.Nd` (tile mode): the box of tensor map `tmap` (a
+/// `__grid_constant__` parameter) at `coords` (i32, innermost first) into shared
+/// memory at `dst`, completing its bytes on `bar`. Out-of-bounds elements read as zero.
+pub fn tma_load(ir: &Ir, dst: V, tmap: V, coords: &[V], bar: V) {
+    let n = coords.len();
+    let cs: Vec<String> = (0..n).map(|i| format!("${}", 2 + i)).collect();
+    let asm = format!(
+        "cp.async.bulk.tensor.{n}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{{}}}], [${}];",
+        cs.join(", "),
+        2 + n
+    );
+    let mut args = vec![dst, tmap];
+    args.extend_from_slice(coords);
+    args.push(bar);
+    let mut cons = vec!["r", "l"];
+    cons.extend(std::iter::repeat_n("r", n));
+    cons.push("r");
+    tied(ir, &asm, &[], &args, &cons);
+}
+
+/// `setmaxnreg.{inc,dec}.sync.aligned.u32 n`: the warpgroup's register budget per
+/// thread becomes `n` (a multiple of 8 in 24..=256).
+pub fn setmaxnreg(ir: &Ir, n: usize, inc: bool) {
+    let asm = format!("setmaxnreg.{}.sync.aligned.u32 {n};", if inc { "inc" } else { "dec" });
+    tied(ir, &asm, &[], &[], &[]);
+}

@@ -1,0 +1,170 @@
+//! Warp specialisation on Hopper (`PtxConfig::ws`, `sm_90a` with `wgmma`).
+//!
+//! The block gets one more warpgroup, the **producer**, after the `num_warps` consumer
+//! warps. In the aligned entry one of its threads walks the key loop's iterations and
+//! copies every tile the loop reads into the loop's shared-memory ring with the bulk
+//! tensor copy engine (`cp.async.bulk.tensor`, "TMA"), each copy completing on a *full*
+//! mbarrier of its ring slot; before reusing a slot it waits on the slot's *empty*
+//! mbarrier, on which every consumer thread arrives once it is done with the tile. The
+//! consumers wait on the full barrier instead of copying: no address arithmetic, no
+//! `cp.async` groups and no block barrier in the loop. With two consumer warpgroups
+//! `setmaxnreg` moves registers from the producer (24) to the consumers (240).
+//!
+//! A tile is a TMA load when it is a loop's prefetched dot operand with 64-column
+//! (128-byte) blocks in the 128-byte swizzle layout — exactly the box layout of a tensor
+//! map with `CU_TENSOR_MAP_SWIZZLE_128B` — its column axis the tensor's last, no
+//! `limit` on its ranges (the copy engine zero-fills only outside the tensor) and zero
+//! padding. The aligned entry takes one tensor map per such load as a
+//! `__grid_constant__` parameter after the ABI's (docs/abi.md, "Tensor maps").
+
+use std::collections::{HashMap, HashSet};
+
+use ejc_ir::ir::{AxisIndex, Kernel, Op, OpKind, Value};
+use ejc_ir::types::{DType, Type};
+
+use super::layout::Plan;
+
+/// A load the producer copies with the bulk tensor copy engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TmaLoad {
+    /// The load's result.
+    pub load: Value,
+    /// The tensor parameter (name) it reads.
+    pub tensor: String,
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: DType,
+    /// The copy box in the tensor's axis order: 1 on indexed axes, `rows` on the row
+    /// axis, 64 elements (128 bytes) on the last axis; a tile of `cols` columns takes
+    /// `cols / 64` copies side by side.
+    pub box_dims: Vec<u32>,
+}
+
+impl TmaLoad {
+    pub fn bytes(&self) -> usize {
+        self.rows * self.cols * self.dtype.size_bytes()
+    }
+}
+
+/// The TMA loads of `kernel` (after `pipeline-dots`), or why warp specialisation does
+/// not apply to it.
+pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
+    let mut defs: HashMap<Value, &Op> = HashMap::new();
+    let mut uses_ok: HashMap<Value, bool> = HashMap::new();
+    ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &Op| {
+        for r in &op.results {
+            defs.insert(*r, op);
+        }
+        for (i, v) in op.operands.iter().enumerate() {
+            let as_operand = matches!(op.kind, OpKind::Dot { trans_a: false, .. }) && i < 2;
+            let e = uses_ok.entry(*v).or_insert(true);
+            *e = *e && as_operand;
+        }
+    });
+    let mut out = Vec::new();
+    for lp in kernel.body.ops.iter().filter(|o| matches!(o.kind, OpKind::For)) {
+        let region = &lp.regions[0];
+        let iv = region.args[0];
+        let mut inside = HashSet::new();
+        ejc_ir::ir::walk_ops(region, &mut |o: &Op| inside.extend(o.results.iter().copied()));
+        inside.extend(region.args.iter().copied());
+        let top: HashSet<Value> = region.ops.iter().flat_map(|o| o.results.iter().copied()).collect();
+        let mut nested = Vec::new();
+        ejc_ir::ir::walk_ops(region, &mut |o: &Op| {
+            if matches!(o.kind, OpKind::Load { .. }) && plan.smem_loads.contains(&o.results[0]) {
+                nested.push(o.results[0]);
+            }
+        });
+        if let Some(v) = nested.iter().find(|v| !top.contains(v)) {
+            return Err(format!("the shared-memory load %{} is nested inside the loop", v.index()));
+        }
+        for op in region.ops.iter() {
+            let OpKind::Load { axes, pad } = &op.kind else { continue };
+            let r = op.results[0];
+            if !plan.smem_loads.contains(&r) {
+                continue;
+            }
+            let why = |m: &str| format!("load %{}: {m}", r.index());
+            let Some(tp) = kernel.params.iter().find(|p| p.value == op.operands[0]) else {
+                return Err(why("not from a tensor parameter"));
+            };
+            let Type::Tensor(_, rank) = tp.ty else { return Err(why("not from a tensor")) };
+            let Type::Tile(dtype, shape) = kernel.ty(r).clone() else { return Err(why("not a tile")) };
+            if *pad != 0.0 {
+                return Err(why("padded with a value other than zero"));
+            }
+            if dtype.size_bytes() != 2 || shape.len() != 2 {
+                return Err(why("not a 2-D tile of 16-bit elements"));
+            }
+            let (rows, cols) = (shape[0], shape[1]);
+            if !cols.is_multiple_of(64) || !rows.is_multiple_of(8) || rows > 256 {
+                return Err(why("its tile is not whole 64-column blocks of at most 256 rows"));
+            }
+            if !uses_ok.get(&r).copied().unwrap_or(false) {
+                return Err(why("read by something other than a dot"));
+            }
+            let ranges: Vec<(usize, bool)> = axes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, a)| match a {
+                    AxisIndex::Range { limit, .. } => Some((i, *limit)),
+                    AxisIndex::Index => None,
+                })
+                .collect();
+            if ranges.len() != 2 || ranges[1].0 != rank as usize - 1 {
+                return Err(why("its columns are not the tensor's last axis"));
+            }
+            if ranges.iter().any(|(_, limit)| *limit) {
+                return Err(why("a range has a limit (the copy engine zero-fills only outside the tensor)"));
+            }
+            fn indexable(
+                defs: &HashMap<Value, &Op>,
+                kernel: &Kernel,
+                x: Value,
+                iv: Value,
+                inside: &HashSet<Value>,
+            ) -> bool {
+                if x == iv || !inside.contains(&x) {
+                    return true;
+                }
+                match defs.get(&x) {
+                    Some(d)
+                        if d.regions.is_empty()
+                            && matches!(
+                                d.kind,
+                                OpKind::Const { .. }
+                                    | OpKind::Binary(_)
+                                    | OpKind::Unary(_)
+                                    | OpKind::Cmp(_)
+                                    | OpKind::Select
+                                    | OpKind::Cast { .. }
+                            ) =>
+                    {
+                        matches!(kernel.ty(x), Type::Scalar(_))
+                            && d.operands.iter().all(|y| indexable(defs, kernel, *y, iv, inside))
+                    }
+                    _ => false,
+                }
+            }
+            if !op.operands.iter().all(|x| indexable(&defs, kernel, *x, iv, &inside)) {
+                return Err(why("its indices are not computed from the loop's induction variable"));
+            }
+            let box_dims = (0..rank as usize)
+                .map(|a| {
+                    if a == ranges[0].0 {
+                        rows as u32
+                    } else if a == ranges[1].0 {
+                        64
+                    } else {
+                        1
+                    }
+                })
+                .collect();
+            out.push(TmaLoad { load: r, tensor: tp.name.clone(), rows, cols, dtype, box_dims });
+        }
+    }
+    if out.is_empty() {
+        return Err("no loop copies tiles to shared memory".into());
+    }
+    Ok(out)
+}
