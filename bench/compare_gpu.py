@@ -84,6 +84,8 @@ def main():
     ap.add_argument("--rows", default=None, help="comma-separated sequence lengths to keep (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
+    ap.add_argument("--only", default=None,
+                    help="only the candidates whose artifact id contains this text (e.g. _wgmma: Hopper's paths)")
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
@@ -108,7 +110,8 @@ def main():
         h = 2048 // d
         b = max(1, 16384 // s)
         variant = "causal" if causal else "full"
-        cands = [a for a in m["artifacts"] if a["variant"] == variant and a["dtype"] == "bf16" and a["head_dim"] == d and runs_here(a["target"])]
+        cands = [a for a in m["artifacts"] if a["variant"] == variant and a["dtype"] == "bf16" and a["head_dim"] == d and runs_here(a["target"])
+                 and (args.only is None or args.only in a["artifact_id"])]
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         out = torch.empty_like(q)

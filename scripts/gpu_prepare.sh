@@ -2,10 +2,10 @@
 # Build what a GPU run needs, here (no GPU needed): the LLVM-free runner `ejc-gpu` and
 # PTX artifacts, packed into .gpu/ (git-ignored) so that the device tool can carry them.
 #
-#   bash scripts/gpu_prepare.sh            # PTX correctness sets + benchmark set
+#   bash scripts/gpu_prepare.sh            # warp-specialised sm_90a checks + benchmark set (gpu_run.sh --ws, --bench-only)
+#   bash scripts/gpu_prepare.sh --checks   # the rest of the PTX correctness matrix (gpu_run.sh --checks)
 #   bash scripts/gpu_prepare.sh --mlir     # MLIR's gpu form only (for gpu_run.sh --mlir-only)
-#   then, on the GPU machine:  bash scripts/gpu_run.sh [--verify | --full | --rows N,M | --mlir-only | --hopper]
-# (two packs: together they would pass the device tool's 64 MiB.)
+# (three packs: together they would pass the device tool's 64 MiB.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
@@ -23,22 +23,32 @@ if [ "${1:-}" = "--mlir" ]; then
     du -sh .gpu/*
     exit 0
 fi
-# Correctness: every variant x bf16/f16 x d64/d128, one tiling, both warp counts.
-$EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
-    --num-stages 2 -o .gpu/check
-# Other tilings, three stages, and the Hopper target on a few variants.
-$EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant causal --variant gemma2 \
-    --variant varlen_causal --variant sinks --dtype bf16 --dtype f16 --block-m 64 --block-n 32 --block-n 128 \
-    --num-stages 3 -o .gpu/check2
 # Hopper (wgmma) path: every variant x bf16/f16 x d64/d128 on sm_90a, both warp counts,
-# 128 x 64 and 128 x 128 tiles.
+# 128 x 64 and 128 x 128 tiles, with and without warp specialisation.
 $EJC build specs/flash.yaml -q --target ptx:sm_90a --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
     --block-n 128 --num-stages 2 -o .gpu/check_sm90a
-# Benchmark: every tiling and configuration of `full` and `causal`, bf16, on sm_90a: both
-# instruction paths (mma.sync and wgmma) as candidates. (sm_80 code is the same mma.sync
-# path, so it is left out of the timing to keep the grid inside one device call.)
+if [ "${1:-}" = "--checks" ]; then
+    # The rest of the matrix (gpu_run.sh --checks): sm_80 (every variant x bf16/f16 x
+    # d64/d128, one tiling, both warp counts), other tilings and three stages, and the
+    # sm_90a set without its warp-specialised half (in the default pack).
+    $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
+        --num-stages 2 -o .gpu/check
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant causal --variant gemma2 \
+        --variant varlen_causal --variant sinks --dtype bf16 --dtype f16 --block-m 64 --block-n 32 --block-n 128 \
+        --num-stages 3 -o .gpu/check2
+    python3 scripts/filter_build.py .gpu/check_sm90a _ws --not
+    tar -C .gpu -czf .gpu/artifacts.tgz check check2 check_sm90a
+    rm -rf .gpu/check .gpu/check2 .gpu/check_sm90a
+    du -sh .gpu/*
+    exit 0
+fi
+# Default pack (gpu_run.sh --ws, --bench-only): the warp-specialised half of the sm_90a
+# matrix and the benchmark set (the whole matrix and the bench set pass 64 MiB together).
+# Benchmark: every tiling and configuration of `full` and `causal`, bf16, on sm_90a, with
+# the candidates that spill registers left out (a tuned configuration must not spill).
 $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
-    -o .gpu/bench
-tar -C .gpu -czf .gpu/artifacts.tgz check check2 check_sm90a bench
-rm -rf .gpu/check .gpu/check2 .gpu/check_sm90a .gpu/bench
+    -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
+python3 scripts/filter_build.py .gpu/check_sm90a _ws
+tar -C .gpu -czf .gpu/artifacts.tgz check_sm90a bench
+rm -rf .gpu/check_sm90a .gpu/bench
 du -sh .gpu/*

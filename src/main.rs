@@ -61,7 +61,8 @@ enum Command {
 when the tensors are aligned (docs/abi.md). mlir:cpu writes each kernel's verified MLIR module (func/scf/arith/math/vector/memref); mlir:gpu \
 writes the gpu-dialect module and its PTX from MLIR's NVVM pipeline (`mlir` = both; docs/mlir.md). Without --target, \
 every target the spec lists that this ejc can build is built, and the others are named on stderr. \
---report runs ptxas on every PTX file (registers, spills, shared memory; one line per entry)."
+--report runs ptxas on every PTX file (registers, spills, shared memory; one line per entry); with \
+--drop-spilling the candidates that spill are left out of the build (a tuned configuration must not spill)."
     )]
     Build {
         spec: PathBuf,
@@ -89,6 +90,10 @@ every target the spec lists that this ejc can build is built, and the others are
         /// memory per entry point (ptxas from $EJC_PTXAS, .tools/ or the PATH).
         #[arg(long)]
         report: bool,
+        /// With --report: leave out every PTX candidate one of whose entry points spills
+        /// registers (file and manifest entry), so that no tuned configuration spills.
+        #[arg(long, requires = "report")]
+        drop_spilling: bool,
         /// Print nothing but errors.
         #[arg(short, long)]
         quiet: bool,
@@ -295,7 +300,19 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Check { spec } => cli::check::run(&spec),
         Command::List { spec, json } => cli::list::run(&spec, json),
-        Command::Build { spec, out, targets, filter, block_m, block_n, num_warps, num_stages, report, quiet } => {
+        Command::Build {
+            spec,
+            out,
+            targets,
+            filter,
+            block_m,
+            block_n,
+            num_warps,
+            num_stages,
+            report,
+            drop_spilling,
+            quiet,
+        } => {
             cli::build::run(&cli::build::Request {
                 spec,
                 out,
@@ -308,6 +325,7 @@ fn main() -> ExitCode {
                 num_warps,
                 num_stages,
                 report,
+                drop_spilling,
                 quiet,
             })
         }

@@ -21,6 +21,8 @@ pub struct Request {
     pub num_warps: Vec<u32>,
     pub num_stages: Vec<u32>,
     pub report: bool,
+    /// With `report`: leave spilling PTX candidates out of the build.
+    pub drop_spilling: bool,
     pub quiet: bool,
 }
 
@@ -113,7 +115,7 @@ pub fn run(req: &Request) -> Outcome {
                 );
             }
             if req.report {
-                return ptx_report(&report.manifest, &req.out);
+                return ptx_report(&report.manifest, &req.out, req.drop_spilling.then_some(&report.manifest_path));
             }
             Outcome::Ok
         }
@@ -122,7 +124,8 @@ pub fn run(req: &Request) -> Outcome {
 }
 
 /// `--report`: ptxas on every PTX artifact; one line per entry point, spills flagged.
-fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> Outcome {
+/// With `drop` (the manifest's path): candidates with a spilling entry are removed.
+fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path, drop: Option<&PathBuf>) -> Outcome {
     use ejc_codegen::ptx::{find_ptxas, ptxas_entries, Arch};
     let ptx: Vec<_> = manifest
         .artifacts
@@ -140,6 +143,7 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> O
     };
     println!("{:<72} {:>5} {:>7} {:>7} {:>8}", "artifact", "regs", "spill_st", "spill_ld", "smem");
     let mut spilled = 0;
+    let mut dropped: Vec<String> = Vec::new();
     for a in ptx {
         let arch: Arch = match a.target.trim_start_matches("ptx:").trim_start_matches("mlir:gpu:").parse() {
             Ok(a) => a,
@@ -161,6 +165,9 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> O
             };
             let flag = if r.spill_stores + r.spill_loads > 0 {
                 spilled += 1;
+                if drop.is_some() && dropped.last() != Some(&a.artifact_id) {
+                    dropped.push(a.artifact_id.clone());
+                }
                 "  SPILLS"
             } else {
                 ""
@@ -171,8 +178,28 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path) -> O
             );
         }
     }
-    if spilled > 0 {
-        println!("{spilled} entry point(s) spill registers: slower candidates the autotuner will rank low");
+    if let Some(path) = drop {
+        let mut kept = manifest.clone();
+        kept.artifacts.retain(|a| !dropped.contains(&a.artifact_id));
+        for a in manifest.artifacts.iter().filter(|a| dropped.contains(&a.artifact_id)) {
+            let f = dir.join(&a.file);
+            if let Err(e) = std::fs::remove_file(&f) {
+                return Outcome::Error(format!("error: {}: {e}", f.display()));
+            }
+        }
+        if let Err(e) = std::fs::write(path, kept.to_json()) {
+            return Outcome::Error(format!("error: {}: {e}", path.display()));
+        }
+        println!(
+            "--drop-spilling: left out {} candidate(s) with a spilling entry point; {} artifacts remain in {}",
+            dropped.len(),
+            kept.artifacts.len(),
+            path.display()
+        );
+    } else if spilled > 0 {
+        println!(
+            "{spilled} entry point(s) spill registers: a tuned configuration must not spill (--drop-spilling leaves them out)"
+        );
     }
     Outcome::Ok
 }

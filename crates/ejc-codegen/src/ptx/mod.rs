@@ -231,6 +231,7 @@ fn emit<'ctx>(
     // loop's copies can fetch their tiles ahead too.
     let kerr = |m: String| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {m}") };
     let (pipelined, streams) = rotated(kernel, cfg).map_err(kerr)?;
+    let original = kernel;
     let kernel = &pipelined;
     let tma = if cfg.ws { Some(ws_plan(kernel, cfg).map_err(kerr)?) } else { None };
     // Two consumer warpgroups: 240 registers each, the producer 24 (64512 of 65536).
@@ -285,10 +286,28 @@ fn emit<'ctx>(
         let hopper = wgmma_applies(kernel, cfg);
         let f = add_entry(&kernel.name)?;
         let ir = crate::llvm::Ir::new(c, m, f);
-        let mut code =
-            lower::Lowering::new(ir, kernel, plan, cfg.num_warps, cfg.num_stages, smem, hopper, None, &streams)
-                .with_ws(tma.as_ref().map(|_| lower::WsLowering { tma: Vec::new(), regs }))
-                .run()?;
+        // The general entry of a warp-specialised artifact (unaligned tensors: no copy
+        // engine, the producer idle) runs the loop unrotated: the rotation's extra live
+        // tile would not fit the consumers' 240 registers next to the copies' addresses.
+        let (general, general_plan, general_streams) = if cfg.ws {
+            let p = layout::plan(original).map_err(kerr)?;
+            (original, p, &[][..])
+        } else {
+            (kernel, plan, &streams[..])
+        };
+        let mut code = lower::Lowering::new(
+            ir,
+            general,
+            general_plan,
+            cfg.num_warps,
+            cfg.num_stages,
+            smem,
+            hopper,
+            None,
+            general_streams,
+        )
+        .with_ws(tma.as_ref().map(|_| lower::WsLowering { tma: Vec::new(), regs }))
+        .run()?;
         // The same kernel once more, as a second entry that assumes the shared-memory
         // operands' tensors are aligned (see `PtxCode::aligned_tensors`): no element-by-element
         // fallback, so fewer registers live. Only when there is something to assume.
