@@ -129,3 +129,59 @@ fn the_aligned_entry_drops_the_fallback_and_folds_the_scale() {
         }
     }
 }
+
+/// Warp specialisation (`PtxConfig::ws`, docs/gpu.md): every variant but varlen's
+/// bounded tiles compiles with a producer warpgroup that copies the key loop's tiles
+/// with the bulk tensor copy engine (one tensor map per loop load, `__grid_constant__`
+/// parameters of the aligned entry), consumers that wait on mbarriers, `setmaxnreg`
+/// with two consumer warpgroups — and neither entry spills, in the tilings that win
+/// the benchmark (128 x 128 and 128 x 64 with 8 consumer warps, 64 x 64 with 4).
+#[test]
+fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
+    use ejc_codegen::ptx::ws_applies;
+    let spec = spec();
+    let tool = find_ptxas();
+    let mut checked = 0;
+    for v in &spec.variants {
+        for (d, bm, bn, w) in [(128, 128, 128, 8), (128, 128, 64, 8), (64, 64, 64, 4), (64, 128, 128, 8)] {
+            let k = kernel(&spec, &v.name, DType::BF16, d, bm, bn);
+            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma: true, ws: true };
+            if v.features.varlen {
+                let e = ws_applies(&k, &cfg).unwrap_err();
+                assert!(e.contains("limit"), "{}: {e}", k.name);
+                let e = compile(&k, &cfg).unwrap_err().to_string();
+                assert!(e.contains("limit"), "{}: {e}", k.name);
+                continue;
+            }
+            ws_applies(&k, &cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+            let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+            assert_eq!(p.code.threads, (w + 4) * 32, "{}", k.name);
+            let maps: Vec<&str> = p.code.tensor_maps.iter().map(|t| t.tensor.as_str()).collect();
+            assert_eq!(maps, ["k", "v"], "{}", k.name);
+            let aligned = p.code.aligned_entry.clone().expect("an aligned entry");
+            let start = p.ptx.find(&format!(".entry {aligned}(")).expect("the aligned entry");
+            let body = &p.ptx[start..];
+            assert_eq!(body.matches(".param .align 64 .b8").count(), 2, "{}: two tensor maps", k.name);
+            for needle in ["cp.async.bulk.tensor.4d", "mbarrier.try_wait.parity", "mbarrier.arrive.expect_tx"] {
+                assert!(body.contains(needle), "{}: no {needle}", k.name);
+            }
+            assert_eq!(p.ptx.contains("setmaxnreg.inc.sync.aligned.u32 240"), w == 8, "{}", k.name);
+            if let Some(t) = &tool {
+                for (entry, r) in ptxas_entries(t, &p.ptx, Arch::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name)) {
+                    // 128 x 128 tiles hold a per-element bias or dropout tile in registers
+                    // too: those variants spill there (`--drop-spilling` leaves them out)
+                    // and take 128 x 64; dropout at head_dim 128 is the known gap above.
+                    let extra_tile = (v.features.bias || v.features.dropout) && bn == 128;
+                    let known_gap = v.features.dropout && d == 128;
+                    if extra_tile || known_gap {
+                        eprintln!("note: {entry} (w{w}): {r:?}");
+                    } else {
+                        assert_eq!(r.spill_stores + r.spill_loads, 0, "{entry} (w{w}) spills: {r:?}");
+                    }
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} warp-specialised kernels assembled by ptxas, none spilling");
+}

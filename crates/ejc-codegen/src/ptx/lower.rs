@@ -275,6 +275,10 @@ pub struct Lowering<'k> {
     ws: Option<WsLowering>,
     /// Lowering the producer's program (scalars and bulk tensor copies only).
     producer: bool,
+    /// Ping-pong of two consumer warpgroups in a warp-specialised loop body: the first
+    /// and last product of the body (op addresses), and whether this is the last
+    /// iteration (i1). See [`Self::for_op`].
+    pingpong: Option<(usize, usize, V)>,
 }
 
 /// What a warp-specialised entry needs besides the consumers' program.
@@ -355,6 +359,7 @@ impl<'k> Lowering<'k> {
             epilogue_tiles: HashMap::new(),
             ws: None,
             producer: false,
+            pingpong: None,
         }
     }
 
@@ -944,7 +949,33 @@ impl<'k> Lowering<'k> {
                 self.set(res(0), GV::Dist(Dist { rows, cols, e }));
             }
             OpKind::Reduce { op: r, axis } => self.reduce(op, *r, *axis)?,
-            OpKind::Dot { trans_a, trans_b } => self.dot(op, *trans_a, *trans_b)?,
+            OpKind::Dot { trans_a, trans_b } => {
+                let me = op as *const Op as usize;
+                let g = self.ir.lshr(self.warp, self.ir.ci32(2));
+                if let Some((first, _, _)) = self.pingpong.filter(|p| p.0 == me) {
+                    // My turn to issue: the other warpgroup has issued its products.
+                    let _ = first;
+                    let id = self.ir.add(self.ir.ci32(2), g);
+                    self.ir.call_intrinsic(
+                        "llvm.nvvm.barrier.cta.sync.aligned.count",
+                        &[],
+                        &[id, self.ir.ci32((self.warps * 32) as i64)],
+                    );
+                }
+                self.dot(op, *trans_a, *trans_b)?;
+                if let Some((_, _, last)) = self.pingpong.filter(|p| p.1 == me) {
+                    // Its turn: warpgroup 1 skips this on the last iteration (warpgroup 0
+                    // was let go once before the loop).
+                    let other = self.ir.sub(self.ir.ci32(3), g);
+                    let skip = self.ir.and(self.ir.icmp(LLVMIntEQ, g, self.ir.ci32(1)), last);
+                    let n = self.ir.ci32((self.warps * 32) as i64);
+                    let go = self.ir.xor(skip, self.ir.ctrue());
+                    self.if_then(go, &mut |cg| {
+                        cg.ir.call_intrinsic("llvm.nvvm.barrier.cta.arrive.aligned.count", &[], &[other, n]);
+                        Ok(())
+                    })?;
+                }
+            }
             OpKind::SoftmaxUpdate => self.softmax_update(op)?,
             OpKind::SoftmaxRescale => {
                 let acc = self.dist(op.operands[0])?;
@@ -2664,10 +2695,36 @@ impl<'k> Lowering<'k> {
             inits.push(self.flatten_as(op.operands[3 + i], *s)?);
         }
 
-        if pf_info.iter().any(|l| self.tma_index(l.op.results[0]).is_some()) {
+        let tma_loop = pf_info.iter().any(|l| self.tma_index(l.op.results[0]).is_some());
+        if tma_loop {
             nvvm::cp_async_wait(&self.ir, 0);
             nvvm::fence_proxy_async(&self.ir);
             self.sync();
+        }
+        // Ping-pong (EJC_PTX_PINGPONG=1; two consumer warpgroups of a warp-specialised
+        // loop): the warpgroups take turns issuing the body's products (named barriers
+        // 2 and 3), so one's softmax runs while the other's products occupy the tensor
+        // cores. Warpgroup 0 goes first.
+        let dots: Vec<usize> = region
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, OpKind::Dot { .. }))
+            .map(|o| o as *const Op as usize)
+            .collect();
+        let pingpong = tma_loop
+            && self.warps == 8
+            && !dots.is_empty()
+            && std::env::var("EJC_PTX_PINGPONG").is_ok_and(|v| v == "1");
+        if pingpong {
+            let g = self.ir.lshr(self.warp, self.ir.ci32(2));
+            let n = self.ir.ci32((self.warps * 32) as i64);
+            let wg1 = self.ir.icmp(LLVMIntEQ, g, self.ir.ci32(1));
+            // No iteration: nobody waits, so nobody may arrive.
+            let any = self.ir.and(wg1, self.ir.icmp(LLVMIntSLT, lo, hi));
+            self.if_then(any, &mut |cg| {
+                cg.ir.call_intrinsic("llvm.nvvm.barrier.cta.arrive.aligned.count", &[], &[cg.ir.ci32(2), n]);
+                Ok(())
+            })?;
         }
         let pre = self.ir.current();
         let head = self.ir.block("for.head");
@@ -2719,7 +2776,11 @@ impl<'k> Lowering<'k> {
             );
         }
         self.depth += 1;
-        let tma_loop = pf_info.iter().any(|l| self.tma_index(l.op.results[0]).is_some());
+        let saved_pingpong = self.pingpong.take();
+        if pingpong {
+            let last = self.ir.icmp(LLVMIntSGE, self.ir.add(iv, step), hi);
+            self.pingpong = Some((dots[0], dots[dots.len() - 1], last));
+        }
         let covered = std::mem::replace(&mut self.covered, false);
         if tma_loop {
             // Copies committed before the loop (the query tile) are complete and visible
@@ -2728,6 +2789,7 @@ impl<'k> Lowering<'k> {
             self.covered = true;
         }
         let r = self.block(region);
+        self.pingpong = saved_pingpong;
         self.covered = covered;
         self.depth -= 1;
         self.prefetch = saved;
