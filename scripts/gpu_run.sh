@@ -8,7 +8,7 @@
 #   bash scripts/gpu_run.sh --mlir-only  # only the MLIR gpu form's correctness (+ memcheck sample; `gpu_prepare.sh --mlir`)
 #   bash scripts/gpu_run.sh --hopper     # wgmma layout probe, the sm_90a artifacts' correctness, memcheck, 3 bench rows
 #   bash scripts/gpu_run.sh --checks     # every PTX check (both entries), memcheck, CuPy example; no MLIR, no bench
-#   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths)
+#   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths; EJC_ONLY=TEXT: those candidates)
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
 # EJC_FILTER=TEXT keeps the artifacts whose id contains TEXT in the checks; EJC_SHARDS=N
@@ -98,7 +98,11 @@ fi
 if [ "${1:-}" = "--bench-only" ]; then
     rows=()
     [ -n "${2:-}" ] && rows=(--rows "$2")
-    python3 bench/compare_gpu.py /tmp/ejc-art/bench "${rows[@]}" --verbose --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+    only=()
+    [ -n "${EJC_ONLY:-}" ] && only=(--only "$EJC_ONLY")
+    timeout "${EJC_BENCH_TIMEOUT:-560}" python3 bench/compare_gpu.py /tmp/ejc-art/bench "${rows[@]}" "${only[@]}" \
+        --verbose --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    grep '^d=' "$OUT/bench.log"
     exit $status
 fi
 if [ "${1:-}" != "--checks" ] && [ -d /tmp/ejc-art/mlir ]; then

@@ -86,6 +86,10 @@ every target the spec lists that this ejc can build is built, and the others are
         /// GPU targets: only this num_stages (repeat for several).
         #[arg(long = "num-stages", value_name = "N")]
         num_stages: Vec<u32>,
+        /// PTX targets: only this code path (repeat for several): mma (mma.sync), wgmma
+        /// (sm_90a), ws (sm_90a, warp-specialised: a producer warpgroup with TMA copies).
+        #[arg(long = "path", value_name = "PATH", value_parser = ["mma", "wgmma", "ws"])]
+        paths: Vec<String>,
         /// Assemble every PTX file with ptxas and print registers, spills and shared
         /// memory per entry point (ptxas from $EJC_PTXAS, .tools/ or the PATH).
         #[arg(long)]
@@ -309,26 +313,26 @@ fn main() -> ExitCode {
             block_n,
             num_warps,
             num_stages,
+            paths,
             report,
             drop_spilling,
             quiet,
-        } => {
-            cli::build::run(&cli::build::Request {
-                spec,
-                out,
-                targets,
-                variants: filter.variants,
-                dtypes: filter.dtypes,
-                head_dims: filter.head_dims,
-                block_m,
-                block_n,
-                num_warps,
-                num_stages,
-                report,
-                drop_spilling,
-                quiet,
-            })
-        }
+        } => cli::build::run(&cli::build::Request {
+            spec,
+            out,
+            targets,
+            variants: filter.variants,
+            dtypes: filter.dtypes,
+            head_dims: filter.head_dims,
+            block_m,
+            block_n,
+            num_warps,
+            num_stages,
+            ptx_paths: paths,
+            report,
+            drop_spilling,
+            quiet,
+        }),
         Command::Run(a) => cli::run::run(&cli::run::Request {
             backend: a.backend.name(),
             seed: a.seed,

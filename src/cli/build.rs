@@ -20,6 +20,7 @@ pub struct Request {
     pub block_n: Vec<u32>,
     pub num_warps: Vec<u32>,
     pub num_stages: Vec<u32>,
+    pub ptx_paths: Vec<String>,
     pub report: bool,
     /// With `report`: leave spilling PTX candidates out of the build.
     pub drop_spilling: bool,
@@ -88,6 +89,7 @@ pub fn run(req: &Request) -> Outcome {
         block_n: req.block_n.clone(),
         num_warps: req.num_warps.clone(),
         num_stages: req.num_stages.clone(),
+        ptx_paths: req.ptx_paths.clone(),
     };
     let quiet = req.quiet;
     let started = std::time::Instant::now();

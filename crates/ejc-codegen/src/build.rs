@@ -36,6 +36,9 @@ pub struct BuildOptions {
     /// Only these launch configurations of GPU targets (empty = all).
     pub num_warps: Vec<u32>,
     pub num_stages: Vec<u32>,
+    /// Only these code paths of PTX targets (empty = all): `mma` (`mma.sync`), `wgmma`
+    /// (sm_90a), `ws` (sm_90a, warp-specialised, with or without the sunk softmax).
+    pub ptx_paths: Vec<String>,
 }
 
 /// Progress events, for a progress bar or log lines.
@@ -218,6 +221,7 @@ struct PtxJob<'a> {
     stages: u32,
     wgmma: bool,
     ws: bool,
+    sink: bool,
 }
 
 /// Every (kernel × num_warps × num_stages) of the schedule for `arch`, compiled in
@@ -249,11 +253,11 @@ fn build_ptx(
                 if !(opts.num_stages.is_empty() || opts.num_stages.contains(&stages)) {
                     continue;
                 }
-                jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: false, ws: false });
+                jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: false, ws: false, sink: false });
                 // sm_90a: Hopper's warpgroup MMA too, as one more candidate (warps in
                 // whole warpgroups); the autotuner picks between the instruction paths.
                 if arch == crate::ptx::Arch::Sm90a && warps % 4 == 0 {
-                    jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: false });
+                    jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: false, sink: false });
                     // And warp-specialised (a producer warpgroup copying with the bulk
                     // tensor copy engine), where it applies (not to varlen's bounded tiles).
                     let cfg = crate::ptx::PtxConfig {
@@ -262,13 +266,32 @@ fn build_ptx(
                         num_stages: stages as usize,
                         wgmma: true,
                         ws: true,
+                        sink: false,
                     };
                     if crate::ptx::ws_applies(kernel, &cfg).is_ok() {
-                        jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: true });
+                        jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: true, sink: false });
+                        // The softmax sunk into the masks' branch: measured faster at
+                        // head_dim 64 and slower at 128 on the H100 (registers), so a
+                        // candidate only where it can win.
+                        if inst.head_dim <= 64 {
+                            jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: true, sink: true });
+                        }
                     }
                 }
             }
         }
+    }
+    if !opts.ptx_paths.is_empty() {
+        let path = |j: &PtxJob| {
+            if j.ws {
+                "ws"
+            } else if j.wgmma {
+                "wgmma"
+            } else {
+                "mma"
+            }
+        };
+        jobs.retain(|j| opts.ptx_paths.iter().any(|p| p == path(j)));
     }
     if skipped_f32 > 0 {
         eprintln!(
@@ -294,6 +317,7 @@ fn build_ptx(
                     num_stages: j.stages as usize,
                     wgmma: j.wgmma,
                     ws: j.ws,
+                    sink: j.sink,
                 };
                 let _ = tx.send((i, crate::ptx::compile(j.kernel, &cfg)));
             });
@@ -314,11 +338,12 @@ fn build_ptx(
             continue;
         }
         let suffix = format!(
-            "w{}_s{}{}{}",
+            "w{}_s{}{}{}{}",
             j.warps,
             j.stages,
             if j.wgmma { "_wgmma" } else { "" },
-            if j.ws { "_ws" } else { "" }
+            if j.ws { "_ws" } else { "" },
+            if j.sink { "_sink" } else { "" }
         );
         let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
         let path = out_dir.join(&file);
@@ -332,6 +357,9 @@ fn build_ptx(
         }
         if j.ws {
             a.config.insert("ws".to_string(), 1);
+        }
+        if j.sink {
+            a.config.insert("sink".to_string(), 1);
         }
         a.artifact_id = format!("{}@{target}/{suffix}", j.inst.id);
         a.entry = k.code.entry.clone();

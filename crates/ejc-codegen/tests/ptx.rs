@@ -36,7 +36,7 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
             for d in [64, 128] {
                 let k = kernel(&spec, &v.name, dtype, d, 128, 64);
                 for (arch, wgmma) in [(Arch::Sm80, false), (Arch::Sm90a, false), (Arch::Sm90a, true)] {
-                    let cfg = PtxConfig { arch, num_warps: 8, num_stages: 2, wgmma, ws: false };
+                    let cfg = PtxConfig { arch, num_warps: 8, num_stages: 2, wgmma, ws: false, sink: false };
                     let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{e}"));
                     let mma = if wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
                     assert!(p.ptx.contains(".entry") && p.ptx.contains(mma), "{} ({cfg:?})", k.name);
@@ -66,8 +66,14 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
     for (bm, bn) in spec.schedule.tilings() {
         let k = kernel(&spec, "gemma2", DType::BF16, 128, bm, bn);
         for &w in &spec.schedule.num_warps {
-            let cfg =
-                PtxConfig { arch: Arch::Sm90a, num_warps: w as usize, num_stages: 2, wgmma: w % 4 == 0, ws: false };
+            let cfg = PtxConfig {
+                arch: Arch::Sm90a,
+                num_warps: w as usize,
+                num_stages: 2,
+                wgmma: w % 4 == 0,
+                ws: false,
+                sink: false,
+            };
             match compile(&k, &cfg) {
                 Ok(p) => {
                     if let Some(t) = &tool {
@@ -88,9 +94,10 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
 fn f32_dots_are_refused_with_a_reason() {
     let spec = spec();
     let k = kernel(&spec, "full", DType::F32, 64, 64, 64);
-    let e = compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, wgmma: false, ws: false })
-        .unwrap_err()
-        .to_string();
+    let e =
+        compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, wgmma: false, ws: false, sink: false })
+            .unwrap_err()
+            .to_string();
     assert!(e.contains("bf16 or f16") && e.contains("CPU back end"), "{e}");
 }
 
@@ -105,7 +112,7 @@ fn the_aligned_entry_drops_the_fallback_and_folds_the_scale() {
     let tool = find_ptxas();
     for (variant, folds) in [("full", true), ("causal", true), ("softcap", false)] {
         let k = kernel(&spec, variant, DType::BF16, 128, 128, 64);
-        let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: 8, num_stages: 2, wgmma: true, ws: false };
+        let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: 8, num_stages: 2, wgmma: true, ws: false, sink: false };
         let p = compile(&k, &cfg).unwrap();
         let aligned = p.code.aligned_entry.clone().expect("an aligned entry");
         assert_eq!(aligned, format!("{}_aligned", k.name));
@@ -145,7 +152,7 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
     for v in &spec.variants {
         for (d, bm, bn, w) in [(128, 128, 128, 8), (128, 128, 64, 8), (64, 64, 64, 4), (64, 128, 128, 8)] {
             let k = kernel(&spec, &v.name, DType::BF16, d, bm, bn);
-            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma: true, ws: true };
+            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma: true, ws: true, sink: false };
             if v.features.varlen {
                 let e = ws_applies(&k, &cfg).unwrap_err();
                 assert!(e.contains("limit"), "{}: {e}", k.name);

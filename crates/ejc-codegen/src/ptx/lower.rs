@@ -2701,10 +2701,10 @@ impl<'k> Lowering<'k> {
             nvvm::fence_proxy_async(&self.ir);
             self.sync();
         }
-        // Ping-pong (EJC_PTX_PINGPONG=1; two consumer warpgroups of a warp-specialised
-        // loop): the warpgroups take turns issuing the body's products (named barriers
-        // 2 and 3), so one's softmax runs while the other's products occupy the tensor
-        // cores. Warpgroup 0 goes first.
+        // Ping-pong (two consumer warpgroups of a warp-specialised loop; EJC_PTX_PINGPONG=0
+        // turns it off, for comparisons): the warpgroups take turns issuing the body's
+        // products (named barriers 2 and 3), so one's softmax runs while the other's
+        // products occupy the tensor cores. Warpgroup 0 goes first.
         let dots: Vec<usize> = region
             .ops
             .iter()
@@ -2714,7 +2714,7 @@ impl<'k> Lowering<'k> {
         let pingpong = tma_loop
             && self.warps == 8
             && !dots.is_empty()
-            && std::env::var("EJC_PTX_PINGPONG").is_ok_and(|v| v == "1");
+            && std::env::var("EJC_PTX_PINGPONG").map_or(true, |v| v != "0");
         if pingpong {
             let g = self.ir.lshr(self.warp, self.ir.ci32(2));
             let n = self.ir.ci32((self.warps * 32) as i64);

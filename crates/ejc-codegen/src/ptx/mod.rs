@@ -4,7 +4,7 @@
 //! ```no_run
 //! use ejc_codegen::ptx::{compile, Arch, PtxConfig};
 //! # fn demo(kernel: ejc_ir::ir::Kernel) {
-//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, wgmma: false, ws: false }).unwrap();
+//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, wgmma: false, ws: false, sink: false }).unwrap();
 //! println!("{} bytes of PTX, {} bytes of shared memory", k.ptx.len(), k.code.smem_bytes);
 //! # }
 //! ```
@@ -113,6 +113,10 @@ pub struct PtxConfig {
     /// copies the key loop's tiles with the bulk tensor copy engine in the aligned entry
     /// while the `num_warps` consumer warps compute; the block has `num_warps + 4` warps.
     pub ws: bool,
+    /// With `wgmma`: `pipeline-dots` also sinks the softmax into both arms of the masks'
+    /// branch, so that ptxas keeps the value product in flight over it (costs registers:
+    /// on the H100 it helps head_dim 64 and hurts 128; docs/perf.md).
+    pub sink: bool,
 }
 
 /// One compiled kernel.
@@ -207,9 +211,9 @@ fn rotated(kernel: &Kernel, cfg: &PtxConfig) -> Result<(Kernel, Streams), String
         return Ok((kernel.clone(), streams));
     }
     let mut pipelined = kernel.clone();
-    // EJC_PTX_SINK_SOFTMAX=1: also move the softmax into the masks' branch, so that
-    // ptxas keeps the value product in flight over it (docs/gpu.md).
-    let sink = std::env::var("EJC_PTX_SINK_SOFTMAX").is_ok_and(|v| v == "1");
+    // `sink`: also move the softmax into the masks' branch, so that ptxas keeps the
+    // value product in flight over it (docs/gpu.md).
+    let sink = cfg.sink;
     for r in ejc_ir::passes::rotate_loops(&mut pipelined, sink) {
         streams.extend(r.epilogue_loads);
     }
