@@ -290,6 +290,10 @@ pub struct WsLowering {
     pub tma: Vec<super::ws::TmaLoad>,
     /// Raise the consumers' registers (and lower the producer's) with `setmaxnreg`.
     pub regs: Option<(usize, usize)>,
+    /// Warps of the producer (after the consumers'): a whole warpgroup where
+    /// `setmaxnreg` moves its registers to the consumers, else one warp (a smaller
+    /// block: more blocks per SM).
+    pub producer_warps: usize,
 }
 
 fn unsupported(kernel: &Kernel, what: String) -> CodegenError {
@@ -487,7 +491,7 @@ impl<'k> Lowering<'k> {
         Ok(PtxCode {
             entry: self.kernel.name.clone(),
             smem_bytes: self.smem_peak.max(self.smem_top),
-            threads: (self.warps + if self.ws.is_some() { 4 } else { 0 }) * 32,
+            threads: (self.warps + self.ws.as_ref().map_or(0, |w| w.producer_warps)) * 32,
             aligned_tensors: self.aligned_tensors.iter().map(|t| names[*t].clone()).collect(),
             aligned_entry: None,
             positive_scalars: Vec::new(),

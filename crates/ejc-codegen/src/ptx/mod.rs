@@ -185,6 +185,18 @@ pub fn wgmma_applies(kernel: &Kernel, cfg: &PtxConfig) -> bool {
     cfg.wgmma && cfg.num_warps.is_multiple_of(4) && bm > 0 && bm.is_multiple_of(64 * (cfg.num_warps / 4))
 }
 
+/// The producer's warps in a warp-specialised block of `num_warps` consumer warps: a
+/// warpgroup when `setmaxnreg` gives its registers to two consumer warpgroups, else one
+/// warp (with one consumer warpgroup `setmaxnreg` has nothing to give: 255 is the most a
+/// thread may have, and a smaller block leaves room for more blocks per SM).
+pub fn ws_producer_warps(num_warps: usize) -> usize {
+    if num_warps == 8 {
+        4
+    } else {
+        1
+    }
+}
+
 /// Whether warp specialisation applies to `kernel` under `cfg` (`Ok`), or why not.
 pub fn ws_applies(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), String> {
     ws_plan(&rotated(kernel, cfg)?.0, cfg).map(|_| ())
@@ -240,6 +252,7 @@ fn emit<'ctx>(
     let tma = if cfg.ws { Some(ws_plan(kernel, cfg).map_err(kerr)?) } else { None };
     // Two consumer warpgroups: 240 registers each, the producer 24 (64512 of 65536).
     let regs = if cfg.num_warps == 8 { Some((240, 24)) } else { None };
+    let producer_warps = ws_producer_warps(cfg.num_warps);
     let plan = layout::plan(kernel)
         .map_err(|m| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {m}") })?;
     let module = ctx.create_module("ejc_ptx");
@@ -259,7 +272,7 @@ fn emit<'ctx>(
             let f = LLVMAddFunction(m, name.as_ptr(), fty);
             // Calling convention 71 = PTX_Kernel: an `.entry`.
             LLVMSetFunctionCallConv(f, 71);
-            let threads = ((cfg.num_warps + if cfg.ws { 4 } else { 0 }) * 32).to_string();
+            let threads = ((cfg.num_warps + if cfg.ws { ws_producer_warps(cfg.num_warps) } else { 0 }) * 32).to_string();
             for (k, v) in [("nvvm.maxntid", threads.as_str()), ("nvvm.minctasm", "1")] {
                 let a = LLVMCreateStringAttribute(
                     c,
@@ -310,7 +323,7 @@ fn emit<'ctx>(
             None,
             general_streams,
         )
-        .with_ws(tma.as_ref().map(|_| lower::WsLowering { tma: Vec::new(), regs }))
+        .with_ws(tma.as_ref().map(|_| lower::WsLowering { tma: Vec::new(), regs, producer_warps }))
         .run()?;
         // The same kernel once more, as a second entry that assumes the shared-memory
         // operands' tensors are aligned (see `PtxCode::aligned_tensors`): no element-by-element
@@ -361,7 +374,7 @@ fn emit<'ctx>(
                 Some(&folded.scaled),
                 &streams,
             )
-            .with_ws(tma.as_ref().map(|t| lower::WsLowering { tma: t.clone(), regs }))
+            .with_ws(tma.as_ref().map(|t| lower::WsLowering { tma: t.clone(), regs, producer_warps }))
             .run()?;
             code.tensor_maps = a.tensor_maps;
             code.positive_scalars = folded.positive;
