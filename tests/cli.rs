@@ -183,11 +183,16 @@ fn build_filters_and_unsupported_targets() {
         "64",
         "--block-n",
         "32",
+        "--path",
+        "mma",
+        "--path",
+        "wgmma",
         "--report",
     ]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-    // 2 stage counts x {mma.sync, wgmma} (sm_90a: Hopper's warpgroup MMA is one more candidate).
+    // 2 stage counts x {mma.sync, wgmma} (sm_90a: Hopper's warpgroup MMA is one more candidate;
+    // `--path` leaves out the warp-specialised ones).
     assert_eq!(m.artifacts.len(), 4, "{:?}", m.artifacts.iter().map(|a| &a.artifact_id).collect::<Vec<_>>());
     for a in &m.artifacts {
         assert!(a.file.starts_with("ptx/sm_90a/") && a.file.ends_with(".ptx"), "{}", a.file);
@@ -504,4 +509,62 @@ fn run_backend_mlir_dumps_every_stage_and_caches() {
     assert!(text(&o.stderr).contains("(from the on-disk cache)"), "{}", text(&o.stderr));
     let _ = std::fs::remove_dir_all(&dump);
     let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// `--path ws`: the warp-specialised candidates (a producer warp or warpgroup, tensor maps
+/// for the aligned entry); `--report --drop-spilling` leaves out the one that spills
+/// (one warpgroup holding 128 rows of a d = 128 accumulator) and keeps the other.
+#[test]
+fn build_warp_specialised_candidates_and_drop_the_spilling_ones() {
+    let out = temp_dir("ws");
+    let mut args = vec![
+        "build",
+        SPEC,
+        "-o",
+        out.to_str().unwrap(),
+        "--target",
+        "ptx:sm_90a",
+        "--variant",
+        "full",
+        "--dtype",
+        "bf16",
+        "--head-dim",
+        "128",
+        "--block-m",
+        "128",
+        "--block-n",
+        "64",
+        "--num-stages",
+        "2",
+        "--path",
+        "ws",
+    ];
+    let o = ejc(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    let ids: Vec<&str> = m.artifacts.iter().map(|a| a.artifact_id.as_str()).collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    for a in &m.artifacts {
+        assert_eq!(a.config.get("ws"), Some(&1), "{}", a.artifact_id);
+        let w = a.config["num_warps"];
+        // A producer warpgroup with two consumer warpgroups, one producer warp with one.
+        assert_eq!(a.block, Some([(w + if w == 8 { 4 } else { 1 }) * 32, 1, 1]), "{}", a.artifact_id);
+        let al = a.aligned.as_ref().expect("an aligned entry");
+        let maps: Vec<(&str, &[u32])> = al.tensor_maps.iter().map(|t| (t.tensor.as_str(), &t.box_dims[..])).collect();
+        assert_eq!(maps, [("k", &[1, 64, 1, 64][..]), ("v", &[1, 64, 1, 64][..])], "{}", a.artifact_id);
+    }
+    if ejc_codegen::ptx::find_ptxas().is_none() {
+        eprintln!("skipped --drop-spilling: no ptxas (run scripts/setup.sh)");
+        let _ = std::fs::remove_dir_all(&out);
+        return;
+    }
+    args.extend(["--report", "--drop-spilling"]);
+    let o = ejc(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("left out 1 candidate(s)"), "{}", text(&o.stdout));
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    let ids: Vec<&str> = m.artifacts.iter().map(|a| a.artifact_id.as_str()).collect();
+    assert_eq!(ids, ["flash_full_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws"]);
+    assert!(!out.join("ptx/sm_90a/flash_full_bf16_d128_m128_n64_w4_s2_wgmma_ws.ptx").exists());
+    let _ = std::fs::remove_dir_all(&out);
 }

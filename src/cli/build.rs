@@ -198,6 +198,19 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path, drop
             kept.artifacts.len(),
             path.display()
         );
+        // Kernels (per target) left with no candidate at all: say so, by name.
+        let stem = |id: &str| id.split('/').next().unwrap_or(id).to_string();
+        let mut orphans: Vec<String> = dropped.iter().map(|d| stem(d)).collect();
+        orphans.sort();
+        orphans.dedup();
+        orphans.retain(|k| !kept.artifacts.iter().any(|a| stem(&a.artifact_id) == *k));
+        if !orphans.is_empty() {
+            println!(
+                "warning: every candidate of {} kernel(s) spills, so none is left for them: {}",
+                orphans.len(),
+                orphans.join(", ")
+            );
+        }
     } else if spilled > 0 {
         println!(
             "{spilled} entry point(s) spill registers: a tuned configuration must not spill (--drop-spilling leaves them out)"

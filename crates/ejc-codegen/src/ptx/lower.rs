@@ -269,7 +269,7 @@ pub struct Lowering<'k> {
     stream_next: HashMap<Value, Value>,
     /// Epilogue loads whose tile the loop's ring already holds (after the loop): the
     /// tile, and whether the loop took the `cp.async` path (i1; else it was not copied).
-    epilogue_tiles: HashMap<Value, (Smem, V, Option<(V, V)>)>,
+    epilogue_tiles: HashMap<Value, EpilogueTile>,
     /// Warp specialisation (`PtxConfig::ws`): a producer warpgroup follows the
     /// `warps` consumer warps; consumers synchronise with a named barrier.
     ws: Option<WsLowering>,
@@ -280,6 +280,10 @@ pub struct Lowering<'k> {
     /// iteration (i1). See [`Self::for_op`].
     pingpong: Option<(usize, usize, V)>,
 }
+
+/// An epilogue load's tile in a loop's ring: the tile, whether the loop took the
+/// `cp.async` path (i1), and for a producer-copied stream its full mbarrier and parity.
+type EpilogueTile = (Smem, V, Option<(V, V)>);
 
 /// What a warp-specialised entry needs besides the consumers' program.
 #[derive(Clone, Debug)]

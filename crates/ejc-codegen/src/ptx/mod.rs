@@ -109,9 +109,10 @@ pub struct PtxConfig {
     /// `wgmma.mma_async` with B (and a shared-memory A) read through descriptors, and
     /// the register tiles follow the warpgroup row layout; otherwise `mma.sync`.
     pub wgmma: bool,
-    /// Warp specialisation (with `wgmma`; [`ws`]): one more warpgroup, the producer,
+    /// Warp specialisation (with `wgmma`; [`ws`]): a producer warp or warpgroup
     /// copies the key loop's tiles with the bulk tensor copy engine in the aligned entry
-    /// while the `num_warps` consumer warps compute; the block has `num_warps + 4` warps.
+    /// while the `num_warps` consumer warps compute; the block has `num_warps +`
+    /// [`ws_producer_warps`] warps.
     pub ws: bool,
     /// With `wgmma`: `pipeline-dots` also sinks the softmax into both arms of the masks'
     /// branch, so that ptxas keeps the value product in flight over it (costs registers:
@@ -272,7 +273,8 @@ fn emit<'ctx>(
             let f = LLVMAddFunction(m, name.as_ptr(), fty);
             // Calling convention 71 = PTX_Kernel: an `.entry`.
             LLVMSetFunctionCallConv(f, 71);
-            let threads = ((cfg.num_warps + if cfg.ws { ws_producer_warps(cfg.num_warps) } else { 0 }) * 32).to_string();
+            let threads =
+                ((cfg.num_warps + if cfg.ws { ws_producer_warps(cfg.num_warps) } else { 0 }) * 32).to_string();
             for (k, v) in [("nvvm.maxntid", threads.as_str()), ("nvvm.minctasm", "1")] {
                 let a = LLVMCreateStringAttribute(
                     c,

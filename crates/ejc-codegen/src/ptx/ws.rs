@@ -111,7 +111,7 @@ pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
                     AxisIndex::Index => None,
                 })
                 .collect();
-            if ranges.len() != 2 || ranges[1].0 != rank as usize - 1 {
+            if ranges.len() != 2 || ranges[1].0 != rank - 1 {
                 return Err(why("its columns are not the tensor's last axis"));
             }
             if ranges.iter().any(|(_, limit)| *limit) {
@@ -149,7 +149,7 @@ pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
             if !op.operands.iter().all(|x| indexable(&defs, kernel, *x, iv, &inside)) {
                 return Err(why("its indices are not computed from the loop's induction variable"));
             }
-            let box_dims = (0..rank as usize)
+            let box_dims = (0..rank)
                 .map(|a| {
                     if a == ranges[0].0 {
                         rows as u32
