@@ -7,7 +7,7 @@
 #   bash scripts/gpu_run.sh --rows 1024,8192   # every check, then those sequence lengths of the grid
 #   bash scripts/gpu_run.sh --mlir-only  # only the MLIR gpu form's correctness (+ memcheck sample; `gpu_prepare.sh --mlir`)
 #   bash scripts/gpu_run.sh --hopper     # wgmma layout probe, the sm_90a artifacts' correctness, memcheck, 3 bench rows
-#   bash scripts/gpu_run.sh --checks     # every PTX check (both entries), memcheck, CuPy example; no MLIR, no bench
+#   bash scripts/gpu_run.sh --checks     # every PTX check (both entries, every code path), memcheck, CuPy examples (`gpu_prepare.sh --checks`)
 #   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths; EJC_ONLY=TEXT: those candidates)
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
@@ -19,7 +19,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ejc-gpu-out}
 mkdir -p "$OUT" /tmp/ejc-art
-tar -C /tmp/ejc-art -xzf .gpu/artifacts.tgz
+for pack in .gpu/artifacts.tgz .gpu/artifacts.tar.xz; do
+    [ -f "$pack" ] && tar -C /tmp/ejc-art -xf "$pack"
+done
 nvidia-smi -L | tee "$OUT/device.txt"
 export PYTHONUNBUFFERED=1
 status=0
@@ -122,8 +124,12 @@ echo "== compute-sanitizer memcheck on a sample (both entries)"
 memcheck check2 bf16_d64_m64_n32 || status=1
 memcheck check_sm90a causal_bf16_d128_m128_n64@ptx:sm_90a/w4_s2_wgmma || status=1
 memcheck check_sm90a varlen_causal_f16_d64_m128_n128@ptx:sm_90a/w8_s2_wgmma || status=1
+memcheck check_sm90a causal_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws || status=1
 echo "== examples/cupy_launch.py"
 python3 examples/cupy_launch.py /tmp/ejc-art/check 2>&1 | tee "$OUT/cupy.log" || status=1
+if [ -d /tmp/ejc-art/check_sm90a ]; then  # a warp-specialised kernel: tensor maps from Python
+    python3 examples/cupy_launch.py /tmp/ejc-art/check_sm90a _ws 2>&1 | tee -a "$OUT/cupy.log" || status=1
+fi
 if [ "${1:-}" = "--checks" ]; then
     exit $status
 fi
