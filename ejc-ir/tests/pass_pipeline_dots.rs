@@ -93,7 +93,7 @@ const SHAPES: &[&str] = &["2,37,53,4,2,64", "1,45,21,2,1,64", "1,19,40,8,2,64", 
 
 #[test]
 fn every_flash_variant_gives_identical_results() {
-    let spec = spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).unwrap();
+    let spec = spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
     let seed = seed();
     for v in &spec.variants {
         let raw = build_flash_kernel(&v.name, &v.features, DType::BF16, 64, 16, 16).unwrap();

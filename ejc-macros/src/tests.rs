@@ -13,7 +13,7 @@ fn expanded(attr: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> S
 
 macro_rules! snap {
     ($name:expr, $text:expr) => {
-        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"), prepend_module_to_snapshot => false}, {
+        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
             insta::assert_snapshot!($name, $text);
         })
     };

@@ -9,7 +9,7 @@ use ejc_ir::spec::{self, Schedule, Spec, Variant};
 use ejc_ir::types::DType;
 
 pub fn spec() -> Spec {
-    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).unwrap()
+    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap()
 }
 
 /// Fresh unless `EJC_TEST_SEED` replays one.

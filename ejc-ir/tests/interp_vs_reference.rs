@@ -15,7 +15,7 @@ use ejc_ir::tensor::compare;
 use ejc_ir::types::DType;
 
 fn spec() -> Spec {
-    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).expect("specs/flash.yaml loads")
+    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).expect("specs/flash.yaml loads")
 }
 
 /// A fresh seed per test run, unless EJC_TEST_SEED pins one.

@@ -185,7 +185,7 @@ mod tests {
     use super::*;
 
     fn flash(variant: &str) -> Kernel {
-        let spec = ejc_ir::spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).unwrap();
+        let spec = ejc_ir::spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
         let v = spec.variant(variant).unwrap();
         let sched = ejc_ir::spec::Schedule { block_m: 128, block_n: 64, num_warps: 0, num_stages: 0 };
         let k = ejc_ir::flash::build_kernel(&spec, v, DType::BF16, 64, &sched).unwrap();

@@ -280,7 +280,7 @@ fn generic_ops_match_the_interpreter() {
 
 macro_rules! snapshot {
     ($name:expr, $text:expr) => {
-        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"), prepend_module_to_snapshot => false}, {
+        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
             insta::assert_snapshot!($name, $text);
         });
     };

@@ -23,7 +23,7 @@ use rand::{Rng, SeedableRng};
 macro_rules! snap {
     ($name:expr, $text:expr) => {
         insta::with_settings!({
-            snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"),
+            snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
             prepend_module_to_snapshot => false,
         }, {
             insta::assert_snapshot!($name, $text);

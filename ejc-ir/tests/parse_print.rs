@@ -14,7 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 fn spec() -> spec::Spec {
-    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).expect("specs/flash.yaml loads")
+    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).expect("specs/flash.yaml loads")
 }
 
 fn assert_round_trips(k: &Kernel, what: &str) {

@@ -13,7 +13,7 @@ use ejc_ir::spec::{self, Schedule, Spec};
 use ejc_ir::types::DType;
 
 fn spec() -> Spec {
-    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).unwrap()
+    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap()
 }
 
 fn kernel(spec: &Spec, variant: &str, dtype: DType, d: usize, bm: u32, bn: u32) -> ejc_ir::ir::Kernel {

@@ -19,7 +19,7 @@ use ejc_macros::ej_kernel;
 
 macro_rules! snap {
     ($name:expr, $text:expr) => {
-        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"), prepend_module_to_snapshot => false}, {
+        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
             insta::assert_snapshot!($name, $text);
         })
     };

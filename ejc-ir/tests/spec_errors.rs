@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use ejc_ir::spec::{load_file, load_str, SoftCap, Target, Window};
 use ejc_ir::types::DType;
 
-const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
 /// The broken fixtures, sorted, as paths relative to the repository root (the label
 /// diagnostics use, so snapshots do not depend on where the checkout lives).
@@ -46,7 +46,7 @@ fn broken_specs_fail_with_the_snapshotted_diagnostics() {
         let stem = relative.trim_start_matches("tests/specs/broken/").trim_end_matches(".yaml");
         let name = format!("spec_error__{stem}");
         insta::with_settings!({
-            snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"),
+            snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
             prepend_module_to_snapshot => false,
             description => relative.clone(),
         }, {

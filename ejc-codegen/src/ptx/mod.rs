@@ -465,7 +465,7 @@ pub fn find_ptxas() -> Option<PathBuf> {
             return Some(p);
         }
     }
-    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/ptxas/nvidia/cuda_nvcc/bin/ptxas");
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/ptxas/nvidia/cuda_nvcc/bin/ptxas");
     if here.is_file() {
         return Some(here);
     }

@@ -10,13 +10,13 @@ use ejc_ir::types::DType;
 
 fn spec() -> Spec {
     // The file label must not depend on the machine: snapshots record it.
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../specs/flash.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
     spec::load_str("specs/flash.yaml", &text).unwrap()
 }
 
 macro_rules! snap {
     ($name:expr, $text:expr) => {
-        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../../snapshots"), prepend_module_to_snapshot => false}, {
+        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
             insta::assert_snapshot!($name, $text);
         })
     };
