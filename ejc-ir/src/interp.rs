@@ -704,18 +704,19 @@ fn unary(op: UnOp, dt: DType, x: f64) -> f64 {
 /// Does every term hold at (i, j)?
 pub fn mask_holds(terms: &[MaskTerm], xs: &[i64], i: i64, j: i64) -> bool {
     terms.iter().zip(xs).all(|(t, &x)| match t {
-        MaskTerm::KvLe => j <= i + x,
-        MaskTerm::KvGe => j >= i + x,
-        MaskTerm::KvLt => j < x,
-        MaskTerm::QLt => i < x,
+        MaskTerm::ColLeRow => j <= i + x,
+        MaskTerm::ColGeRow => j >= i + x,
+        MaskTerm::ColLt => j < x,
+        MaskTerm::ColGe => j >= x,
+        MaskTerm::RowLt => i < x,
     })
 }
 
-/// The rows of a block that matter: `[i0, i0 + bm)` cut at every `q_lt` bound.
+/// The rows of a block that matter: `[i0, i0 + bm)` cut at every `row_lt` bound.
 fn care_rows(terms: &[MaskTerm], xs: &[i64], i0: i64, bm: i64) -> (i64, i64) {
     let mut hi = i0 + bm - 1;
     for (t, &x) in terms.iter().zip(xs) {
-        if *t == MaskTerm::QLt {
+        if *t == MaskTerm::RowLt {
             hi = hi.min(x - 1);
         }
     }
@@ -730,10 +731,11 @@ pub fn block_full(terms: &[MaskTerm], xs: &[i64], i0: i64, j0: i64, bm: i64, bn:
     }
     let (jlo, jhi) = (j0, j0 + bn - 1);
     terms.iter().zip(xs).all(|(t, &x)| match t {
-        MaskTerm::KvLe => jhi <= ilo + x,
-        MaskTerm::KvGe => jlo >= ihi + x,
-        MaskTerm::KvLt => jhi < x,
-        MaskTerm::QLt => true,
+        MaskTerm::ColLeRow => jhi <= ilo + x,
+        MaskTerm::ColGeRow => jlo >= ihi + x,
+        MaskTerm::ColLt => jhi < x,
+        MaskTerm::ColGe => jlo >= x,
+        MaskTerm::RowLt => true,
     })
 }
 
@@ -747,10 +749,11 @@ pub fn kv_range(terms: &[MaskTerm], xs: &[i64], i0: i64, bm: i64, bn: i64) -> (i
     let mut hi = i32::MAX as i64;
     for (t, &x) in terms.iter().zip(xs) {
         match t {
-            MaskTerm::KvLe => hi = hi.min(ihi + x + 1),
-            MaskTerm::KvGe => lo = lo.max(ilo + x),
-            MaskTerm::KvLt => hi = hi.min(x),
-            MaskTerm::QLt => {}
+            MaskTerm::ColLeRow => hi = hi.min(ihi + x + 1),
+            MaskTerm::ColGeRow => lo = lo.max(ilo + x),
+            MaskTerm::ColLt => hi = hi.min(x),
+            MaskTerm::ColGe => lo = lo.max(x),
+            MaskTerm::RowLt => {}
         }
     }
     // Both are i32 values: operands near the i32 limits can put the exact bounds

@@ -245,35 +245,41 @@ impl AxisIndex {
     }
 }
 
-/// An analysable term of an attention mask predicate over the query index `i` and
-/// the key index `j` of a `[BM, BN]` score block. Each takes one scalar i32 operand
-/// `x`. Affine in (i, j), so a whole block can be classified from its corners.
+/// An analysable term of a mask predicate over the row index `i` and the column index
+/// `j` of a `[BM, BN]` block (in attention: a query row and a key column). Each takes
+/// one scalar i32 operand `x`. Affine in (i, j), so a whole block can be classified
+/// from its corners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MaskTerm {
     /// `j <= i + x` (causal: x = s_k - s_q; window right: x = s_k - s_q + right).
-    KvLe,
+    ColLeRow,
     /// `j >= i + x` (window left: x = s_k - s_q - left).
-    KvGe,
-    /// `j < x` (key sequence bound).
-    KvLt,
-    /// `i < x` (query sequence bound). Rows that fail it are *don't-care* rows: the
-    /// predicate there is false, but block classification ignores them, since their
-    /// results are never stored.
-    QLt,
+    ColGeRow,
+    /// `j < x` (a column bound: the key sequence's end, the end of a key split).
+    ColLt,
+    /// `j >= x` (a column lower bound: the start of a key split).
+    ColGe,
+    /// `i < x` (row bound). Rows that fail it are *don't-care* rows: the predicate
+    /// there is false, but block classification ignores them, since their results are
+    /// never stored.
+    RowLt,
 }
 
 impl MaskTerm {
     pub fn name(self) -> &'static str {
         match self {
-            MaskTerm::KvLe => "kv_le",
-            MaskTerm::KvGe => "kv_ge",
-            MaskTerm::KvLt => "kv_lt",
-            MaskTerm::QLt => "q_lt",
+            MaskTerm::ColLeRow => "col_le_row",
+            MaskTerm::ColGeRow => "col_ge_row",
+            MaskTerm::ColLt => "col_lt",
+            MaskTerm::ColGe => "col_ge",
+            MaskTerm::RowLt => "row_lt",
         }
     }
 
     pub fn from_name(s: &str) -> Option<MaskTerm> {
-        [MaskTerm::KvLe, MaskTerm::KvGe, MaskTerm::KvLt, MaskTerm::QLt].into_iter().find(|t| t.name() == s)
+        [MaskTerm::ColLeRow, MaskTerm::ColGeRow, MaskTerm::ColLt, MaskTerm::ColGe, MaskTerm::RowLt]
+            .into_iter()
+            .find(|t| t.name() == s)
     }
 }
 

@@ -727,8 +727,9 @@ impl Parser {
                 Some(Attr::List(items)) => items
                     .iter()
                     .map(|i| match i {
-                        Attr::Word(w) => MaskTerm::from_name(w)
-                            .ok_or_else(|| Some(format!("unknown mask term `{w}` (known: kv_le, kv_ge, kv_lt, q_lt)"))),
+                        Attr::Word(w) => MaskTerm::from_name(w).ok_or_else(|| {
+                            Some(format!("unknown mask term `{w}` (known: col_le_row, col_ge_row, col_lt, row_lt)"))
+                        }),
                         _ => Err(Some("`terms` must list mask term names".to_string())),
                     })
                     .collect(),

@@ -89,7 +89,7 @@ const MALFORMED: &[(&str, &str, &str)] = &[
     ),
     (
         "duplicate result name",
-        "kernel @k(%n: i32) grid(1, 1, 1) {\n  %a, %a = mask.kv_range %n, %n {terms = [kv_le], block = [4, 4]} : i32, i32\n}\n",
+        "kernel @k(%n: i32) grid(1, 1, 1) {\n  %a, %a = mask.kv_range %n, %n {terms = [col_le_row], block = [4, 4]} : i32, i32\n}\n",
         "2:7: value `%a` is defined twice",
     ),
     (
@@ -134,7 +134,7 @@ const MALFORMED: &[(&str, &str, &str)] = &[
     ),
     (
         "wrong result count of a multi-result op",
-        "kernel @k(%n: i32) grid(1, 1, 1) {\n  %lo = mask.kv_range %n, %n {terms = [kv_le], block = [4, 4]} : i32\n}\n",
+        "kernel @k(%n: i32) grid(1, 1, 1) {\n  %lo = mask.kv_range %n, %n {terms = [col_le_row], block = [4, 4]} : i32\n}\n",
         "2:9: `mask.kv_range` has 2 result(s); found 1 name(s) and 1 type(s)",
     ),
     (
@@ -155,7 +155,7 @@ const MALFORMED: &[(&str, &str, &str)] = &[
     (
         "unknown mask term",
         "kernel @k(%n: i32) grid(1, 1, 1) {\n  %0 = mask.block_full %n, %n, %n {terms = [kv_lq], block = [4, 4]} : i1\n}\n",
-        "2:8: `mask.block_full`: unknown mask term `kv_lq` (known: kv_le, kv_ge, kv_lt, q_lt)",
+        "2:8: `mask.block_full`: unknown mask term `kv_lq` (known: col_le_row, col_ge_row, col_lt, row_lt)",
     ),
     (
         "unterminated string",

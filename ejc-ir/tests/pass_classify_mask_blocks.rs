@@ -33,7 +33,7 @@ impl<'a> Loop<'a> {
             name,
             lo: "%c0",
             step: "%c4",
-            terms: "kv_lt, q_lt, kv_le",
+            terms: "col_lt, row_lt, col_le_row",
             xs: "%sk, %sq, %diag",
             carry_extra: None,
             body_extra: "",
@@ -146,7 +146,11 @@ fn narrows_a_causal_loop_and_guards_the_mask() {
 
 #[test]
 fn narrows_a_sliding_window_loop_at_both_ends() {
-    let l = Loop { terms: "kv_lt, q_lt, kv_ge, kv_le", xs: "%sk, %sq, %left, %diag", ..Loop::causal("window") };
+    let l = Loop {
+        terms: "col_lt, row_lt, col_ge_row, col_le_row",
+        xs: "%sk, %sq, %left, %diag",
+        ..Loop::causal("window")
+    };
     let (before, after, text) = apply(&ClassifyMaskBlocks, &l.text());
     assert!(narrowed(&after), "{text}");
     snap!("pass_classify_mask_blocks__window", text);

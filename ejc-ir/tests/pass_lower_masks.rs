@@ -17,7 +17,8 @@ use ejc_ir::types::DType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const ALL_TERMS: [MaskTerm; 4] = [MaskTerm::KvLe, MaskTerm::KvGe, MaskTerm::KvLt, MaskTerm::QLt];
+const ALL_TERMS: [MaskTerm; 5] =
+    [MaskTerm::ColLeRow, MaskTerm::ColGeRow, MaskTerm::ColLt, MaskTerm::ColGe, MaskTerm::RowLt];
 
 /// A kernel applying all three mask ops with `terms` on a `[bm, bn]` block at
 /// (`%i0`, `%j0`) with term operands `%x0..`: `%out` gets the mask (0 kept, −∞
@@ -100,11 +101,11 @@ fn lowers_masks_inside_nested_regions() {
   %zero = const 0.0 : f32
   %s = tile.splat %zero {shape = [2, 2]} : tile<2x2xf32>
   scf.for %j0 = %c0 to %n step %c2 {
-    %full = mask.block_full %i0, %j0, %x {terms = [kv_le], block = [2, 2]} : i1
+    %full = mask.block_full %i0, %j0, %x {terms = [col_le_row], block = [2, 2]} : i1
     %m = scf.if %full : tile<2x2xf32> {
       scf.yield %s
     } else {
-      %m2 = mask.apply %s, %i0, %j0, %x {terms = [kv_le]} : tile<2x2xf32>
+      %m2 = mask.apply %s, %i0, %j0, %x {terms = [col_le_row]} : tile<2x2xf32>
       scf.yield %m2
     }
     tile.store %out[%c0 +: 2, %j0 +: 2], %m
@@ -150,7 +151,7 @@ enum Domain {
 
 fn random_terms(rng: &mut StdRng) -> Vec<MaskTerm> {
     let n = rng.random_range(0..=4);
-    (0..n).map(|_| ALL_TERMS[rng.random_range(0..4)]).collect()
+    (0..n).map(|_| ALL_TERMS[rng.random_range(0..ALL_TERMS.len())]).collect()
 }
 
 fn random_block(rng: &mut StdRng) -> (usize, usize) {
@@ -233,7 +234,7 @@ fn lowered_mask_ops_equal_their_definitions() {
 
 /// Block starts are real row / key indices, but the term operands come from the
 /// caller: a sliding window of `(left, i32::MAX)` ("no right bound") makes the
-/// `kv_le` operand `s_k - s_q + i32::MAX`, which is i32::MAX when s_q = s_k. The
+/// `col_le_row` operand `s_k - s_q + i32::MAX`, which is i32::MAX when s_q = s_k. The
 /// definitions hold in exact integers; the lowered i32 arithmetic must not overflow
 /// into a different answer.
 #[test]
@@ -248,15 +249,16 @@ fn lowered_mask_ops_equal_their_definitions_for_operands_near_the_i32_limits() {
 }
 
 /// The keys a row `i` sees, `[a, b]` (i64::MIN / i64::MAX for no bound), computed
-/// term by term, and whether the row is cared for (every `q_lt` holds).
+/// term by term, and whether the row is cared for (every `row_lt` holds).
 fn row_interval(terms: &[MaskTerm], xs: &[i64], i: i64) -> (bool, i64, i64) {
     let (mut cared, mut a, mut b) = (true, i64::MIN, i64::MAX);
     for (t, &x) in terms.iter().zip(xs) {
         match t {
-            MaskTerm::KvLe => b = b.min(i + x),
-            MaskTerm::KvGe => a = a.max(i + x),
-            MaskTerm::KvLt => b = b.min(x - 1),
-            MaskTerm::QLt => cared &= i < x,
+            MaskTerm::ColLeRow => b = b.min(i + x),
+            MaskTerm::ColGeRow => a = a.max(i + x),
+            MaskTerm::ColLt => b = b.min(x - 1),
+            MaskTerm::ColGe => a = a.max(x),
+            MaskTerm::RowLt => cared &= i < x,
         }
     }
     (cared, a, b)
@@ -264,10 +266,10 @@ fn row_interval(terms: &[MaskTerm], xs: &[i64], i: i64) -> (bool, i64, i64) {
 
 /// Check the per-row intervals against `mask_holds` at and just outside their ends.
 fn check_row_interval(terms: &[MaskTerm], xs: &[i64], i: i64, a: i64, b: i64) {
-    // Rows are checked apart from their q_lt terms (those decide whether the row is
+    // Rows are checked apart from their row_lt terms (those decide whether the row is
     // cared for, not which keys it sees).
     let (terms, xs): (Vec<MaskTerm>, Vec<i64>) =
-        terms.iter().zip(xs).filter(|(t, _)| **t != MaskTerm::QLt).map(|(t, x)| (*t, *x)).unzip();
+        terms.iter().zip(xs).filter(|(t, _)| **t != MaskTerm::RowLt).map(|(t, x)| (*t, *x)).unzip();
     let holds = |j: i64| mask_holds(&terms, &xs, i, j);
     let (lo, hi) = (a.max(-(1 << 40)), b.min(1 << 40));
     if lo <= hi {
@@ -288,7 +290,7 @@ fn block_full_is_true_exactly_when_every_cared_for_element_holds() {
         let xs: Vec<i64> = terms.iter().map(|_| int(&mut rng, Domain::Full)).collect();
         let brute = (0..bm as i64).all(|r| {
             let i = i0 + r;
-            let cared = terms.iter().zip(&xs).all(|(t, &x)| *t != MaskTerm::QLt || i < x);
+            let cared = terms.iter().zip(&xs).all(|(t, &x)| *t != MaskTerm::RowLt || i < x);
             !cared || (0..bn as i64).all(|c| mask_holds(&terms, &xs, i, j0 + c))
         });
         assert_eq!(
@@ -327,18 +329,18 @@ fn kv_range_never_excludes_a_visible_key() {
 
 #[test]
 fn kv_range_is_tight_for_causal_and_window_masks() {
-    // Causal (kv_le), sliding window (kv_ge and kv_le with a non-empty window) and the
+    // Causal (col_le_row), sliding window (col_ge_row and col_le_row with a non-empty window) and the
     // query bound: the first block visited holds a visible key and `hi - 1` is the
     // last visible key; when nothing is visible, nothing is visited.
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
     for _ in 0..4000 {
-        let mut terms = vec![MaskTerm::KvLe];
+        let mut terms = vec![MaskTerm::ColLeRow];
         if rng.random_bool(0.5) {
-            terms.push(MaskTerm::KvGe);
+            terms.push(MaskTerm::ColGeRow);
         }
         if rng.random_bool(0.3) {
-            terms.push(MaskTerm::QLt);
+            terms.push(MaskTerm::RowLt);
         }
         if rng.random_bool(0.5) {
             terms.reverse();
@@ -346,9 +348,9 @@ fn kv_range_is_tight_for_causal_and_window_masks() {
         let (bm, bn) = random_block(&mut rng);
         let i0 = int(&mut rng, Domain::Realistic);
         let mut xs: Vec<i64> = terms.iter().map(|_| int(&mut rng, Domain::Realistic)).collect();
-        // A window (left, right) >= 0 around diagonal d is kv_ge d - left, kv_le d + right.
+        // A window (left, right) >= 0 around diagonal d is col_ge_row d - left, col_le_row d + right.
         if let (Some(g), Some(l)) =
-            (terms.iter().position(|t| *t == MaskTerm::KvGe), terms.iter().position(|t| *t == MaskTerm::KvLe))
+            (terms.iter().position(|t| *t == MaskTerm::ColGeRow), terms.iter().position(|t| *t == MaskTerm::ColLeRow))
         {
             if xs[g] > xs[l] {
                 xs.swap(g, l);

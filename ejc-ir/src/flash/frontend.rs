@@ -189,9 +189,9 @@ pub fn build_flash_kernel_with(
 
     // ---- analysable mask terms (bottom-right aligned) ----
     let shift = b.sub(seq_k, seq_q);
-    let mut terms: Vec<(MaskTerm, Value)> = vec![(MaskTerm::KvLt, seq_k), (MaskTerm::QLt, seq_q)];
+    let mut terms: Vec<(MaskTerm, Value)> = vec![(MaskTerm::ColLt, seq_k), (MaskTerm::RowLt, seq_q)];
     if f.causal {
-        terms.push((MaskTerm::KvLe, shift));
+        terms.push((MaskTerm::ColLeRow, shift));
     }
     if let Some(w) = f.sliding_window {
         let (left, right) = match w {
@@ -205,8 +205,8 @@ pub fn build_flash_kernel_with(
         let right = b.min(right, span);
         let lo = b.sub(shift, left);
         let hi = b.add(shift, right);
-        terms.push((MaskTerm::KvGe, lo));
-        terms.push((MaskTerm::KvLe, hi));
+        terms.push((MaskTerm::ColGeRow, lo));
+        terms.push((MaskTerm::ColLeRow, hi));
     }
 
     // A mask mod that is a conjunction of affine terms joins the analysable mask.

@@ -109,7 +109,7 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
         let bn = values[m.operands[0].index()].shape()[1];
         let bm = values[m.operands[0].index()].shape()[0];
         let OpKind::MaskApply { terms } = &m.kind else { unreachable!("filtered above") };
-        let has_upper = terms.iter().any(|t| matches!(t, MaskTerm::KvLe | MaskTerm::KvLt));
+        let has_upper = terms.iter().any(|t| matches!(t, MaskTerm::ColLeRow | MaskTerm::ColLt));
         // A store in the body is an effect of every iteration, skip blocks included.
         if lo_is_zero && step == Some(bn as f64) && has_upper && !has_store(body) && skip_is_noop(body, first, consts) {
             let mut e = Emit::new(values);

@@ -2,7 +2,7 @@
 //! scalar and tile arithmetic, so back ends see only primitive ops.
 //!
 //! ```text
-//! %m = mask.apply %s, %i0, %j0, %sk {terms = [kv_lt]}     %a = tile.arange {len = 16}
+//! %m = mask.apply %s, %i0, %j0, %sk {terms = [col_lt]}     %a = tile.arange {len = 16}
 //!                                                          %c = arith.add %a, %j0
 //!                                                    ==>   %c2 = tile.expand_dims %c {axis = 0}
 //!                                                          %ok = cmp.lt %c2, %sk       (tile<1x16xi1>)
@@ -10,7 +10,7 @@
 //! ```
 //!
 //! The expansions follow the definitions of the ops in `ir.rs` term by term: rows
-//! `i = i0 + r`, keys `j = j0 + c`; `q_lt` rows are don't-care rows for the block
+//! `i = i0 + r`, keys `j = j0 + c`; `row_lt` rows are don't-care rows for the block
 //! tests. Each expansion takes over the replaced op's result values, so no use needs
 //! rewriting. The definitions are over exact integers; the expansions compute in i32
 //! without overflow for any term operand (given block origins within ±2^29): they
@@ -69,12 +69,13 @@ fn lower_apply(op: &Op, terms: &[MaskTerm], values: &mut Vec<Type>) -> Vec<Op> {
     let mut keep: Option<Value> = None;
     for (t, &x) in terms.iter().zip(xs) {
         let cond = match t {
-            MaskTerm::KvLe | MaskTerm::KvGe => {
+            MaskTerm::ColLeRow | MaskTerm::ColGeRow => {
                 let d = *diagonal.get_or_insert_with(|| e.bin(BinOp::Sub, cols, rows));
-                e.cmp(if *t == MaskTerm::KvLe { CmpPred::Le } else { CmpPred::Ge }, d, x)
+                e.cmp(if *t == MaskTerm::ColLeRow { CmpPred::Le } else { CmpPred::Ge }, d, x)
             }
-            MaskTerm::KvLt => e.cmp(CmpPred::Lt, cols, x),
-            MaskTerm::QLt => e.cmp(CmpPred::Lt, rows, x),
+            MaskTerm::ColLt => e.cmp(CmpPred::Lt, cols, x),
+            MaskTerm::ColGe => e.cmp(CmpPred::Ge, cols, x),
+            MaskTerm::RowLt => e.cmp(CmpPred::Lt, rows, x),
         };
         keep = Some(match keep {
             None => cond,
@@ -93,7 +94,7 @@ fn lower_apply(op: &Op, terms: &[MaskTerm], values: &mut Vec<Type>) -> Vec<Op> {
 }
 
 /// The cared-for rows of a block: the last one, `min(i0 + bm - 1, x - 1 for each
-/// q_lt)`, and whether there is none (`x <= i0` for some q_lt; tested that way so
+/// row_lt)`, and whether there is none (`x <= i0` for some row_lt; tested that way so
 /// that `x - 1` never wraps where it matters).
 fn care_rows(e: &mut Emit, terms: &[MaskTerm], xs: &[Value], i0: Value, bm: usize) -> (Value, Value) {
     let last = e.const_i32(bm as i64 - 1);
@@ -101,7 +102,7 @@ fn care_rows(e: &mut Emit, terms: &[MaskTerm], xs: &[Value], i0: Value, bm: usiz
     let one = e.const_i32(1);
     let mut none = e.op(OpKind::Const { value: 0.0, dtype: DType::I1 }, vec![]);
     for (t, &x) in terms.iter().zip(xs) {
-        if *t == MaskTerm::QLt {
+        if *t == MaskTerm::RowLt {
             let b = e.bin(BinOp::Sub, x, one);
             ihi = e.bin(BinOp::Min, ihi, b);
             let empty = e.cmp(CmpPred::Le, x, i0);
@@ -143,16 +144,17 @@ fn lower_block_full(op: &Op, terms: &[MaskTerm], bm: usize, bn: usize, values: &
         // Corner tests, as differences of indices so nothing overflows:
         // `jhi <= i0 + x`  <=>  `jhi - i0 <= x`;  `j0 >= ihi + x`  <=>  `j0 - ihi >= x`.
         let cond = match t {
-            MaskTerm::KvLe => {
+            MaskTerm::ColLeRow => {
                 let d = e.bin(BinOp::Sub, jhi, i0);
                 e.cmp(CmpPred::Le, d, x)
             }
-            MaskTerm::KvGe => {
+            MaskTerm::ColGeRow => {
                 let d = e.bin(BinOp::Sub, j0, ihi);
                 e.cmp(CmpPred::Ge, d, x)
             }
-            MaskTerm::KvLt => e.cmp(CmpPred::Lt, jhi, x),
-            MaskTerm::QLt => continue,
+            MaskTerm::ColLt => e.cmp(CmpPred::Lt, jhi, x),
+            MaskTerm::ColGe => e.cmp(CmpPred::Ge, j0, x),
+            MaskTerm::RowLt => continue,
         };
         all = e.bin(BinOp::And, all, cond);
     }
@@ -171,18 +173,19 @@ fn lower_kv_range(op: &Op, terms: &[MaskTerm], bm: usize, bn: usize, values: &mu
     let mut hi = e.const_i32(i32::MAX as i64);
     for (t, &x) in terms.iter().zip(xs) {
         match t {
-            MaskTerm::KvLe => {
+            MaskTerm::ColLeRow => {
                 // ihi + x + 1, saturating (ihi + 1 is a row index: no overflow).
                 let a = e.bin(BinOp::Add, ihi, one);
                 let b = add_saturating(&mut e, a, x);
                 hi = e.bin(BinOp::Min, hi, b);
             }
-            MaskTerm::KvGe => {
+            MaskTerm::ColGeRow => {
                 let b = add_saturating(&mut e, i0, x);
                 lo = e.bin(BinOp::Max, lo, b);
             }
-            MaskTerm::KvLt => hi = e.bin(BinOp::Min, hi, x),
-            MaskTerm::QLt => {}
+            MaskTerm::ColLt => hi = e.bin(BinOp::Min, hi, x),
+            MaskTerm::ColGe => lo = e.bin(BinOp::Max, lo, x),
+            MaskTerm::RowLt => {}
         }
     }
     // lo >= 0, so truncating division rounds down.

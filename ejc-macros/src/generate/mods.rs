@@ -58,7 +58,7 @@ fn lin(e: &Expr_, q: &str, kv: &str, consts: &HashMap<String, i64>) -> Option<Li
 }
 
 /// The mask terms `(name, x)` of one comparison, or None when it is not one the
-/// flash kernel can analyse (`kv ≤ q + x`, `kv ≥ q + x`, `kv < x`).
+/// flash kernel can analyse (`kv ≤ q + x`, `kv ≥ q + x`, `kv < x`, `kv ≥ x`).
 fn term(e: &Expr_, q: &str, kv: &str, consts: &HashMap<String, i64>) -> Option<Vec<(&'static str, i64)>> {
     let (op, a, b) = match e {
         Expr_::Bin(op @ (Bin::Lt | Bin::Le | Bin::Gt | Bin::Ge), a, b, _) => (*op, a, b),
@@ -80,9 +80,10 @@ fn term(e: &Expr_, q: &str, kv: &str, consts: &HashMap<String, i64>) -> Option<V
         _ => Lin { q: -d.q, kv: -d.kv, c: -d.c - 1 },
     };
     match (n.q, n.kv) {
-        (1, -1) => Some(vec![("KvLe", n.c)]),     // kv <= q + C
-        (-1, 1) => Some(vec![("KvGe", -n.c)]),    // kv >= q - C
-        (0, -1) => Some(vec![("KvLt", n.c + 1)]), // kv <= C
+        (1, -1) => Some(vec![("ColLeRow", n.c)]),  // kv <= q + C
+        (-1, 1) => Some(vec![("ColGeRow", -n.c)]), // kv >= q - C
+        (0, -1) => Some(vec![("ColLt", n.c + 1)]), // kv <= C
+        (0, 1) => Some(vec![("ColGe", -n.c)]),     // kv >= -C
         _ => None,
     }
 }

@@ -176,7 +176,7 @@ fn flash_with_prefix_lm_and_alibi_matches_plain_rust() {
 fn flash_with_affine_mask_mod_matches_the_reference() {
     let seed = seed();
     // The mod is a conjunction of affine comparisons: it became mask terms.
-    assert_eq!(causal_window::MOD.affine, Some(&[(MaskTerm::KvLe, 0), (MaskTerm::KvGe, -39)][..]));
+    assert_eq!(causal_window::MOD.affine, Some(&[(MaskTerm::ColLeRow, 0), (MaskTerm::ColGeRow, -39)][..]));
     assert_eq!(prefix_lm::MOD.affine, None);
     let f = Features::default();
     let shape = FlashShape::parse("2,150,150,4,2,64").unwrap();
