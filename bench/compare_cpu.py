@@ -52,17 +52,11 @@ def abi_tensor(t):
 
 
 def grid_value(expr, syms):
-    """Evaluate a manifest grid formula: a number, a symbol, cdiv(e, n) or mul(e, e)."""
-    expr = expr.strip()
-    m = re.fullmatch(r"cdiv\((.*),\s*(\d+)\)", expr)
-    if m:
-        return -(-grid_value(m.group(1), syms) // int(m.group(2)))
-    m = re.fullmatch(r"mul\((.*),(.*)\)", expr)
-    if m:
-        return grid_value(m.group(1), syms) * grid_value(m.group(2), syms)
-    if expr.isdigit():
-        return int(expr)
-    return syms[expr]
+    """Evaluate a manifest size formula: a number, a symbol, cdiv(e, n), mul(e, e),
+    add(e, e) or max(e, e) (docs/abi.md)."""
+    funcs = {"cdiv": lambda a, b: -(-a // b), "mul": lambda a, b: a * b, "add": lambda a, b: a + b, "max": max}
+    text = re.sub(r"[A-Za-z_][A-Za-z_0-9]*", lambda m: m.group(0) if m.group(0) in funcs else str(syms[m.group(0)]), expr)
+    return int(eval(text, {"__builtins__": {}}, funcs))
 
 
 class Kernel:
@@ -135,7 +129,8 @@ def main():
         path = os.path.join(args.out, a["file"])
         if path not in libs:
             libs[path] = ctypes.CDLL(path)
-        kernels.setdefault((a["variant"], a["dtype"], a["head_dim"]), []).append(Kernel(libs[path], a))
+        i = a["instance"]
+        kernels.setdefault((i["variant"], i["dtype"], i["keys"]["head_dim"]), []).append(Kernel(libs[path], a))
     isa = manifest["artifacts"][0]["target"]
 
     seqs = [512, 1024] if args.quick else [512, 1024, 2048, 4096]

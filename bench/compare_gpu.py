@@ -110,7 +110,8 @@ def main():
         h = 2048 // d
         b = max(1, 16384 // s)
         variant = "causal" if causal else "full"
-        cands = [a for a in m["artifacts"] if a["variant"] == variant and a["dtype"] == "bf16" and a["head_dim"] == d and runs_here(a["target"])
+        cands = [a for a in m["artifacts"] if a["role"] == "main" and a["instance"]["variant"] == variant
+                 and a["instance"]["dtype"] == "bf16" and a["instance"]["keys"]["head_dim"] == d and runs_here(a["target"])
                  and (args.only is None or args.only in a["artifact_id"])]
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -34,12 +34,11 @@ def load_manifest(build_dir):
 
 
 def eval_grid(formula, sizes):
-    """A grid formula from the manifest (`cdiv(seq_q, 128)`, `heads_q`, `batch`, `7`)."""
-    def cdiv(a, b):
-        return -(-a // b)
-
-    expr = re.sub(r"[A-Za-z_][A-Za-z_0-9]*", lambda m: m.group(0) if m.group(0) in ("cdiv", "max", "min") else str(sizes[m.group(0)]), formula)
-    return int(eval(expr, {"__builtins__": {}}, {"cdiv": cdiv, "max": max, "min": min}))
+    """A size formula from the manifest (`cdiv(seq_q, 128)`, `mul(batch, num_splits)`,
+    `add(a, b)`, `max(a, 1)`, `heads_q`, `7`; docs/abi.md)."""
+    funcs = {"cdiv": lambda a, b: -(-a // b), "mul": lambda a, b: a * b, "add": lambda a, b: a + b, "max": max}
+    expr = re.sub(r"[A-Za-z_][A-Za-z_0-9]*", lambda m: m.group(0) if m.group(0) in funcs else str(sizes[m.group(0)]), formula)
+    return int(eval(expr, {"__builtins__": {}}, funcs))
 
 
 # CUtensorMapDataType values (cuda.h).
@@ -170,22 +169,23 @@ def main():
     m = load_manifest(build_dir)
     major, minor = torch.cuda.get_device_capability()
     arts = [a for a in m["artifacts"] if a["target"] == "ptx:sm_80" or (a["target"] == "ptx:sm_90a" and (major, minor) == (9, 0))]
-    arts = [a for a in arts if a["variant"] in ("full", "causal") and a["dtype"] in ("bf16", "f16")]
+    arts = [a for a in arts if a["role"] == "main" and a["instance"]["variant"] in ("full", "causal")
+            and a["instance"]["dtype"] in ("bf16", "f16")]
     if len(sys.argv) > 2:  # an artifact id substring: e.g. `_ws` for a warp-specialised one
         arts = [a for a in arts if sys.argv[2] in a["artifact_id"]]
     if not arts:
         sys.exit("no full/causal bf16/f16 PTX artifact in " + build_dir)
     a = arts[0]
-    causal = a["variant"] == "causal"
-    d = a["head_dim"]
-    dt = getattr(torch, TORCH_DTYPES[a["dtype"]])
+    causal = a["instance"]["variant"] == "causal"
+    d = a["instance"]["keys"]["head_dim"]
+    dt = getattr(torch, TORCH_DTYPES[a["instance"]["dtype"]])
     torch.manual_seed(0)
     b, sq, sk, hq, hkv = 2, 300, 301, 8, 2  # not block multiples, GQA 4:1
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
     kern = EjcKernel(build_dir, a)
-    tol = 1e-2 if a["dtype"] == "bf16" else 5e-3
+    tol = 1e-2 if a["instance"]["dtype"] == "bf16" else 5e-3
     worst = 0.0
     # Contiguous tensors (the aligned entry, where the artifact has one), then K and V
     # as views with a row stride that is not a multiple of 8 (the general entry).

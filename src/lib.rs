@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! let spec = ejc::ir::spec::load_file("specs/flash.yaml").unwrap();
-//! println!("{} kernels", ejc::ir::flash::instances(&spec).len());
+//! println!("{} kernels", ejc::ir::op::instances(&spec).len());
 //! ```
 
 pub use ejc_codegen as codegen;

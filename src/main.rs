@@ -15,13 +15,17 @@ use ejc::cli::{self, Outcome};
 const AFTER_HELP: &str = "\
 Examples:
   ejc check specs/flash.yaml                 validate a spec and every kernel it declares
-  ejc list specs/flash.yaml                  what the spec expands to
+  ejc list specs/mean_pooling.yaml           what a spec expands to (any operation: the spec names it)
   ejc build specs/flash.yaml -o out          write artifacts and out/manifest.json
   ejc run specs/flash.yaml --backend interp  run every variant on random inputs against the reference
-  ejc run specs/flash.yaml --backend cpu     the same with native code (JIT) for this CPU
+  ejc run specs/mean_pooling.yaml --backend cpu --size batch=2,seq=300,chunk_size=32
   ejc bench specs/flash.yaml --variant causal --dtype f32 --shape 1,2048,2048,8,8,128
-  ejc tune specs/flash.yaml --variant causal --dtype bf16 --shape 1,2048,2048,8,8,128
+  ejc tune specs/flash.yaml --variant causal --dtype bf16 --size batch=1,seq_q=2048,seq_k=2048,heads_q=8,heads_kv=8,head_dim=128
   ejc cache ls                               what this machine's tuning cache holds
+
+Sizes: every operation names its sizes (flash: batch, seq_q, seq_k, heads_q, heads_kv, head_dim; mean_pooling:
+batch, seq, heads, head_dim, chunk_size). Give them as --size NAME=N,... (any subset: the rest keep their
+defaults) or positionally, in that order, as --shape N,N,... (the shorthand).
 
 Exit status: 0 success, 1 a result outside its tolerance, 2 bad input or an unsupported request.
 Docs: docs/spec.md (spec format), docs/semantics.md (what each feature means), docs/abi.md (manifest).";
@@ -74,18 +78,28 @@ every target the spec lists that this ejc can build is built, and the others are
         targets: Vec<String>,
         #[command(flatten)]
         filter: Filter,
-        /// Only this block_m (repeat for several).
+        /// Only this value of a compile-time key (repeat for several), e.g. head_dim=128.
+        #[arg(long = "key", value_name = "NAME=N")]
+        keys: Vec<String>,
+        /// Only this value of a schedule axis (repeat for several), e.g. block_m=64 or
+        /// num_splits=8; an axis not named keeps all of the spec's values.
+        #[arg(long = "config", value_name = "NAME=N")]
+        config: Vec<String>,
+        /// Only this block_m (shorthand for --config block_m=N; repeat for several).
         #[arg(long = "block-m", value_name = "N")]
         block_m: Vec<u32>,
-        /// Only this block_n (repeat for several).
+        /// Only this block_n (shorthand for --config block_n=N; repeat for several).
         #[arg(long = "block-n", value_name = "N")]
         block_n: Vec<u32>,
-        /// GPU targets: only this num_warps (repeat for several).
+        /// GPU targets: only this num_warps (shorthand for --config num_warps=N).
         #[arg(long = "num-warps", value_name = "N")]
         num_warps: Vec<u32>,
-        /// GPU targets: only this num_stages (repeat for several).
+        /// GPU targets: only this num_stages (shorthand for --config num_stages=N).
         #[arg(long = "num-stages", value_name = "N")]
         num_stages: Vec<u32>,
+        /// Only this plan (repeat for several): the operation's names, e.g. single, split_kv.
+        #[arg(long = "plan", value_name = "PLAN")]
+        plans: Vec<String>,
         /// PTX targets: only this code path (repeat for several): mma (mma.sync), wgmma
         /// (sm_90a), ws (sm_90a, warp-specialised: a producer warpgroup with TMA copies).
         #[arg(long = "path", value_name = "PATH", value_parser = ["mma", "wgmma", "ws"])]
@@ -102,27 +116,38 @@ every target the spec lists that this ejc can build is built, and the others are
         #[arg(short, long)]
         quiet: bool,
     },
-    /// Run kernels of a spec on fresh random inputs, compare each with the reference
-    /// implementation, and print rel_err (||out - ref|| / ||ref||) and max_abs_err.
-    /// Exits 1 when a result is outside its tolerance (f32 1e-5, f16 5e-3, bf16 1e-2).
-    #[command(after_help = "Without --variant every variant of the spec runs. Inputs are N(0, 1); k and v are \
-non-contiguous, bias and mask broadcast through zero strides; varlen batches have uneven lengths. The seed is \
-printed: pass it back with --seed to reproduce a run.\n\nExample: ejc run specs/flash.yaml --backend cpu --dtype f32 --shape 1,300,300,8,2,128")]
+    /// Run kernels of a spec on fresh random inputs, compare each with the operation's
+    /// reference, and print rel_err (||out - ref|| / ||ref||) and max_abs_err of the first
+    /// output and <name>_rel_err of the others. Exits 1 when a result is outside its
+    /// tolerance (f32 1e-5, f16 5e-3, bf16 1e-2).
+    #[command(after_help = "Without --variant every variant of the spec runs, each through its first plan (--plan \
+names another: split_kv runs flash's two-kernel split-KV plan). Inputs are N(0, 1) and never zero, laid out to \
+catch stride bugs (flash: k and v non-contiguous, bias and mask broadcast through zero strides); varlen batches \
+have uneven lengths. The seed is printed: pass it back with --seed to reproduce a run.\n\nExamples:\n  \
+ejc run specs/flash.yaml --backend cpu --dtype f32 --shape 1,300,300,8,2,128\n  \
+ejc run specs/flash.yaml --backend cpu --dtype f32 --size batch=1,seq_q=300,seq_k=300,heads_q=8,heads_kv=2,head_dim=128\n  \
+ejc run specs/mean_pooling.yaml --backend mlir --size seq=300,chunk_size=7\n  \
+ejc run specs/flash_decode.yaml --backend cpu --plan split_kv --config num_splits=4 --size seq_q=1,seq_k=1000")]
     Run(RunArgs),
-    /// Time one variant on fresh random inputs: median time and GFLOP/s (FLOPs =
-    /// 4*b*h*s_q*s_k*d, halved for causal). Benchmarks are not tests: nothing is asserted.
+    /// Time one variant on fresh random inputs: median time and GFLOP/s (flash: FLOPs =
+    /// 4*b*h*s_q*s_k*d, halved for causal) or GB/s (memory-bound operations such as
+    /// mean_pooling). Benchmarks are not tests: nothing is asserted.
     #[command(
         after_help = "Example: ejc bench specs/flash.yaml --variant causal --dtype f32 --shape 1,4096,4096,8,8,128 --threads 2\n\
-Without --block-m/--block-n every tiling of the spec is timed (listed on stderr) and the fastest is reported."
+Every plan and configuration of the spec is timed (listed on stderr) and the fastest is reported, unless \
+--plan / --config / --block-m / --block-n narrow them."
     )]
     Bench(BenchArgs),
-    /// Autotune one call: compile every tiling of the spec for this CPU, check each
-    /// against the reference on a small case, time the rest on fresh random inputs, and
-    /// store the winner (with every timing) in this machine's tuning cache.
+    /// Autotune one call: compile every candidate of the spec (every plan and
+    /// configuration) for this CPU or the GPU at hand, check each against the reference
+    /// on a small case, time the rest on fresh random inputs, and store the winner (with
+    /// every timing) in this device's tuning cache.
     #[command(
-        after_help = "Example: ejc tune specs/flash.yaml --variant causal --dtype bf16 --shape 1,2048,2048,8,8,128 --threads 2\n\
-The cache lives in $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc (see `ejc cache`). A call tuned \
-here is found by `ejc_runtime::flash_attention` for the same shape bucket, features and build."
+        after_help = "Examples:\n  ejc tune specs/flash.yaml --variant causal --dtype bf16 --shape 1,2048,2048,8,8,128 --threads 2\n  \
+ejc tune specs/flash_decode.yaml --backend cuda --variant causal --size batch=4,seq_q=1,seq_k=8192,heads_q=32,heads_kv=8,head_dim=128\n\
+The cache lives in $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc (see `ejc cache`), one file per \
+device (a CPU, a GPU). A call tuned here is found by ejc_runtime's calls (`Runtime::call`, `flash_attention`, \
+`ejc-gpu call`) for the same size bucket, features and build, on the same device."
     )]
     Tune(TuneArgs),
     /// Inspect or clear this machine's tuning cache.
@@ -150,7 +175,7 @@ enum CacheAction {
 struct TuneArgs {
     #[command(flatten)]
     problem: ProblemArgs,
-    /// Where to tune (cpu).
+    /// Where to tune: cpu, or cuda (the GPU at hand; its own cache file).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: Backend,
     /// Worker threads (0 = all cores).
@@ -175,9 +200,9 @@ struct Filter {
     /// Only this dtype (repeat for several).
     #[arg(long = "dtype", value_name = "DTYPE")]
     dtypes: Vec<String>,
-    /// Only this head dim (repeat for several).
+    /// Only this head dim (shorthand for --key head_dim=D; repeat for several).
     #[arg(long = "head-dim", value_name = "D")]
-    head_dims: Vec<usize>,
+    head_dims: Vec<u32>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -216,25 +241,37 @@ struct ProblemArgs {
     /// Input dtype: bf16, f16 or f32 (must be one of the spec's).
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    /// Problem size batch,seq_q,seq_k,heads_q,heads_kv,head_dim. head_dim must be one
-    /// of the spec's; for varlen variants batch is the number of sequences and the
-    /// sequence lengths are random up to seq_q / seq_k.
-    #[arg(long, default_value = "2,77,93,4,2,64")]
-    shape: String,
-    /// Tiling (default: `run` takes the spec's first block_m and block_n; `bench` times
-    /// every tiling of the spec and reports the fastest).
+    /// Sizes, positionally in the operation's order: flash batch,seq_q,seq_k,heads_q,heads_kv,head_dim;
+    /// mean_pooling batch,seq,heads,head_dim,chunk_size. Compile-time sizes (head_dim) must be the spec's;
+    /// for varlen variants batch is the number of sequences and the lengths are random up to the sizes.
+    #[arg(long)]
+    shape: Option<String>,
+    /// Sizes by name, NAME=N,... (repeatable; the rest keep their defaults), e.g.
+    /// --size batch=2,seq_q=300.
+    #[arg(long = "size", value_name = "NAME=N,...")]
+    sizes: Vec<String>,
+    /// Schedule values, NAME=N,... (repeatable): a tiling (block_m=64,block_n=32), a run-time axis
+    /// (num_splits=8). `run` takes the spec's first value of every axis not given; `bench` times them all.
+    #[arg(long = "config", value_name = "NAME=N,...")]
+    config: Vec<String>,
+    /// Tiling shorthands (--config block_m=N / block_n=N).
     #[arg(long)]
     block_m: Option<u32>,
     #[arg(long)]
     block_n: Option<u32>,
-    /// Sliding window left,right for variants whose window is a run-time parameter
-    /// (default: seq_k/3, seq_k/5).
+    /// The plan: `run` runs the operation's first unless given; `bench`/`tune` time every plan unless given.
+    #[arg(long)]
+    plan: Option<String>,
+    /// A run-time scalar, NAME=V (repeatable), e.g. softmax_scale=0.1; default: the operation's test values.
+    #[arg(long = "scalar", value_name = "NAME=V")]
+    scalars: Vec<String>,
+    /// Attention shorthand: sliding window left,right (window_left/window_right; default seq_k/3, seq_k/5).
     #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
     window: Option<String>,
-    /// Soft cap for variants whose cap is a run-time parameter (default 5.0).
+    /// Attention shorthand: soft cap (logits_soft_cap; default 5.0).
     #[arg(long)]
     softcap: Option<f64>,
-    /// Dropout probability for dropout variants (default 0.2).
+    /// Attention shorthand: dropout probability (dropout_p; default 0.2).
     #[arg(long)]
     dropout: Option<f64>,
     /// CPU ISA to compile for: avx512bf16, avx512, avx2, x86-64 (default: the host's
@@ -250,8 +287,12 @@ impl ProblemArgs {
             variants: self.variants,
             dtype: self.dtype,
             shape: self.shape,
+            sizes: self.sizes,
+            config: self.config,
             block_m: self.block_m,
             block_n: self.block_n,
+            plan: self.plan,
+            scalars: self.scalars,
             window: self.window,
             softcap: self.softcap,
             dropout: self.dropout,
@@ -309,30 +350,58 @@ fn main() -> ExitCode {
             out,
             targets,
             filter,
+            keys,
+            config,
             block_m,
             block_n,
             num_warps,
             num_stages,
+            plans,
             paths,
             report,
             drop_spilling,
             quiet,
-        } => cli::build::run(&cli::build::Request {
-            spec,
-            out,
-            targets,
-            variants: filter.variants,
-            dtypes: filter.dtypes,
-            head_dims: filter.head_dims,
-            block_m,
-            block_n,
-            num_warps,
-            num_stages,
-            ptx_paths: paths,
-            report,
-            drop_spilling,
-            quiet,
-        }),
+        } => {
+            let named = |flag: &str, items: &[String]| -> Result<Vec<(String, u32)>, String> {
+                let mut out = Vec::new();
+                for item in items {
+                    for part in item.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                        let (k, v) = part.split_once('=').ok_or(format!("{flag}: `{part}` is not NAME=N"))?;
+                        let v = v.trim().parse().map_err(|_| format!("{flag}: `{part}`: not a number"))?;
+                        out.push((k.trim().to_string(), v));
+                    }
+                }
+                Ok(out)
+            };
+            match (named("--key", &keys), named("--config", &config)) {
+                (Ok(mut keys), Ok(mut axes)) => {
+                    keys.extend(filter.head_dims.iter().map(|d| ("head_dim".to_string(), *d)));
+                    for (name, vs) in [
+                        ("block_m", &block_m),
+                        ("block_n", &block_n),
+                        ("num_warps", &num_warps),
+                        ("num_stages", &num_stages),
+                    ] {
+                        axes.extend(vs.iter().map(|v| (name.to_string(), *v)));
+                    }
+                    cli::build::run(&cli::build::Request {
+                        spec,
+                        out,
+                        targets,
+                        variants: filter.variants,
+                        dtypes: filter.dtypes,
+                        keys,
+                        axes,
+                        plans,
+                        ptx_paths: paths,
+                        report,
+                        drop_spilling,
+                        quiet,
+                    })
+                }
+                (Err(e), _) | (_, Err(e)) => Outcome::Error(format!("error: {e}")),
+            }
+        }
         Command::Run(a) => cli::run::run(&cli::run::Request {
             backend: a.backend.name(),
             seed: a.seed,

@@ -31,7 +31,7 @@ fn check_valid_spec() {
     let out = text(&o.stdout);
     assert!(out.starts_with("ok: "), "{out}");
     assert!(
-        out.contains("15 variants x 3 dtypes x 2 head dims = 90 kernels; x 6 tilings = 540 tile programs"),
+        out.contains("15 variants x 3 dtypes x 2 head_dims = 90 instances; 540 tile programs (all verified)"),
         "{out}"
     );
 }
@@ -116,6 +116,9 @@ fn build_writes_ir_and_a_manifest_the_runtime_verifies() {
     let m = &loaded.manifest;
     assert_eq!(m.artifacts.len(), 540);
     assert_eq!(m.spec.op, "flash_attention_fwd");
+    // One plan per instance (variant x dtype x head_dim): flash.yaml has no split-KV axis.
+    assert_eq!(m.plans.len(), 90);
+    assert!(m.plans.iter().all(|p| p.name == "single" && p.launches.len() == 1 && p.launches[0].role == "main"));
     for a in &m.artifacts {
         let text = std::fs::read_to_string(loaded.path_of(a)).unwrap();
         let k = ejc_ir::parse::parse_kernel(&text).unwrap_or_else(|e| panic!("{}: {e}", a.file));

@@ -73,22 +73,27 @@ fn tunes_once_then_the_second_process_hits_the_persistent_cache() {
 
 #[test]
 fn registry_finds_families_and_says_what_exists() {
+    use ejc_ir::flash::CallFeatures;
     use ejc_ir::types::DType;
-    use ejc_runtime::registry::{CallFeatures, Query, Registry};
+    use ejc_runtime::registry::{Query, Registry};
     let kernels = temp("registry");
     build(&kernels, &["full", "causal", "gpt_oss"]);
     let mut reg = Registry::new();
     assert_eq!(reg.load_manifest(&kernels).unwrap(), 18);
     reg.check_signatures().unwrap();
-    let q = Query::new("flash_attention_fwd").dtype(DType::F32).head_dim(64);
-    let causal = reg.families(&q.clone().features(CallFeatures { causal: true, ..Default::default() })).unwrap();
-    assert_eq!((causal.len(), causal[0].variant.as_str(), causal[0].entries.len()), (1, "causal", 6));
+    let q = Query::new("flash_attention_fwd").dtype(DType::F32).key("head_dim", 64);
+    let f = |c: CallFeatures| c.to_json();
+    let causal = reg.families(&q.clone().features(f(CallFeatures { causal: true, ..Default::default() }))).unwrap();
+    assert_eq!((causal.len(), causal[0].instance.variant.as_str(), causal[0].entries.len()), (1, "causal", 6));
+    assert_eq!(causal[0].plans.len(), 1, "one plan: single");
+    assert_eq!(causal[0].candidates().len(), 6, "one per tiling");
     // gpt_oss has a compile-time window (128, 0): only that window matches it.
     let w = CallFeatures { causal: true, window: Some((128, 0)), sinks: true, ..Default::default() };
-    assert_eq!(reg.families(&q.clone().features(w.clone())).unwrap()[0].variant, "gpt_oss");
-    let err = reg.families(&q.clone().features(CallFeatures { window: Some((64, 0)), ..w })).unwrap_err().to_string();
+    assert_eq!(reg.families(&q.clone().features(f(w.clone()))).unwrap()[0].instance.variant, "gpt_oss");
+    let err =
+        reg.families(&q.clone().features(f(CallFeatures { window: Some((64, 0)), ..w }))).unwrap_err().to_string();
     assert!(
-        err.contains("no kernel for") && err.contains("causal [f32] d64 on cpu:") && err.contains("gpt_oss"),
+        err.contains("no kernel for") && err.contains("causal [f32] head_dim=64 on cpu:") && err.contains("gpt_oss"),
         "{err}"
     );
     let err = reg.families(&Query::new("flash_attention_fwd").dtype(DType::BF16)).unwrap_err().to_string();
@@ -106,8 +111,9 @@ fn registry_finds_families_and_says_what_exists() {
 fn bad_arguments_are_errors_naming_the_argument() {
     use ejc_ir::tensor::HostTensor;
     use ejc_ir::types::DType;
-    use ejc_runtime::api::{FlashArgs, FlashOptions, Runtime, RuntimeOptions, SlidingWindow};
+    use ejc_runtime::api::{Runtime, RuntimeOptions};
     use ejc_runtime::cpu::HostBuffer;
+    use ejc_runtime::flash::{FlashArgs, FlashOptions, SlidingWindow};
     let kernels = temp("args");
     build(&kernels, &["full"]);
     let mut rt = Runtime::new(RuntimeOptions {
@@ -118,8 +124,9 @@ fn bad_arguments_are_errors_naming_the_argument() {
     .unwrap();
     let t = |d: DType, s: &[usize]| HostBuffer::from_host(&HostTensor::full(d, s, 0.5));
     let (q, k, v) = (t(DType::F32, &[1, 10, 2, 64]), t(DType::F32, &[1, 12, 2, 64]), t(DType::F32, &[1, 12, 2, 64]));
-    let call = |a: FlashArgs, o: FlashOptions, rt: &mut Runtime| {
-        rt.flash_attention(&a, &o).map(|_| ()).unwrap_err().to_string()
+    let call = |a: FlashArgs, o: FlashOptions, rt: &mut Runtime| match rt.flash_attention(&a, &o) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
     };
     let k16 = t(DType::BF16, &[1, 12, 2, 64]);
     assert!(call(FlashArgs::new(&q, &k16, &v), FlashOptions::default(), &mut rt).contains("argument `k`: dtype bf16"));
@@ -131,8 +138,9 @@ fn bad_arguments_are_errors_naming_the_argument() {
     assert!(call(FlashArgs::new(&q, &k, &v), o, &mut rt).contains("argument `dropout_p`"));
     // A feature this build has no kernel for: the error lists what exists.
     let o = FlashOptions { causal: true, ..Default::default() };
-    assert!(call(FlashArgs::new(&q, &k, &v), o, &mut rt).contains("full [f32] d64"));
-    // A mismatched v is caught by the kernel-ABI check, naming v.
+    let e = call(FlashArgs::new(&q, &k, &v), o, &mut rt);
+    assert!(e.contains("full [f32] head_dim=64"), "{e}");
+    // A mismatched v is caught by the operation's check, naming v.
     let v2 = t(DType::F32, &[1, 11, 2, 64]);
     let e = call(FlashArgs::new(&q, &k, &v2), FlashOptions::default(), &mut rt);
     assert!(e.contains("`v`"), "{e}");
@@ -147,47 +155,55 @@ fn bad_arguments_are_errors_naming_the_argument() {
 
 #[test]
 fn the_autotuner_drops_wrong_candidates_and_prunes_oversized_ones() {
-    use ejc_ir::flash::inputs::default_runtime;
-    use ejc_ir::flash::FlashShape;
-    use ejc_ir::spec::Features;
+    use std::cell::RefCell;
+
+    use ejc_ir::flash::CallFeatures;
     use ejc_ir::types::DType;
     use ejc_runtime::chain::Tunable;
-    use ejc_runtime::cpu::CpuLibrary;
-    use ejc_runtime::registry::{CallFeatures, Query, Registry};
-    use ejc_runtime::tune::{FlashCandidate, FlashTuner};
+    use ejc_runtime::exec::CpuLibs;
+    use ejc_runtime::registry::{Candidate, Query, Registry};
+    use ejc_runtime::tune::{Device, Tuner};
     let kernels = temp("tuner");
     build(&kernels, &["full", "causal"]);
     let mut reg = Registry::new();
     reg.load_manifest(&kernels).unwrap();
-    let q = Query::new("flash_attention_fwd").dtype(DType::F32).head_dim(64);
-    let causal =
-        reg.families(&q.clone().features(CallFeatures { causal: true, ..Default::default() })).unwrap().remove(0);
-    let full = reg.families(&q.features(CallFeatures::default())).unwrap().remove(0);
-    let lib = CpuLibrary::open(&causal.entries[0].artifact).unwrap();
-    fn cand<'e>(lib: &CpuLibrary, e: &'e ejc_runtime::registry::KernelEntry) -> FlashCandidate<'e> {
-        FlashCandidate {
-            config: &e.config,
-            kernel: lib.kernel(&e.entry, e.scratch_bytes as usize).unwrap(),
-            block_m: e.config["block_m"] as usize,
-        }
-    }
-    // Two honest causal kernels, and a full-attention kernel posing as a third causal
+    let q = Query::new("flash_attention_fwd").dtype(DType::F32).key("head_dim", 64);
+    let wanted = CallFeatures { causal: true, ..Default::default() }.to_json();
+    let causal = reg.families(&q.clone().features(wanted.clone())).unwrap().remove(0);
+    let full = reg.families(&q.features(CallFeatures::default().to_json())).unwrap().remove(0);
+    // Two honest causal candidates, and a full-attention kernel posing as a third causal
     // candidate: it computes the wrong thing.
-    let mut impostor = full.entries[0].config.clone();
-    impostor.insert("block_m".into(), 999);
-    let mut cands: Vec<FlashCandidate> = causal.entries[..2].iter().map(|e| cand(&lib, e)).collect();
-    cands.push(FlashCandidate { config: &impostor, ..cand(&lib, full.entries[0]) });
-    let features = Features { causal: true, ..Default::default() };
-    let shape = FlashShape { batch: 1, seq_q: 96, seq_k: 96, heads_q: 2, heads_kv: 2, head_dim: 64 };
-    let mut t =
-        FlashTuner::new(features.clone(), DType::F32, 64, shape, default_runtime(&features, &shape, 1), cands.clone());
+    let mut cands: Vec<Candidate> = causal.candidates()[..2].to_vec();
+    let mut impostor = cands[0].clone();
+    impostor.launches = vec![full.entries[0]];
+    impostor.config.insert("block_m".into(), 999);
+    cands.push(impostor.clone());
+    let op = ejc_ir::ops::get("flash_attention_fwd").unwrap();
+    let dims = ejc_ir::op::Sizes::from(
+        [("batch", 1), ("seq_q", 96), ("seq_k", 96), ("heads_q", 2), ("heads_kv", 2), ("head_dim", 64)]
+            .map(|(k, v)| (k.to_string(), v)),
+    );
+    let call = op.random_call(&causal.features, DType::F32, &dims, 1).unwrap();
+    let sizes = op.validate(&causal.features, DType::F32, &causal.instance.keys, &call).unwrap();
+    let libs = RefCell::new(CpuLibs::default());
+    let mut t = Tuner::new(
+        op,
+        causal.features.clone(),
+        wanted,
+        DType::F32,
+        causal.instance.keys.clone(),
+        sizes,
+        call.scalars.clone(),
+        cands,
+        Device::Cpu { libs: &libs, threads: 2 },
+    );
     t.progress = false;
     t.reps = 1;
     let r = t.autotune(&t.candidates());
     let status: Vec<&str> = r.timings.iter().map(|x| x.status.as_str()).collect();
     assert_eq!(status[..2], ["ok", "ok"], "{status:?}");
     assert!(status[2].starts_with("wrong result"), "{status:?}");
-    assert!(r.winner.is_some_and(|w| w != impostor));
+    assert!(r.winner.is_some_and(|w| w != impostor.config));
     // A scratch budget smaller than every kernel prunes them all.
     t.scratch_limit = 1024;
     let r = t.autotune(&t.candidates());

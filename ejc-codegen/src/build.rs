@@ -1,16 +1,15 @@
-//! `ejc build`: spec → kernels → pass pipeline → targets → manifest.
+//! `ejc build`: spec → kernels (every plan's roles) → pass pipeline → targets →
+//! manifest (plans and artifacts).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ejc_ir::flash::abi::abi_params;
-use ejc_ir::flash::{instances, KernelInstance};
 use ejc_ir::ir::Kernel;
-use ejc_ir::manifest::{AbiParamInfo, Artifact, Compiler, Manifest, SpecInfo, FORMAT};
+use ejc_ir::manifest::{AbiParamInfo, Artifact, Compiler, Manifest, Plan, SpecInfo, FORMAT};
+use ejc_ir::op::{self, KernelInstance, Operation};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
-use ejc_ir::spec::{Features, SoftCap, Spec, Target, Window};
+use ejc_ir::spec::{Spec, Target};
 use ejc_ir::types::{DType, Type};
-use serde_json::json;
 use sha2::{Digest, Sha256};
 
 pub mod dsl;
@@ -28,17 +27,23 @@ pub struct BuildOptions {
     pub variants: Vec<String>,
     /// Only these dtypes (empty = all of the spec's).
     pub dtypes: Vec<DType>,
-    /// Only these head dims (empty = all of the spec's).
-    pub head_dims: Vec<usize>,
-    /// Only these tilings (empty = all of the schedule's).
-    pub block_m: Vec<u32>,
-    pub block_n: Vec<u32>,
-    /// Only these launch configurations of GPU targets (empty = all).
-    pub num_warps: Vec<u32>,
-    pub num_stages: Vec<u32>,
+    /// Only these values of the operation's compile-time keys (e.g. `head_dim` → [128]);
+    /// a key not named keeps all of the spec's values.
+    pub keys: BTreeMap<String, Vec<u32>>,
+    /// Only these values of schedule axes (tile axes choose kernels, `num_warps` /
+    /// `num_stages` the GPU targets' configurations); an axis not named keeps all.
+    pub axes: BTreeMap<String, Vec<u32>>,
+    /// Only these plans (empty = the spec's).
+    pub plans: Vec<String>,
     /// Only these code paths of PTX targets (empty = all): `mma` (`mma.sync`), `wgmma`
     /// (sm_90a), `ws` (sm_90a, warp-specialised, with or without the sunk softmax).
     pub ptx_paths: Vec<String>,
+}
+
+impl BuildOptions {
+    fn keeps(&self, axis: &str, value: u32) -> bool {
+        self.axes.get(axis).is_none_or(|vs| vs.contains(&value))
+    }
 }
 
 /// Progress events, for a progress bar or log lines.
@@ -57,49 +62,130 @@ pub struct BuildReport {
     pub kernels: usize,
 }
 
-/// The instances of `spec` that pass the filters in `opts`; an unknown filter value
-/// is an error naming what exists.
-pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Vec<KernelInstance<'s>>, CodegenError> {
-    for v in &opts.variants {
-        if spec.variant(v).is_none() {
-            let names: Vec<&str> = spec.variants.iter().map(|v| v.name.as_str()).collect();
-            return Err(CodegenError::Empty(format!(
-                "spec `{}` has no variant `{v}` (variants: {})",
-                spec.name,
-                names.join(", ")
-            )));
-        }
-    }
-    for d in &opts.dtypes {
-        if !spec.dtypes.contains(d) {
-            return Err(CodegenError::Empty(format!(
-                "spec `{}` does not declare dtype {d} (dtypes: {})",
-                spec.name,
-                join(&spec.dtypes)
-            )));
-        }
-    }
-    for h in &opts.head_dims {
-        if !spec.head_dims.contains(h) {
-            return Err(CodegenError::Empty(format!(
-                "spec `{}` does not declare head_dim {h} (head_dims: {})",
-                spec.name,
-                join(&spec.head_dims)
-            )));
-        }
-    }
-    Ok(instances(spec)
-        .into_iter()
-        .filter(|i| opts.variants.is_empty() || opts.variants.contains(&i.variant.name))
-        .filter(|i| opts.dtypes.is_empty() || opts.dtypes.contains(&i.dtype))
-        .filter(|i| opts.head_dims.is_empty() || opts.head_dims.contains(&i.head_dim))
-        .filter(|i| opts.block_m.is_empty() || opts.block_m.contains(&i.block_m))
-        .filter(|i| opts.block_n.is_empty() || opts.block_n.contains(&i.block_n))
-        .collect())
+/// What a build compiles: the tile programs, and the plans that launch them.
+pub struct Selection<'s> {
+    pub kernels: Vec<KernelInstance<'s>>,
+    pub plans: Vec<Plan>,
 }
 
 fn join<T: std::fmt::Display>(xs: &[T]) -> String {
     xs.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// The kernels and plans of `spec` that pass the filters in `opts`; an unknown filter
+/// value is an error naming what exists. A plan is kept only when each of its roles
+/// still has a kernel.
+pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, CodegenError> {
+    let op = spec.operation();
+    let empty = |m: String| Err(CodegenError::Empty(m));
+    for v in &opts.variants {
+        if spec.variant(v).is_none() {
+            let names: Vec<&str> = spec.variants.iter().map(|v| v.name.as_str()).collect();
+            return empty(format!("spec `{}` has no variant `{v}` (variants: {})", spec.name, names.join(", ")));
+        }
+    }
+    for d in &opts.dtypes {
+        if !spec.dtypes.contains(d) {
+            return empty(format!("spec `{}` does not declare dtype {d} (dtypes: {})", spec.name, join(&spec.dtypes)));
+        }
+    }
+    for (k, vs) in &opts.keys {
+        let have = spec.key_values(k);
+        if !spec.keys.iter().any(|(n, _)| n == k) {
+            let names: Vec<&str> = spec.keys.iter().map(|(n, _)| n.as_str()).collect();
+            return empty(format!("{} has no compile-time key `{k}` (keys: {})", op.name(), names.join(", ")));
+        }
+        if let Some(v) = vs.iter().find(|v| !have.contains(v)) {
+            return empty(format!("spec `{}` does not declare {k} {v} ({k}: {})", spec.name, join(have)));
+        }
+    }
+    for (a, vs) in &opts.axes {
+        let have = spec.schedule.values(a);
+        if !op.axes().iter().any(|d| d.name == a) {
+            let names: Vec<&str> = op.axes().iter().map(|d| d.name).collect();
+            return empty(format!("{} has no schedule axis `{a}` (axes: {})", op.name(), names.join(", ")));
+        }
+        if let Some(v) = vs.iter().find(|v| !have.contains(v)) {
+            return empty(format!("spec `{}` does not list {a} {v} in its schedule ({a}: {})", spec.name, join(have)));
+        }
+    }
+    for p in &opts.plans {
+        if !op.plan_names().contains(&p.as_str()) {
+            return empty(format!("{} has no plan `{p}` (plans: {})", op.name(), op.plan_names().join(", ")));
+        }
+    }
+    let mut kernels: Vec<KernelInstance> = Vec::new();
+    let mut plans = Vec::new();
+    for variant in spec.variants.iter().filter(|v| opts.variants.is_empty() || opts.variants.contains(&v.name)) {
+        let decls: Vec<_> = op::spec_plans(spec, variant)
+            .into_iter()
+            .filter(|p| opts.plans.is_empty() || opts.plans.iter().any(|n| n == p.name))
+            .collect();
+        for &dtype in spec.dtypes.iter().filter(|d| opts.dtypes.is_empty() || opts.dtypes.contains(d)) {
+            for keys in spec.key_points() {
+                if !keys.iter().all(|(k, v)| opts.keys.get(k).is_none_or(|vs| vs.contains(v))) {
+                    continue;
+                }
+                for decl in &decls {
+                    let mut these = Vec::new();
+                    for role in &decl.roles {
+                        let mut n = 0;
+                        for mut tile in spec.schedule.points(&role.tile_axes) {
+                            if !tile.iter().all(|(a, v)| opts.keeps(a, *v)) {
+                                continue;
+                            }
+                            tile.extend(role.fixed.clone());
+                            let mut k = KernelInstance {
+                                id: String::new(),
+                                variant,
+                                dtype,
+                                keys: keys.clone(),
+                                role: role.name,
+                                tile,
+                            };
+                            k.id = op.kernel_id(&spec.name, &k);
+                            these.push(k);
+                            n += 1;
+                        }
+                        if n == 0 {
+                            these.clear();
+                            break;
+                        }
+                    }
+                    if these.is_empty() {
+                        continue;
+                    }
+                    let first = &these[0];
+                    let mut axes = BTreeMap::new();
+                    for a in &decl.runtime_axes {
+                        let vs: Vec<u32> =
+                            spec.schedule.values(a).iter().copied().filter(|v| opts.keeps(a, *v)).collect();
+                        axes.insert(a.to_string(), vs);
+                    }
+                    if axes.values().any(|v: &Vec<u32>| v.is_empty()) {
+                        continue;
+                    }
+                    plans.push(Plan {
+                        name: decl.name.to_string(),
+                        instance: first.instance(),
+                        features: variant.features.clone(),
+                        temporaries: decl.temporaries.clone(),
+                        launches: decl.launches.clone(),
+                        axes,
+                    });
+                    for k in these {
+                        if !kernels.iter().any(|o| o.id == k.id) {
+                            kernels.push(k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if kernels.is_empty() {
+        return empty(format!("the filters leave no kernel of spec `{}` to build", spec.name));
+    }
+    Ok(Selection { kernels, plans })
 }
 
 pub fn build(
@@ -114,7 +200,8 @@ pub fn build(
     for t in &opts.targets {
         check_supported(t)?;
     }
-    let selected = select(spec, opts)?;
+    let op = spec.operation();
+    let Selection { kernels: selected, plans } = select(spec, opts)?;
     std::fs::create_dir_all(&opts.out_dir).map_err(|error| CodegenError::Io { path: opts.out_dir.clone(), error })?;
     progress(Progress::Start { kernels: selected.len(), targets: opts.targets.len() });
     // Tile IR of every kernel, after the pipeline: the input of every target.
@@ -122,21 +209,17 @@ pub fn build(
     let mut kernels = Vec::with_capacity(selected.len());
     for inst in &selected {
         let kernel_err = |message: String| CodegenError::Kernel { kernel: inst.id.clone(), message };
-        let raw = inst.build(spec).map_err(|e| kernel_err(e.to_string()))?;
+        let raw = op.build(spec, inst).map_err(kernel_err)?;
         kernels.push(run_pipeline(&raw, &pipeline).map_err(|e| kernel_err(e.to_string()))?);
     }
     let mut artifacts = Vec::new();
-    let artifact = |inst: &KernelInstance, target: String, file: String, sha256: String, scratch_bytes: u64| Artifact {
-        scratch_bytes,
-        ..artifact_of(inst, target, file, sha256)
-    };
     for target in &opts.targets {
         match target {
             Target::Ir => {
                 for (n, (inst, kernel)) in selected.iter().zip(&kernels).enumerate() {
                     progress(Progress::Kernel { done: n, total: selected.len(), id: &inst.id });
                     let (file, text) = crate::ir::write(&opts.out_dir, kernel)?;
-                    artifacts.push(artifact(inst, "ir".into(), file, sha256_hex(text.as_bytes()), 0));
+                    artifacts.push(artifact_of(op, inst, kernel, "ir".into(), file, sha256_hex(text.as_bytes())));
                 }
             }
             Target::Cpu(isa) => {
@@ -149,14 +232,10 @@ pub fn build(
                 let codes = compile_cpu_library(&kernels, isa, &path, progress)?;
                 let bytes = std::fs::read(&path).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
                 let sha = sha256_hex(&bytes);
-                for (inst, code) in selected.iter().zip(codes) {
-                    artifacts.push(artifact(
-                        inst,
-                        format!("cpu:{}", isa.name()),
-                        file.clone(),
-                        sha.clone(),
-                        code.scratch_bytes,
-                    ));
+                for ((inst, kernel), code) in selected.iter().zip(&kernels).zip(codes) {
+                    let mut a = artifact_of(op, inst, kernel, format!("cpu:{}", isa.name()), file.clone(), sha.clone());
+                    a.scratch_bytes = code.scratch_bytes;
+                    artifacts.push(a);
                 }
             }
             Target::Ptx(arch) => {
@@ -164,11 +243,16 @@ pub fn build(
                 artifacts.extend(build_ptx(spec, opts, &selected, &kernels, arch, progress)?);
             }
             Target::Mlir(form) => {
-                artifacts.extend(build_mlir(form, opts, &selected, &kernels, progress)?);
+                artifacts.extend(build_mlir(op, form, opts, &selected, &kernels, progress)?);
             }
         }
     }
     progress(Progress::Finished);
+    // A plan is listed where every role it launches has an artifact.
+    let plans: Vec<Plan> = plans
+        .into_iter()
+        .filter(|p| p.launches.iter().all(|l| artifacts.iter().any(|a| a.instance == p.instance && a.role == l.role)))
+        .collect();
     let manifest = Manifest {
         format: FORMAT.into(),
         compiler: Compiler { name: "ejc".into(), version: COMPILER_VERSION.into() },
@@ -179,6 +263,7 @@ pub fn build(
             op: spec.op.clone(),
             version: spec.version,
         },
+        plans,
         artifacts,
     };
     let manifest_path = opts.out_dir.join("manifest.json");
@@ -186,26 +271,30 @@ pub fn build(
     Ok(BuildReport { manifest, manifest_path, kernels: selected.len() })
 }
 
-/// The manifest entry of `inst` built for `target` into `file`: the kernel's identity,
-/// features, ABI and grid; targets fill in their launch details.
-fn artifact_of(inst: &KernelInstance, target: String, file: String, sha256: String) -> Artifact {
-    let mut config = BTreeMap::new();
-    config.insert("block_m".to_string(), inst.block_m);
-    config.insert("block_n".to_string(), inst.block_n);
+/// The manifest entry of kernel `inst` built for `target` into `file`: its instance,
+/// role, features, tile configuration, and the parameters and grid the kernel declares;
+/// targets fill in their launch details.
+fn artifact_of(
+    op: &dyn Operation,
+    inst: &KernelInstance,
+    kernel: &Kernel,
+    target: String,
+    file: String,
+    sha256: String,
+) -> Artifact {
     Artifact {
         kernel_id: inst.id.clone(),
-        variant: inst.variant.name.clone(),
-        features: features_json(&inst.variant.features),
-        dtype: inst.dtype.to_string(),
-        head_dim: inst.head_dim,
-        config,
+        instance: inst.instance(),
+        role: inst.role.to_string(),
+        features: inst.variant.features.clone(),
+        config: inst.tile.iter().filter(|(k, _)| *k != "num_warps").map(|(k, v)| (k.clone(), *v)).collect(),
         artifact_id: format!("{}@{target}", inst.id),
         target,
         file,
         sha256,
         entry: inst.id.clone(),
-        params: params_info(&inst.variant.features, inst.dtype),
-        grid: ejc_ir::flash::abi::grid(&inst.variant.features, inst.block_m as usize).map(|g| g.to_string()),
+        params: params_info(kernel, &|n| op.param_doc(n)),
+        grid: kernel.grid.clone().map(|g| g.to_string()),
         block: None,
         dynamic_shared_memory: 0,
         scratch_bytes: 0,
@@ -213,20 +302,37 @@ fn artifact_of(inst: &KernelInstance, target: String, file: String, sha256: Stri
     }
 }
 
+/// A kernel's parameters as the manifest lists them, with `doc` saying what each is.
+pub fn params_info(kernel: &Kernel, doc: &dyn Fn(&str) -> &str) -> Vec<AbiParamInfo> {
+    kernel
+        .params
+        .iter()
+        .map(|p| {
+            let (kind, rank) = match p.ty {
+                Type::Tensor(_, r) => ("tensor", r),
+                _ => ("scalar", 0),
+            };
+            AbiParamInfo {
+                name: p.name.clone(),
+                kind: kind.into(),
+                dtype: p.ty.dtype().to_string(),
+                rank,
+                meaning: doc(&p.name).to_string(),
+            }
+        })
+        .collect()
+}
+
 /// One candidate configuration of a PTX kernel.
 struct PtxJob<'a> {
     inst: &'a KernelInstance<'a>,
     kernel: &'a Kernel,
-    warps: u32,
-    stages: u32,
-    wgmma: bool,
-    ws: bool,
-    sink: bool,
+    cand: crate::ptx::candidates::Candidate,
 }
 
-/// Every (kernel × num_warps × num_stages) of the schedule for `arch`, compiled in
-/// parallel. f32 kernels and configurations whose tiles do not fit the warps are left
-/// out (a note says so); everything else must compile.
+/// Every candidate of every kernel for `arch` (the PTX target's policy:
+/// [`crate::ptx::candidates`]), compiled in parallel. Kernels without a candidate are
+/// named in a note; everything else must compile.
 fn build_ptx(
     spec: &Spec,
     opts: &BuildOptions,
@@ -235,68 +341,36 @@ fn build_ptx(
     arch: crate::ptx::Arch,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<Artifact>, CodegenError> {
+    use crate::ptx::candidates::{candidates, Skip};
+    let op = spec.operation();
     let out_dir = &opts.out_dir;
     let mut jobs = Vec::new();
-    let mut skipped_f32 = 0;
+    let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
     for (inst, kernel) in selected.iter().zip(kernels) {
-        if inst.dtype == DType::F32 {
-            skipped_f32 += 1;
-            continue;
-        }
-        for &warps in &spec.schedule.num_warps {
-            if !(inst.block_m as usize).is_multiple_of(16 * warps as usize)
-                || !(opts.num_warps.is_empty() || opts.num_warps.contains(&warps))
-            {
-                continue;
-            }
-            for &stages in &spec.schedule.num_stages {
-                if !(opts.num_stages.is_empty() || opts.num_stages.contains(&stages)) {
-                    continue;
-                }
-                jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: false, ws: false, sink: false });
-                // sm_90a: Hopper's warpgroup MMA too, as one more candidate (warps in
-                // whole warpgroups); the autotuner picks between the instruction paths.
-                if arch == crate::ptx::Arch::Sm90a && warps % 4 == 0 {
-                    jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: false, sink: false });
-                    // And warp-specialised (a producer warpgroup copying with the bulk
-                    // tensor copy engine), where it applies (not to varlen's bounded tiles).
-                    let cfg = crate::ptx::PtxConfig {
-                        arch,
-                        num_warps: warps as usize,
-                        num_stages: stages as usize,
-                        wgmma: true,
-                        ws: true,
-                        sink: false,
-                    };
-                    if crate::ptx::ws_applies(kernel, &cfg).is_ok() {
-                        jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: true, sink: false });
-                        // The softmax sunk into the masks' branch: measured faster at
-                        // head_dim 64 and slower at 128 on the H100 (registers), so a
-                        // candidate only where it can win.
-                        if inst.head_dim <= 64 {
-                            jobs.push(PtxJob { inst, kernel, warps, stages, wgmma: true, ws: true, sink: true });
-                        }
-                    }
-                }
-            }
-        }
-    }
-    if !opts.ptx_paths.is_empty() {
-        let path = |j: &PtxJob| {
-            if j.ws {
-                "ws"
-            } else if j.wgmma {
-                "wgmma"
-            } else {
-                "mma"
+        // A role may fix a launch axis (e.g. one warp count for a small kernel).
+        let values = |axis: &str| -> Vec<u32> {
+            match inst.tile.get(axis) {
+                Some(v) => vec![*v],
+                None => spec.schedule.values(axis).iter().copied().filter(|v| opts.keeps(axis, *v)).collect(),
             }
         };
-        jobs.retain(|j| opts.ptx_paths.iter().any(|p| p == path(j)));
+        let (warps, stages) = (values("num_warps"), values("num_stages"));
+        let stages = if stages.is_empty() { vec![1] } else { stages };
+        match candidates(kernel, arch, &warps, &stages, &opts.ptx_paths) {
+            Ok(cs) => jobs.extend(cs.into_iter().map(|cand| PtxJob { inst, kernel, cand })),
+            Err(skip) => {
+                let why = match skip {
+                    Skip::F32Products => {
+                        "f32 kernels left out (tensor cores take bf16/f16; f32 runs on the cpu target)".into()
+                    }
+                    other => format!("kernel(s) left out: {other}"),
+                };
+                *skipped.entry(why).or_default() += 1;
+            }
+        }
     }
-    if skipped_f32 > 0 {
-        eprintln!(
-            "note: ptx:{arch}: {skipped_f32} f32 kernels left out (tensor cores take bf16/f16; f32 attention runs on the cpu target)"
-        );
+    for (why, n) in &skipped {
+        eprintln!("note: ptx:{arch}: {n} {why}");
     }
     let dir = out_dir.join("ptx").join(arch.name());
     std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
@@ -311,15 +385,7 @@ fn build_ptx(
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(j) = jobs.get(i) else { break };
-                let cfg = crate::ptx::PtxConfig {
-                    arch,
-                    num_warps: j.warps as usize,
-                    num_stages: j.stages as usize,
-                    wgmma: j.wgmma,
-                    ws: j.ws,
-                    sink: j.sink,
-                };
-                let _ = tx.send((i, crate::ptx::compile(j.kernel, &cfg)));
+                let _ = tx.send((i, crate::ptx::compile(j.kernel, &j.cand.cfg)));
             });
         }
         drop(tx);
@@ -337,30 +403,13 @@ fn build_ptx(
             too_big += 1;
             continue;
         }
-        let suffix = format!(
-            "w{}_s{}{}{}{}",
-            j.warps,
-            j.stages,
-            if j.wgmma { "_wgmma" } else { "" },
-            if j.ws { "_ws" } else { "" },
-            if j.sink { "_sink" } else { "" }
-        );
+        let suffix = &j.cand.suffix;
         let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
         let path = out_dir.join(&file);
         std::fs::write(&path, &k.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
         let target = format!("ptx:{}", arch.name());
-        let mut a = artifact_of(j.inst, target.clone(), file, sha256_hex(k.ptx.as_bytes()));
-        a.config.insert("num_warps".to_string(), j.warps);
-        a.config.insert("num_stages".to_string(), j.stages);
-        if j.wgmma {
-            a.config.insert("wgmma".to_string(), 1);
-        }
-        if j.ws {
-            a.config.insert("ws".to_string(), 1);
-        }
-        if j.sink {
-            a.config.insert("sink".to_string(), 1);
-        }
+        let mut a = artifact_of(op, j.inst, j.kernel, target.clone(), file, sha256_hex(k.ptx.as_bytes()));
+        a.config.extend(j.cand.config.clone());
         a.artifact_id = format!("{}@{target}/{suffix}", j.inst.id);
         a.entry = k.code.entry.clone();
         a.block = Some([k.code.threads as u32, 1, 1]);
@@ -401,6 +450,7 @@ pub const MLIR_GPU_CHIP: &str = "sm_80";
 /// `mlir:cpu`: the verified module of every kernel, as text. `mlir:gpu`: the same for
 /// the gpu form, plus its PTX from MLIR's NVVM pipeline (compiled in parallel).
 fn build_mlir(
+    op: &dyn Operation,
     form: &str,
     opts: &BuildOptions,
     selected: &[KernelInstance],
@@ -416,7 +466,9 @@ fn build_mlir(
     let dir = opts.out_dir.join("mlir").join(form);
     std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
     let mform = if gpu { Form::Gpu { threads: MLIR_GPU_THREADS } } else { Form::Cpu };
-    let base = artifact_of;
+    let base = |inst: &KernelInstance, kernel: &Kernel, target: String, file: String, sha: String| {
+        artifact_of(op, inst, kernel, target, file, sha)
+    };
     // Text first (fast, and every kernel must verify).
     let mut artifacts = Vec::new();
     for (inst, kernel) in selected.iter().zip(kernels) {
@@ -424,7 +476,7 @@ fn build_mlir(
         let file = format!("mlir/{form}/{}.mlir", inst.id);
         let path = opts.out_dir.join(&file);
         std::fs::write(&path, &text).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
-        let mut a = base(inst, format!("mlir:{form}"), file, sha256_hex(text.as_bytes()));
+        let mut a = base(inst, kernel, format!("mlir:{form}"), file, sha256_hex(text.as_bytes()));
         a.entry = info.entry;
         a.scratch_bytes = info.scratch_bytes as u64;
         if gpu {
@@ -458,13 +510,13 @@ fn build_mlir(
         }
         Ok(())
     })?;
-    for (inst, r) in selected.iter().zip(results) {
+    for ((inst, kernel), r) in selected.iter().zip(kernels).zip(results) {
         let Some(p) = r else { continue };
         let target = format!("mlir:gpu:{MLIR_GPU_CHIP}");
         let file = format!("mlir/gpu/{}.{MLIR_GPU_CHIP}.ptx", inst.id);
         let path = opts.out_dir.join(&file);
         std::fs::write(&path, &p.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
-        let mut a = base(inst, target, file, sha256_hex(p.ptx.as_bytes()));
+        let mut a = base(inst, kernel, target, file, sha256_hex(p.ptx.as_bytes()));
         a.entry = p.entry;
         a.block = Some([p.threads as u32, 1, 1]);
         a.scratch_bytes = p.scratch_bytes as u64;
@@ -483,58 +535,6 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CodegenError
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The variant's features as JSON, with the spec's vocabulary.
-pub fn features_json(f: &Features) -> BTreeMap<String, serde_json::Value> {
-    let mut m = BTreeMap::new();
-    m.insert("causal".into(), json!(f.causal));
-    m.insert(
-        "sliding_window".into(),
-        match f.sliding_window {
-            None => json!(null),
-            Some(Window::Runtime) => json!("runtime"),
-            Some(Window::Fixed { left, right }) => json!([left, right]),
-        },
-    );
-    m.insert(
-        "logits_soft_cap".into(),
-        match f.logits_soft_cap {
-            None => json!(null),
-            Some(SoftCap::Runtime) => json!("runtime"),
-            Some(SoftCap::Fixed(c)) => json!(c),
-        },
-    );
-    for (k, v) in [
-        ("sinks", f.sinks),
-        ("bias", f.bias),
-        ("mask", f.mask),
-        ("segment_ids", f.segment_ids),
-        ("varlen", f.varlen),
-        ("dropout", f.dropout),
-    ] {
-        m.insert(k.into(), json!(v));
-    }
-    m
-}
-
-pub fn params_info(f: &Features, dtype: DType) -> Vec<AbiParamInfo> {
-    abi_params(f, dtype)
-        .into_iter()
-        .map(|p| {
-            let (kind, rank) = match p.ty {
-                Type::Tensor(_, r) => ("tensor", r),
-                _ => ("scalar", 0),
-            };
-            AbiParamInfo {
-                name: p.name.into(),
-                kind: kind.into(),
-                dtype: p.ty.dtype().to_string(),
-                rank,
-                meaning: p.meaning.into(),
-            }
-        })
-        .collect()
 }
 
 /// Compile kernels for `isa` on every core (one LLVM context per thread, so they

@@ -12,25 +12,39 @@ use ejc_codegen::{build, BuildOptions};
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
 use ejc_ir::flash::FlashShape;
+use ejc_ir::ir::GridExpr;
+use ejc_ir::op::ParamSig;
 use ejc_ir::spec::{Target, Variant};
 use ejc_ir::tensor::compare;
 use ejc_ir::types::DType;
 use ejc_runtime::cpu::{CpuKernel, CpuLibrary};
-use ejc_runtime::flash::{run_cpu, FlashBuffers};
 
 /// s_q != s_k both ways, lengths that are not block multiples, GQA 8:2, MQA, one row.
 const SHAPES: &[&str] = &["2,77,93,4,2,64", "1,45,21,2,1,64", "1,19,140,8,2,64", "2,29,29,4,1,64", "1,1,23,2,2,64"];
 
-fn check(k: &CpuKernel, v: &Variant, dtype: DType, head_dim: usize, bm: usize, shape: &str, seed: u64, label: &str) {
+/// A kernel's parameters and grid, from its IR.
+fn abi(k: &ejc_ir::ir::Kernel) -> (Vec<ParamSig>, [GridExpr; 3]) {
+    (ParamSig::of_kernel(k), k.grid.clone())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    k: &CpuKernel,
+    (params, grid): (Vec<ParamSig>, [GridExpr; 3]),
+    v: &Variant,
+    dtype: DType,
+    shape: &str,
+    seed: u64,
+    label: &str,
+) {
     let shape = FlashShape::parse(shape).unwrap();
-    let f = &v.features;
+    let f = &fx(v);
     let inputs = random_inputs(f, dtype, &shape, seed);
     let rt = default_runtime(f, &shape, seed);
     let want = reference(f, &rt, &inputs).unwrap();
-    let mut call = FlashBuffers::from_inputs(&inputs);
-    run_cpu(k, f, dtype, head_dim, bm, &rt, &mut call, 2).unwrap_or_else(|e| panic!("{label}: {e}"));
-    let got = call.outputs();
-    for (what, g, w) in [("out", &got.out, &want.out), ("lse", &got.lse, &want.lse)] {
+    let (out, lse) =
+        common::run_flash(k, params, grid, f, dtype, &inputs, &rt, 2).unwrap_or_else(|e| panic!("{label}: {e}"));
+    for (what, g, w) in [("out", &out, &want.out), ("lse", &lse, &want.lse)] {
         let (rel, max_abs) = compare(&g.to_vec(), &w.to_vec());
         assert!(rel <= tol(dtype), "{label} {what} shape={shape} seed={seed}: rel_err={rel:e} max_abs_err={max_abs:e}");
     }
@@ -57,7 +71,7 @@ fn every_variant_and_dtype_matches_the_reference_on_the_host_isa() {
     for (i, (v, dtype, name)) in cases.iter().enumerate() {
         let k = CpuKernel { entry: jit.entry(name).unwrap(), scratch_bytes: obj.kernels[i].scratch_bytes as usize };
         for (j, shape) in SHAPES.iter().enumerate() {
-            check(&k, v, *dtype, 64, 32, shape, seed + j as u64, &format!("{name} ({isa})"));
+            check(&k, abi(&kernels[i]), v, *dtype, shape, seed + j as u64, &format!("{name} ({isa})"));
         }
     }
 }
@@ -71,19 +85,19 @@ fn head_dim_128_and_spec_tilings() {
     let mut cases = Vec::new();
     for name in ["causal", "gemma2", "varlen_causal", "sinks"] {
         let v = spec.variant(name).unwrap();
-        for (bm, bn) in spec.schedule.tilings() {
+        for (bm, bn) in common::tilings(&spec) {
             for dtype in [DType::F32, DType::BF16] {
                 let k = kernel(&spec, v, dtype, 128, bm, bn);
-                cases.push((v, dtype, bm, k.name.clone()));
+                cases.push((v, dtype, k.name.clone()));
                 kernels.push(k);
             }
         }
     }
     let obj = compile_object(&kernels, Isa::host()).unwrap();
     let jit = JitLibrary::load(&obj.object).unwrap();
-    for (i, (v, dtype, bm, name)) in cases.iter().enumerate() {
+    for (i, (v, dtype, name)) in cases.iter().enumerate() {
         let k = CpuKernel { entry: jit.entry(name).unwrap(), scratch_bytes: obj.kernels[i].scratch_bytes as usize };
-        check(&k, v, *dtype, 128, *bm as usize, "2,150,201,4,2,128", seed, name);
+        check(&k, abi(&kernels[i]), v, *dtype, "2,150,201,4,2,128", seed, name);
     }
 }
 
@@ -107,7 +121,7 @@ fn every_isa_this_machine_runs() {
         let jit = JitLibrary::load(&obj.object).unwrap();
         for (i, (v, dtype, name)) in cases.iter().enumerate() {
             let k = CpuKernel { entry: jit.entry(name).unwrap(), scratch_bytes: obj.kernels[i].scratch_bytes as usize };
-            check(&k, v, *dtype, 64, 64, "2,77,93,4,2,64", seed, &format!("{name} ({isa})"));
+            check(&k, abi(&kernels[i]), v, *dtype, "2,77,93,4,2,64", seed, &format!("{name} ({isa})"));
         }
     }
 }
@@ -122,7 +136,7 @@ fn ahead_of_time_library_through_the_manifest() {
         targets: vec![Target::Cpu(None)],
         variants: vec!["causal_window".into(), "mask".into()],
         dtypes: vec![DType::F32, DType::BF16],
-        head_dims: vec![64],
+        keys: [("head_dim".to_string(), vec![64])].into(),
         ..Default::default()
     };
     let report = build(&spec, &opts, &mut |_| {}).unwrap();
@@ -135,10 +149,19 @@ fn ahead_of_time_library_through_the_manifest() {
     for a in &loaded.manifest.artifacts {
         assert!(a.target.starts_with("cpu:") && a.scratch_bytes > 0, "{}", a.artifact_id);
         let k = lib.kernel(&a.entry, a.scratch_bytes as usize).unwrap();
-        let v = spec.variant(&a.variant).unwrap();
-        let dtype: DType = a.dtype.parse().unwrap();
-        check(&k, v, dtype, 64, a.config["block_m"] as usize, "2,130,111,4,2,64", seed, &a.artifact_id);
+        let v = spec.variant(&a.instance.variant).unwrap();
+        let dtype: DType = a.instance.dtype.parse().unwrap();
+        let params = ejc_runtime::exec::param_sigs(&a.params).unwrap();
+        let g: Vec<GridExpr> = a.grid.iter().map(|g| GridExpr::parse(g).unwrap()).collect();
+        let grid = [g[0].clone(), g[1].clone(), g[2].clone()];
+        check(&k, (params, grid), v, dtype, "2,130,111,4,2,64", seed, &a.artifact_id);
     }
     assert!(lib.kernel("no_such_kernel", 0).is_err());
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A flash variant's features, typed.
+#[allow(dead_code)]
+fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
+    ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }

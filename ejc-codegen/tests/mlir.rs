@@ -9,7 +9,6 @@ mod common;
 use common::{kernel, seed, spec, tol};
 use ejc_codegen::mlir::{self, exec::CpuKernel, Form, GpuOptions};
 use ejc_codegen::ptx::{ptxas, Arch};
-use ejc_ir::flash::abi::abi_params;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
 use ejc_ir::flash::FlashShape;
@@ -17,27 +16,35 @@ use ejc_ir::ir::Kernel;
 use ejc_ir::spec::Variant;
 use ejc_ir::tensor::compare;
 use ejc_ir::types::{DType, Type};
-use ejc_runtime::flash::{launch_plan, FlashBuffers};
 
-/// Run `k` through the MLIR CPU path on `shape` and compare with the reference.
-fn check(k: &CpuKernel, v: &Variant, dtype: DType, head_dim: usize, bm: usize, shape: &str, seed: u64) {
+/// The MLIR CPU kernel, as the runtime's plan executor launches it.
+struct Launch<'a>(&'a CpuKernel);
+
+impl ejc_runtime::exec::HostLaunch for Launch<'_> {
+    unsafe fn launch(
+        &self,
+        tensors: &[ejc_ir::cpu_abi::EjcTensor],
+        scalars: &[u64],
+        grid: [i64; 3],
+        threads: usize,
+    ) -> Result<(), String> {
+        self.0.launch(tensors, scalars, grid, threads).map_err(|e| e.to_string())
+    }
+}
+
+/// Run `k` (compiled from `ir`) through the MLIR CPU path on `shape` and compare with
+/// the reference.
+fn check(k: &CpuKernel, ir: &Kernel, v: &Variant, dtype: DType, shape: &str, seed: u64) {
     let label = format!("{} shape={shape} seed={seed}", k.name);
     let shape = FlashShape::parse(shape).unwrap();
-    let f = &v.features;
+    let f = &fx(v);
     let inputs = random_inputs(f, dtype, &shape, seed);
     let rt = default_runtime(f, &shape, seed);
     let want = reference(f, &rt, &inputs).unwrap();
-    let mut call = FlashBuffers::from_inputs(&inputs);
-    let (grid, scalars) = launch_plan(f, dtype, head_dim, bm, &rt, &mut call).unwrap();
-    let mut tensors = Vec::new();
-    for p in abi_params(f, dtype) {
-        if let Type::Tensor(..) = p.ty {
-            tensors.push(call.get(p.name).unwrap().abi());
-        }
-    }
-    unsafe { k.launch(&tensors, &scalars, grid, 2) }.unwrap_or_else(|e| panic!("{label}: {e}"));
-    let got = call.outputs();
-    for (what, g, w) in [("out", &got.out, &want.out), ("lse", &got.lse, &want.lse)] {
+    let params = ejc_ir::op::ParamSig::of_kernel(ir);
+    let (out, lse) = common::run_flash(&Launch(k), params, ir.grid.clone(), f, dtype, &inputs, &rt, 2)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    for (what, g, w) in [("out", &out, &want.out), ("lse", &lse, &want.lse)] {
         let (rel, max_abs) = compare(&g.to_vec(), &w.to_vec());
         assert!(rel <= tol(dtype), "{label} {what}: rel_err={rel:e} max_abs_err={max_abs:e}");
     }
@@ -50,8 +57,8 @@ fn every_kernel_of_the_spec_translates_and_verifies_in_both_forms() {
     let mut n = 0;
     for v in &spec.variants {
         for &dtype in &spec.dtypes {
-            for &d in &spec.head_dims {
-                for (bm, bn) in spec.schedule.tilings() {
+            for &d in &common::head_dims(&spec) {
+                for (bm, bn) in common::tilings(&spec) {
                     let k = kernel(&spec, v, dtype, d, bm, bn);
                     for form in [Form::Cpu, Form::Gpu { threads: 128 }] {
                         let (text, info) =
@@ -78,7 +85,7 @@ fn cpu_form_matches_the_reference_for_every_variant() {
             let k = kernel(&spec, v, dtype, 64, 64, 32);
             let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
             for s in shapes {
-                check(&ck, v, dtype, 64, 64, s, seed);
+                check(&ck, &k, v, dtype, s, seed);
             }
         }
     }
@@ -91,10 +98,10 @@ fn cpu_form_matches_the_reference_on_every_tiling_at_head_dim_128() {
     println!("seed {seed} (EJC_TEST_SEED replays)");
     for name in ["causal", "varlen_causal", "sinks"] {
         let v = spec.variant(name).unwrap();
-        for (bm, bn) in spec.schedule.tilings() {
+        for (bm, bn) in common::tilings(&spec) {
             let k = kernel(&spec, v, DType::BF16, 128, bm, bn);
             let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
-            check(&ck, v, DType::BF16, 128, bm as usize, "2,150,131,4,2,128", seed);
+            check(&ck, &k, v, DType::BF16, "2,150,131,4,2,128", seed);
         }
     }
 }
@@ -309,13 +316,19 @@ fn compiled_code_is_cached_on_disk() {
     let warm = CpuKernel::compile_in(&k, &dir).unwrap();
     assert!(warm.cached, "the second compile must come from {}", dir.display());
     println!("cold {:.3}s, warm {:.3}s", cold.compile_seconds, warm.compile_seconds);
-    check(&warm, v, DType::F32, 64, 64, "1,70,90,4,2,64", seed());
+    check(&warm, &k, v, DType::F32, "1,70,90,4,2,64", seed());
     // A damaged entry is recompiled, not trusted.
     for e in std::fs::read_dir(&dir).unwrap() {
         std::fs::write(e.unwrap().path(), b"not an object").unwrap();
     }
     let again = CpuKernel::compile_in(&k, &dir).unwrap();
     assert!(!again.cached);
-    check(&again, v, DType::F32, 64, 64, "1,70,90,4,2,64", seed());
+    check(&again, &k, v, DType::F32, "1,70,90,4,2,64", seed());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A flash variant's features, typed.
+#[allow(dead_code)]
+fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
+    ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }

@@ -6,21 +6,14 @@
 //! dropout at head_dim 128 (Philox per element; a known gap, docs/perf.md). On the
 //! GPU itself, `scripts/gpu_run.sh` checks results against the reference.
 
+mod common;
+use common::spec;
 use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, PtxConfig};
-use ejc_ir::flash::build_kernel;
-use ejc_ir::passes::{default_pipeline, run_pipeline};
-use ejc_ir::spec::{self, Schedule, Spec};
+use ejc_ir::spec::Spec;
 use ejc_ir::types::DType;
 
-fn spec() -> Spec {
-    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap()
-}
-
 fn kernel(spec: &Spec, variant: &str, dtype: DType, d: usize, bm: u32, bn: u32) -> ejc_ir::ir::Kernel {
-    let v = spec.variant(variant).unwrap();
-    let k =
-        build_kernel(spec, v, dtype, d, &Schedule { block_m: bm, block_n: bn, num_warps: 0, num_stages: 0 }).unwrap();
-    run_pipeline(&k, &default_pipeline()).unwrap()
+    common::kernel(spec, spec.variant(variant).unwrap(), dtype, d, bm, bn)
 }
 
 #[test]
@@ -44,7 +37,7 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
                     assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
                     if let Some(t) = &tool {
                         let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
-                        let known_gap = v.features.dropout && d == 128;
+                        let known_gap = fx(v).dropout && d == 128;
                         if known_gap {
                             eprintln!("note: {} ({arch}): {r:?}", k.name);
                         } else {
@@ -63,9 +56,9 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
 fn every_tiling_and_warp_count_of_the_schedule_compiles() {
     let spec = spec();
     let tool = find_ptxas();
-    for (bm, bn) in spec.schedule.tilings() {
+    for (bm, bn) in common::tilings(&spec) {
         let k = kernel(&spec, "gemma2", DType::BF16, 128, bm, bn);
-        for &w in &spec.schedule.num_warps {
+        for &w in spec.schedule.values("num_warps") {
             let cfg = PtxConfig {
                 arch: Arch::Sm90a,
                 num_warps: w as usize,
@@ -153,7 +146,7 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
         for (d, bm, bn, w) in [(128, 128, 128, 8), (128, 128, 64, 8), (64, 64, 64, 4), (64, 128, 128, 8)] {
             let k = kernel(&spec, &v.name, DType::BF16, d, bm, bn);
             let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma: true, ws: true, sink: false };
-            if v.features.varlen {
+            if fx(v).varlen {
                 let e = ws_applies(&k, &cfg).unwrap_err();
                 assert!(e.contains("limit"), "{}: {e}", k.name);
                 let e = compile(&k, &cfg).unwrap_err().to_string();
@@ -178,8 +171,8 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
                     // 128 x 128 tiles hold a per-element bias or dropout tile in registers
                     // too: those variants spill there (`--drop-spilling` leaves them out)
                     // and take 128 x 64; dropout at head_dim 128 is the known gap above.
-                    let extra_tile = (v.features.bias || v.features.dropout) && bn == 128;
-                    let known_gap = v.features.dropout && d == 128;
+                    let extra_tile = (fx(v).bias || fx(v).dropout) && bn == 128;
+                    let known_gap = fx(v).dropout && d == 128;
                     if extra_tile || known_gap {
                         eprintln!("note: {entry} (w{w}): {r:?}");
                     } else {
@@ -191,4 +184,10 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
         }
     }
     eprintln!("{checked} warp-specialised kernels assembled by ptxas, none spilling");
+}
+
+/// A flash variant's features, typed.
+#[allow(dead_code)]
+fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
+    ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }

@@ -50,9 +50,11 @@ pub struct Param {
     pub ty: Type,
 }
 
-/// A launch-grid extent as a formula of named run-time quantities (for flash:
-/// `batch`, `seq_q`, `heads_q`, `max_seqlen_q`, `num_seqs`, ...). The manifest writes
-/// it as text; the launcher evaluates it.
+/// A size formula over named run-time quantities: a launch-grid extent (for flash:
+/// `cdiv(seq_q, 64)`, `heads_q`, `batch`), or the extent of a plan's temporary. The
+/// names are the call's sizes, which the operation computes (docs/abi.md lists them per
+/// operation), and the configuration's values. The manifest writes formulas as text
+/// ([`fmt::Display`]) and launchers read them back ([`GridExpr::parse`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum GridExpr {
     Const(i64),
@@ -60,6 +62,8 @@ pub enum GridExpr {
     /// ceil(a / b), b > 0.
     CeilDiv(Box<GridExpr>, i64),
     Mul(Box<GridExpr>, Box<GridExpr>),
+    Add(Box<GridExpr>, Box<GridExpr>),
+    Max(Box<GridExpr>, Box<GridExpr>),
 }
 
 impl GridExpr {
@@ -71,17 +75,38 @@ impl GridExpr {
         GridExpr::CeilDiv(Box::new(a), b)
     }
 
-    /// Evaluate with `lookup` giving each symbol's value.
+    pub fn times(a: GridExpr, b: GridExpr) -> GridExpr {
+        GridExpr::Mul(Box::new(a), Box::new(b))
+    }
+
+    pub fn plus(a: GridExpr, b: GridExpr) -> GridExpr {
+        GridExpr::Add(Box::new(a), Box::new(b))
+    }
+
+    pub fn max_of(a: GridExpr, b: GridExpr) -> GridExpr {
+        GridExpr::Max(Box::new(a), Box::new(b))
+    }
+
+    /// Evaluate with `lookup` giving each symbol's value. Overflow is an error, never a
+    /// wrapped value.
     pub fn eval(&self, lookup: &dyn Fn(&str) -> Option<i64>) -> Result<i64, String> {
+        let overflow = || format!("`{self}` overflows 64 bits");
         Ok(match self {
             GridExpr::Const(c) => *c,
-            GridExpr::Sym(s) => lookup(s).ok_or_else(|| format!("grid symbol `{s}` has no value"))?,
+            GridExpr::Sym(s) => lookup(s).ok_or_else(|| format!("size `{s}` has no value"))?,
             GridExpr::CeilDiv(a, b) => {
                 let a = a.eval(lookup)?;
-                (a + b - 1).div_euclid(*b)
+                a.checked_add(b - 1).ok_or_else(overflow)?.div_euclid(*b)
             }
-            GridExpr::Mul(a, b) => a.eval(lookup)? * b.eval(lookup)?,
+            GridExpr::Mul(a, b) => a.eval(lookup)?.checked_mul(b.eval(lookup)?).ok_or_else(overflow)?,
+            GridExpr::Add(a, b) => a.eval(lookup)?.checked_add(b.eval(lookup)?).ok_or_else(overflow)?,
+            GridExpr::Max(a, b) => a.eval(lookup)?.max(b.eval(lookup)?),
         })
+    }
+
+    /// Evaluate with the values of a name → value map.
+    pub fn eval_in(&self, values: &std::collections::BTreeMap<String, i64>) -> Result<i64, String> {
+        self.eval(&|s| values.get(s).copied())
     }
 
     /// Symbols the formula uses.
@@ -94,11 +119,90 @@ impl GridExpr {
                 }
             }
             GridExpr::CeilDiv(a, _) => a.symbols(out),
-            GridExpr::Mul(a, b) => {
+            GridExpr::Mul(a, b) | GridExpr::Add(a, b) | GridExpr::Max(a, b) => {
                 a.symbols(out);
                 b.symbols(out)
             }
         }
+    }
+
+    /// Read a formula back from its text form (`cdiv(seq_q, 64)`, `mul(batch, 4)`,
+    /// `add(a, b)`, `max(a, 1)`, a symbol or an integer).
+    pub fn parse(text: &str) -> Result<GridExpr, String> {
+        struct P<'a> {
+            s: &'a [u8],
+            i: usize,
+            text: &'a str,
+        }
+        impl P<'_> {
+            fn ws(&mut self) {
+                while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+                    self.i += 1;
+                }
+            }
+            fn err(&self, what: &str) -> String {
+                format!("size formula `{}`: {what} at offset {}", self.text, self.i)
+            }
+            fn eat(&mut self, c: u8) -> Result<(), String> {
+                self.ws();
+                if self.s.get(self.i) == Some(&c) {
+                    self.i += 1;
+                    Ok(())
+                } else {
+                    Err(self.err(&format!("expected `{}`", c as char)))
+                }
+            }
+            fn word(&mut self) -> &str {
+                self.ws();
+                let start = self.i;
+                while self.i < self.s.len()
+                    && (self.s[self.i].is_ascii_alphanumeric() || self.s[self.i] == b'_' || self.s[self.i] == b'-')
+                {
+                    self.i += 1;
+                }
+                std::str::from_utf8(&self.s[start..self.i]).unwrap_or_default()
+            }
+            fn expr(&mut self) -> Result<GridExpr, String> {
+                let w = self.word().to_string();
+                if w.is_empty() {
+                    return Err(self.err("expected a formula"));
+                }
+                if let Ok(n) = w.parse::<i64>() {
+                    return Ok(GridExpr::Const(n));
+                }
+                self.ws();
+                if self.s.get(self.i) != Some(&b'(') {
+                    return Ok(GridExpr::Sym(w));
+                }
+                self.eat(b'(')?;
+                let a = self.expr()?;
+                self.eat(b',')?;
+                let e = if w == "cdiv" {
+                    let b = self.word().to_string();
+                    match b.parse::<i64>() {
+                        Ok(b) if b > 0 => GridExpr::cdiv(a, b),
+                        _ => return Err(self.err("cdiv's divisor must be a positive integer")),
+                    }
+                } else {
+                    let b = self.expr()?;
+                    match w.as_str() {
+                        "mul" => GridExpr::times(a, b),
+                        "add" => GridExpr::plus(a, b),
+                        "max" => GridExpr::max_of(a, b),
+                        other => return Err(self.err(&format!("unknown function `{other}` (cdiv, mul, add, max)"))),
+                    }
+                };
+                self.eat(b')')?;
+                Ok(e)
+            }
+        }
+        let mut p = P { s: text.as_bytes(), i: 0, text };
+        let e = p.expr()?;
+        p.ws();
+        if p.i != p.s.len() {
+            return Err(p.err("unexpected text"));
+        }
+        Ok(e)
     }
 }
 
@@ -109,6 +213,8 @@ impl fmt::Display for GridExpr {
             GridExpr::Sym(s) => f.write_str(s),
             GridExpr::CeilDiv(a, b) => write!(f, "cdiv({a}, {b})"),
             GridExpr::Mul(a, b) => write!(f, "mul({a}, {b})"),
+            GridExpr::Add(a, b) => write!(f, "add({a}, {b})"),
+            GridExpr::Max(a, b) => write!(f, "max({a}, {b})"),
         }
     }
 }

@@ -2,15 +2,14 @@
 //!
 //! The tile IR of ejc and everything that works on it without a back end: types and
 //! ops, the builder, the verifier, the text printer and parser, the passes, the
-//! interpreter, the YAML spec front end and the reference semantics of every
-//! attention variant.
+//! interpreter, the YAML spec front end, the operation seam (`op`) and the operations
+//! themselves (`ops`: flash attention, mean pooling), each with its reference semantics.
 //!
 //! ```no_run
-//! use ejc_ir::{flash, spec, types::DType};
+//! use ejc_ir::{op, spec};
 //! let spec = spec::load_file("specs/flash.yaml").unwrap();
-//! let variant = spec.variant("causal").unwrap();
-//! let schedule = spec.schedule.points()[0];
-//! let kernel = flash::build_kernel(&spec, variant, DType::BF16, 128, &schedule).unwrap();
+//! let kernels = op::instances(&spec); // every tile program the spec declares
+//! let kernel = spec.operation().build(&spec, &kernels[0]).unwrap();
 //! println!("{}", ejc_ir::print::print_kernel(&kernel));
 //! ```
 //!
@@ -25,6 +24,8 @@ pub mod infer;
 pub mod interp;
 pub mod ir;
 pub mod manifest;
+pub mod op;
+pub mod ops;
 pub mod parse;
 pub mod passes;
 pub mod philox;

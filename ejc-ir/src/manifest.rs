@@ -4,18 +4,25 @@
 //!
 //! ```
 //! use ejc_ir::manifest::Manifest;
-//! let m = Manifest::parse(r#"{"format": "ejc-manifest/1", "compiler": {"name": "ejc", "version": "0.1.0"},
-//!   "spec": {"name": "flash", "file": "specs/flash.yaml", "sha256": "00", "op": "flash_attention_fwd", "version": 1},
-//!   "artifacts": []}"#).unwrap();
-//! assert_eq!(m.spec.op, "flash_attention_fwd");
+//! let m = Manifest::parse(r#"{"format": "ejc-manifest/2", "compiler": {"name": "ejc", "version": "0.1.0"},
+//!   "spec": {"name": "pool", "file": "specs/mean_pooling.yaml", "sha256": "00", "op": "mean_pooling", "version": 1},
+//!   "plans": [], "artifacts": []}"#).unwrap();
+//! assert_eq!(m.spec.op, "mean_pooling");
 //! ```
+//!
+//! Version 2 is operation-neutral: an artifact names its operation's *instance* (the
+//! variant, the dtype and the op's compile-time keys such as `head_dim`), the *role* it
+//! plays in a plan, its configuration, and its parameters and grid as the kernel
+//! declares them. A *plan* is how one call of an instance runs: one launch or several,
+//! in order, with temporaries between them. A reader of version 1 is refused with a
+//! message saying to rebuild ([`Manifest::parse`]).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 /// Format tag; bumped when a field changes meaning.
-pub const FORMAT: &str = "ejc-manifest/1";
+pub const FORMAT: &str = "ejc-manifest/2";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +30,8 @@ pub struct Manifest {
     pub format: String,
     pub compiler: Compiler,
     pub spec: SpecInfo,
+    /// How each instance's calls run; an artifact is launched only as part of a plan.
+    pub plans: Vec<Plan>,
     pub artifacts: Vec<Artifact>,
 }
 
@@ -46,19 +55,98 @@ pub struct SpecInfo {
     pub version: u32,
 }
 
+/// An operation's instance: what a call must match exactly (the variant, the dtype and
+/// the operation's compile-time keys). Sizes that are not compiled in (sequence
+/// lengths, batch, heads) are not part of it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Instance {
+    pub variant: String,
+    /// `bf16`, `f16`, `f32` (`none` for `#[ej_kernel]` kernels, which are generic).
+    pub dtype: String,
+    /// The operation's compile-time keys, e.g. `{"head_dim": 128}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, u32>,
+}
+
+impl Instance {
+    /// `causal bf16 head_dim=128`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} {}", self.variant, self.dtype);
+        for (k, v) in &self.keys {
+            s.push_str(&format!(" {k}={v}"));
+        }
+        s
+    }
+}
+
+/// A temporary buffer of a plan: allocated by the launcher before the first launch,
+/// contiguous (row-major), its extents size formulas (`GridExpr` text) of the call's
+/// sizes and the configuration's values.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Temporary {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<String>,
+    /// What the launcher fills it with before the first launch (`none`: nothing; the
+    /// plan writes every element it reads).
+    #[serde(default = "fill_none", skip_serializing_if = "is_fill_none")]
+    pub fill: String,
+}
+
+fn fill_none() -> String {
+    "none".into()
+}
+
+fn is_fill_none(s: &String) -> bool {
+    s == "none"
+}
+
+/// One launch of a plan: the kernel playing `role` (the artifact of that role, instance
+/// and back end that the configuration selects), with its parameters bound.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Launch {
+    pub role: String,
+    /// Parameter → what it is bound to, where that is not the call's tensor or scalar
+    /// of the same name: a temporary's name, or (for a scalar) a size formula of the
+    /// call's sizes and the configuration's values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bind: BTreeMap<String, String>,
+}
+
+/// How one call of an instance runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// `single` (one kernel), `split_kv`, ...: the operation's name for the algorithm.
+    pub name: String,
+    pub instance: Instance,
+    /// The instance's features, as the spec states them (what calls are matched on).
+    pub features: BTreeMap<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub temporaries: Vec<Temporary>,
+    pub launches: Vec<Launch>,
+    /// Configuration values that no kernel is compiled for but the plan reads at run
+    /// time (e.g. `num_splits`): the autotuner tries each.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub axes: BTreeMap<String, Vec<u32>>,
+}
+
 /// One kernel × candidate configuration × target.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Artifact {
-    /// Kernel id (variant, dtype, head dim, tiling): `flash_causal_bf16_d128_m64_n32`.
+    /// Kernel id: `flash_causal_bf16_d128_m64_n32`.
     pub kernel_id: String,
-    pub variant: String,
-    /// The variant's features, as the spec states them.
+    pub instance: Instance,
+    /// The role this kernel plays in the instance's plans (`main`, `partial`, `combine`).
+    pub role: String,
+    /// The instance's features, as the spec states them.
     pub features: BTreeMap<String, serde_json::Value>,
-    pub dtype: String,
-    pub head_dim: usize,
-    /// The schedule values this target uses (`block_m`, `block_n`, and for GPU
-    /// targets `num_warps`, `num_stages`).
+    /// The schedule values this target uses (the tile program's, e.g. `block_m`,
+    /// `block_n`, and for GPU targets `num_warps`, `num_stages` and the code path).
     pub config: BTreeMap<String, u32>,
     /// Unique within the manifest: `<kernel_id>@<target>` plus the config's extra
     /// values, e.g. `flash_causal_bf16_d128_m64_n32@ptx:sm_90a/w4_s2`.
@@ -72,10 +160,11 @@ pub struct Artifact {
     pub sha256: String,
     /// Symbol to call (the kernel function's name in the file).
     pub entry: String,
-    /// Parameters in call order.
+    /// Parameters in call order, as the kernel declares them.
     pub params: Vec<AbiParamInfo>,
-    /// Launch grid (x, y, z) as formulas of the call's sizes (docs/abi.md lists the
-    /// symbols): e.g. `["cdiv(seq_q, 64)", "heads_q", "batch"]`.
+    /// Launch grid (x, y, z) as size formulas (the kernel's): e.g.
+    /// `["cdiv(seq_q, 64)", "heads_q", "batch"]`; `caller` where the caller chooses
+    /// (`#[ej_kernel]` kernels).
     pub grid: [String; 3],
     /// Threads per block (x, y, z) for GPU targets; absent where the target has no
     /// thread blocks (ir, cpu).
@@ -160,15 +249,46 @@ pub struct AbiParamInfo {
 }
 
 impl Manifest {
+    /// Read a manifest. Version 1 (written before operations had instances and plans)
+    /// is refused with a message: rebuilding is the only way to get plans for it.
     pub fn parse(text: &str) -> Result<Manifest, String> {
-        let m: Manifest = serde_json::from_str(text).map_err(|e| format!("not a valid ejc manifest: {e}"))?;
-        if m.format != FORMAT {
-            return Err(format!("manifest format `{}` is not supported (this ejc reads `{FORMAT}`)", m.format));
+        #[derive(Deserialize)]
+        struct Head {
+            format: Option<String>,
         }
-        Ok(m)
+        let head: Head = serde_json::from_str(text).map_err(|e| format!("not a valid ejc manifest: {e}"))?;
+        match head.format.as_deref() {
+            Some(FORMAT) => {}
+            Some("ejc-manifest/1") => {
+                return Err("manifest format `ejc-manifest/1` was written by an older ejc, before operations had \
+instances and plans; this ejc reads `ejc-manifest/2`: rebuild it with `ejc build`"
+                    .into())
+            }
+            Some(other) => {
+                return Err(format!("manifest format `{other}` is not supported (this ejc reads `{FORMAT}`)"))
+            }
+            None => return Err("not a valid ejc manifest: it has no `format`".into()),
+        }
+        serde_json::from_str(text).map_err(|e| format!("not a valid ejc manifest: {e}"))
     }
 
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("manifest types serialize infallibly") + "\n"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_1_is_refused_with_a_reason() {
+        let v1 = r#"{"format": "ejc-manifest/1", "compiler": {"name": "ejc", "version": "0.1.0"},
+          "spec": {"name": "flash", "file": "f", "sha256": "00", "op": "flash_attention_fwd", "version": 1},
+          "artifacts": []}"#;
+        let e = Manifest::parse(v1).unwrap_err();
+        assert!(e.contains("rebuild it with `ejc build`"), "{e}");
+        assert!(Manifest::parse(r#"{"format": "x"}"#).unwrap_err().contains("not supported"));
+        assert!(Manifest::parse("[]").unwrap_err().contains("not a valid"));
     }
 }

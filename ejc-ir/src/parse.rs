@@ -426,12 +426,16 @@ impl Parser {
                 self.expect(")")?;
                 Ok(GridExpr::cdiv(a, b))
             }
-            Tok::Ident(w) if w == "mul" && self.eat("(") => {
+            Tok::Ident(w) if matches!(w.as_str(), "mul" | "add" | "max") && self.eat("(") => {
                 let a = self.grid_expr()?;
                 self.expect(",")?;
                 let b = self.grid_expr()?;
                 self.expect(")")?;
-                Ok(GridExpr::Mul(Box::new(a), Box::new(b)))
+                Ok(match w.as_str() {
+                    "mul" => GridExpr::times(a, b),
+                    "add" => GridExpr::plus(a, b),
+                    _ => GridExpr::max_of(a, b),
+                })
             }
             Tok::Ident(w) => Ok(GridExpr::Sym(w)),
             t => {

@@ -7,10 +7,11 @@
 use ejc_ir::flash::abi::{run_interp, run_interp_with_stats};
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
-use ejc_ir::flash::{build_flash_kernel, build_kernel, FlashOutputs, FlashShape};
+use ejc_ir::flash::Features;
+use ejc_ir::flash::{build_flash_kernel, main_kernel, FlashOutputs, FlashShape};
 use ejc_ir::ir::Kernel;
 use ejc_ir::passes::{default_pipeline, run_pipeline, Canonicalize, ClassifyMaskBlocks};
-use ejc_ir::spec::{self, Features, Spec};
+use ejc_ir::spec::{self, Spec};
 use ejc_ir::tensor::compare;
 use ejc_ir::types::DType;
 
@@ -54,12 +55,12 @@ fn every_variant_f32_matches_reference_before_and_after_passes() {
     for v in &spec.variants {
         // A 16 x 16 tiling gives several query and key blocks on these shapes, so
         // every block class (skip / full / partial) occurs.
-        let raw = build_flash_kernel(&v.name, &v.features, DType::F32, 64, 16, 16).unwrap();
+        let raw = build_flash_kernel(&v.name, &fx(v), DType::F32, 64, 16, 16).unwrap();
         let opt = run_pipeline(&raw, &default_pipeline()).unwrap();
         for (i, shape) in SHAPES.iter().enumerate() {
             let s = seed.wrapping_add(i as u64);
-            let a = run_case(&raw, &v.features, DType::F32, shape, s, 1e-6);
-            let b = run_case(&opt, &v.features, DType::F32, shape, s, 1e-6);
+            let a = run_case(&raw, &fx(v), DType::F32, shape, s, 1e-6);
+            let b = run_case(&opt, &fx(v), DType::F32, shape, s, 1e-6);
             // Skipping a fully masked block is exact: the pipeline changes no bit.
             assert_eq!(a.out.to_vec(), b.out.to_vec(), "{}: passes changed the output", v.name);
         }
@@ -72,11 +73,10 @@ fn spec_schedule_points_match_reference() {
     let seed = seed();
     eprintln!("seed = {seed}");
     for v in &spec.variants {
-        for (bm, bn) in spec.schedule.tilings() {
-            let point = spec.schedule.points().into_iter().find(|p| p.block_m == bm && p.block_n == bn).unwrap();
-            let k = build_kernel(&spec, v, DType::F32, 64, &point).unwrap();
+        for (bm, bn) in spec.schedule.points(&["block_m", "block_n"]).iter().map(|c| (c["block_m"], c["block_n"])) {
+            let k = main_kernel(&spec, v, DType::F32, 64, bm, bn).unwrap();
             let k = run_pipeline(&k, &default_pipeline()).unwrap();
-            run_case(&k, &v.features, DType::F32, "1,150,131,2,1,64", seed, 1e-6);
+            run_case(&k, &fx(v), DType::F32, "1,150,131,2,1,64", seed, 1e-6);
         }
     }
 }
@@ -88,9 +88,9 @@ fn head_dim_128_and_half_precision_inputs() {
     eprintln!("seed = {seed}");
     for v in &spec.variants {
         for (dtype, tol) in [(DType::BF16, 1e-2), (DType::F16, 5e-3), (DType::F32, 1e-6)] {
-            let k = build_flash_kernel(&v.name, &v.features, dtype, 128, 32, 16).unwrap();
+            let k = build_flash_kernel(&v.name, &fx(v), dtype, 128, 32, 16).unwrap();
             let k = run_pipeline(&k, &default_pipeline()).unwrap();
-            run_case(&k, &v.features, dtype, "2,41,35,4,2,128", seed, tol);
+            run_case(&k, &fx(v), dtype, "2,41,35,4,2,128", seed, tol);
         }
     }
 }
@@ -148,7 +148,7 @@ fn sliding_window_skips_blocks_on_both_sides() {
     // its diagonal block and the one before it.
     let f = Features {
         causal: true,
-        sliding_window: Some(ejc_ir::spec::Window::Fixed { left: 16, right: 0 }),
+        sliding_window: Some(ejc_ir::flash::Window::Fixed { left: 16, right: 0 }),
         ..Default::default()
     };
     let opt = run_pipeline(&build_flash_kernel("w", &f, DType::F32, 64, 16, 16).unwrap(), &default_pipeline()).unwrap();
@@ -158,4 +158,10 @@ fn sliding_window_skips_blocks_on_both_sides() {
     let (got, stats) = run_interp_with_stats(&opt, &rt, &inputs).unwrap();
     assert_eq!(stats.count("tile.dot"), 2 * 7);
     check("window", &got, &reference(&f, &rt, &inputs).unwrap(), 1e-6);
+}
+
+/// A flash variant's features, typed.
+#[allow(dead_code)]
+fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
+    ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }

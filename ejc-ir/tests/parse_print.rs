@@ -38,12 +38,12 @@ fn assert_round_trips(k: &Kernel, what: &str) {
 #[test]
 fn every_spec_kernel_round_trips_before_and_after_the_pipeline() {
     let spec = spec();
-    let point = spec.schedule.points()[0];
     let mut n = 0;
     for v in &spec.variants {
         for &dtype in &spec.dtypes {
-            for &head_dim in &spec.head_dims {
-                let k = ejc_ir::flash::build_kernel(&spec, v, dtype, head_dim, &point)
+            for &head_dim in spec.key_values("head_dim") {
+                let head_dim = head_dim as usize;
+                let k = ejc_ir::flash::main_kernel(&spec, v, dtype, head_dim, 64, 32)
                     .unwrap_or_else(|e| panic!("{} {dtype} d{head_dim}: {e}", v.name));
                 assert_round_trips(&k, &k.name);
                 let opt = run_pipeline(&k, &default_pipeline()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
@@ -52,7 +52,7 @@ fn every_spec_kernel_round_trips_before_and_after_the_pipeline() {
             }
         }
     }
-    assert_eq!(n, spec.variants.len() * spec.dtypes.len() * spec.head_dims.len());
+    assert_eq!(n, spec.variants.len() * spec.dtypes.len() * spec.key_values("head_dim").len());
     assert_eq!(n, 90, "15 variants x 3 dtypes x 2 head dims");
 }
 
@@ -217,10 +217,10 @@ fn type_errors_found_after_parsing_name_the_op() {
 /// A mid-sized printed kernel with every construct: loops, ifs, loads with limits,
 /// multi-result ops, mask ops, attrs.
 fn fuzz_base() -> String {
-    let f = ejc_ir::spec::Features {
+    let f = ejc_ir::flash::Features {
         varlen: true,
         causal: true,
-        sliding_window: Some(ejc_ir::spec::Window::Runtime),
+        sliding_window: Some(ejc_ir::flash::Window::Runtime),
         ..Default::default()
     };
     let k = ejc_ir::flash::build_flash_kernel("fuzz", &f, ejc_ir::types::DType::BF16, 16, 16, 16).unwrap();

@@ -424,7 +424,7 @@ fn canonicalize_keeps_every_spec_kernel_equivalent() {
     use ejc_ir::flash::abi::run_interp;
     use ejc_ir::flash::inputs::{default_runtime, random_inputs};
     use ejc_ir::flash::{build_flash_kernel, FlashShape};
-    use ejc_ir::spec::{Features, Window};
+    use ejc_ir::flash::{Features, Window};
     use ejc_ir::types::DType;
     let seed = seed();
     let cases = [

@@ -158,8 +158,8 @@ fn keeps_a_loop_whose_results_are_used_and_nested_dead_loops_go() {
 fn dce_on_a_front_end_kernel_keeps_its_outputs() {
     use ejc_ir::flash::abi::run_interp;
     use ejc_ir::flash::inputs::{default_runtime, random_inputs};
+    use ejc_ir::flash::Features;
     use ejc_ir::flash::{build_flash_kernel, FlashShape};
-    use ejc_ir::spec::Features;
     use ejc_ir::types::DType;
     let f = Features { causal: true, dropout: true, ..Default::default() };
     let raw = build_flash_kernel("k", &f, DType::F32, 16, 8, 8).unwrap();

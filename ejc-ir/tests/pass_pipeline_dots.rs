@@ -96,7 +96,7 @@ fn every_flash_variant_gives_identical_results() {
     let spec = spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
     let seed = seed();
     for v in &spec.variants {
-        let raw = build_flash_kernel(&v.name, &v.features, DType::BF16, 64, 16, 16).unwrap();
+        let raw = build_flash_kernel(&v.name, &fx(v), DType::BF16, 64, 16, 16).unwrap();
         let opt = run_pipeline(&raw, &default_pipeline()).unwrap();
         let rotated = run_pipeline(&opt, &[Box::new(PipelineDots) as Box<dyn Pass>]).unwrap();
         // The key loop was rotated: it now carries the probabilities.
@@ -131,8 +131,8 @@ fn every_flash_variant_gives_identical_results() {
         for (i, shape) in SHAPES.iter().enumerate() {
             let s = seed.wrapping_add(i as u64);
             let shape = FlashShape::parse(shape).unwrap();
-            let inputs = random_inputs(&v.features, DType::BF16, &shape, s);
-            let rt = default_runtime(&v.features, &shape, s);
+            let inputs = random_inputs(&fx(v), DType::BF16, &shape, s);
+            let rt = default_runtime(&fx(v), &shape, s);
             let a = run_interp(&opt, &rt, &inputs).unwrap();
             for (how, k) in [("rotated", &rotated), ("rotated and sunk", &sunk)] {
                 let b = run_interp(k, &rt, &inputs).unwrap();
@@ -145,4 +145,10 @@ fn every_flash_variant_gives_identical_results() {
             }
         }
     }
+}
+
+/// A flash variant's features, typed.
+#[allow(dead_code)]
+fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
+    ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }

@@ -7,9 +7,9 @@
 
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
+use ejc_ir::flash::{Features, SoftCap, Window};
 use ejc_ir::flash::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};
 use ejc_ir::philox::dropout_uniform;
-use ejc_ir::spec::{Features, SoftCap, Window};
 use ejc_ir::tensor::{compare, HostTensor};
 use ejc_ir::types::DType;
 

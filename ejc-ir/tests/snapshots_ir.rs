@@ -2,7 +2,7 @@
 //! schedule point, and the printed IR after each pass of the default pipeline on one
 //! kernel. A change here is reviewed, never accepted blindly (`cargo insta review`).
 
-use ejc_ir::flash::build_kernel;
+use ejc_ir::flash::main_kernel;
 use ejc_ir::passes::{default_pipeline, run_pipeline_with};
 use ejc_ir::print::print_kernel;
 use ejc_ir::spec::{self, Spec};
@@ -25,9 +25,8 @@ macro_rules! snap {
 #[test]
 fn spec_to_ir_per_variant() {
     let spec = spec();
-    let point = spec.schedule.points()[0];
     for v in &spec.variants {
-        let k = build_kernel(&spec, v, DType::BF16, 64, &point).unwrap();
+        let k = main_kernel(&spec, v, DType::BF16, 64, 64, 32).unwrap();
         snap!(format!("spec_ir__{}", v.name), print_kernel(&k));
     }
 }
@@ -35,8 +34,7 @@ fn spec_to_ir_per_variant() {
 #[test]
 fn ir_after_each_pass() {
     let spec = spec();
-    let point = spec.schedule.points()[0];
-    let k = build_kernel(&spec, spec.variant("gemma2").unwrap(), DType::BF16, 64, &point).unwrap();
+    let k = main_kernel(&spec, spec.variant("gemma2").unwrap(), DType::BF16, 64, 64, 32).unwrap();
     let mut steps = Vec::new();
     run_pipeline_with(&k, &default_pipeline(), &mut |name, k| steps.push((name.to_string(), print_kernel(k)))).unwrap();
     for (i, (name, text)) in steps.iter().enumerate() {

@@ -8,7 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ejc_ir::spec::{load_file, load_str, SoftCap, Target, Window};
+use ejc_ir::flash::{Features, SoftCap, Window};
+use ejc_ir::spec::{load_file, load_str, Target};
 use ejc_ir::types::DType;
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
@@ -75,11 +76,12 @@ fn the_flash_spec_loads() {
     assert_eq!(spec.version, 1);
     assert_eq!(spec.variants.len(), 15);
     assert_eq!(spec.dtypes, vec![DType::BF16, DType::F16, DType::F32]);
-    assert_eq!(spec.head_dims, vec![64, 128]);
-    assert_eq!(spec.schedule.block_m, vec![64, 128]);
-    assert_eq!(spec.schedule.block_n, vec![32, 64, 128]);
-    assert_eq!(spec.schedule.num_warps, vec![4, 8]);
-    assert_eq!(spec.schedule.num_stages, vec![2, 3]);
+    assert_eq!(spec.key_values("head_dim"), [64, 128]);
+    assert_eq!(spec.schedule.values("block_m"), [64, 128]);
+    assert_eq!(spec.schedule.values("block_n"), [32, 64, 128]);
+    assert_eq!(spec.schedule.values("num_warps"), [4, 8]);
+    assert_eq!(spec.schedule.values("num_stages"), [2, 3]);
+    assert!(spec.schedule.values("num_splits").is_empty(), "split-KV lives in specs/flash_decode.yaml");
     assert_eq!(
         spec.targets,
         vec![
@@ -96,20 +98,20 @@ fn the_flash_spec_loads() {
 
     let gemma2 = spec.variant("gemma2").expect("gemma2");
     assert!(gemma2.description.as_deref().is_some_and(|d| d.starts_with("Gemma-2")));
-    let f = &gemma2.features;
+    let f = &fx(&gemma2.features);
     assert!(f.causal);
     assert_eq!(f.sliding_window, Some(Window::Runtime));
     assert_eq!(f.logits_soft_cap, Some(SoftCap::Fixed(50.0)));
     assert!(!f.sinks && !f.bias && !f.mask && !f.segment_ids && !f.varlen && !f.dropout);
 
-    let gpt_oss = &spec.variant("gpt_oss").expect("gpt_oss").features;
+    let gpt_oss = &fx(&spec.variant("gpt_oss").expect("gpt_oss").features);
     assert!(gpt_oss.causal && gpt_oss.sinks);
     assert_eq!(gpt_oss.sliding_window, Some(Window::Fixed { left: 128, right: 0 }));
     assert_eq!(gpt_oss.logits_soft_cap, None);
     assert!(!gpt_oss.bias && !gpt_oss.mask && !gpt_oss.varlen && !gpt_oss.dropout);
 
-    assert_eq!(spec.variant("full").expect("full").features, Default::default());
-    let varlen_causal = &spec.variant("varlen_causal").expect("varlen_causal").features;
+    assert_eq!(fx(&spec.variant("full").expect("full").features), Features::default());
+    let varlen_causal = &fx(&spec.variant("varlen_causal").expect("varlen_causal").features);
     assert!(varlen_causal.varlen && varlen_causal.causal);
 }
 
@@ -123,7 +125,7 @@ fn the_documented_example_loads() {
         .expect("docs/spec.md has a yaml example");
     let spec = load_str("docs/spec.md", example).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(spec.variants.len(), 5);
-    let gpt_oss = &spec.variant("gpt_oss").expect("gpt_oss").features;
+    let gpt_oss = &fx(&spec.variant("gpt_oss").expect("gpt_oss").features);
     assert_eq!(gpt_oss.sliding_window, Some(Window::Fixed { left: 128, right: 0 }));
 }
 
@@ -280,4 +282,9 @@ fn mutated_specs_never_panic() {
     }
     // Both outcomes occur, so the mutations exercise the decoder, not only the parser.
     assert!(ok > 0 && failed > 0, "ok={ok} failed={failed}");
+}
+
+/// A flash variant's features, typed.
+fn fx(f: &ejc_ir::op::Features) -> Features {
+    Features::from_json(f).expect("flash features")
 }

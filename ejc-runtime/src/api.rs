@@ -1,136 +1,101 @@
-//! The executor API: one call for library users.
+//! The executor API: one generic call for every operation, and the runtime that holds
+//! the registry, the configuration chains and the loaded kernels.
 //!
 //! ```no_run
-//! use ejc_runtime::api::{flash_attention, FlashArgs, FlashOptions};
-//! use ejc_runtime::cpu::HostBuffer;
-//! # fn demo(q: HostBuffer, k: HostBuffer, v: HostBuffer) {
-//! // Kernels from `ejc build specs/flash.yaml --target cpu -o out` (or $EJC_KERNELS).
-//! let opts = FlashOptions { causal: true, ..Default::default() };
-//! let r = flash_attention(&FlashArgs::new(&q, &k, &v), &opts).unwrap();
-//! println!("{} with {:?} (from the {})", r.kernel, r.config, r.source);
+//! use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+//! use ejc_runtime::call::{Call, Tensor};
+//! # fn demo(mut call: Call) {
+//! // Kernels from `ejc build specs/mean_pooling.yaml --target cpu -o out` (or $EJC_KERNELS).
+//! let mut rt = Runtime::new(RuntimeOptions::default()).unwrap();
+//! let wanted = serde_json::from_str(r#"{"backward": false, "varlen": false}"#).unwrap();
+//! let r = rt.call("mean_pooling", &wanted, &mut call, &CallOptions::default()).unwrap();
+//! println!("{} with {:?} (from the {})", r.kernels.join(" + "), r.config, r.source);
 //! # }
 //! ```
 //!
-//! The call picks the platform (CUDA when a driver and a device are present — the CUDA
-//! back end is not built yet, so today always the CPU), the kernel (the registry family
-//! whose variant computes exactly the requested features), and its configuration
-//! through the chain (override → overlay → memory → persistent → autotune →
-//! heuristics). The options are ejkernel's `flash_attention` options. Every argument
-//! is checked first and a bad one is an error that names it.
+//! A call names its operation, the features it asks for (the spec's vocabulary, with
+//! the call's values) and its tensors (inputs and outputs) and scalars by the names the
+//! kernels' parameters have (docs/abi.md lists them per operation). The runtime picks
+//! the platform (the GPU when the tensors are there; `PlatformChoice::Cuda` copies host
+//! tensors there and the outputs back), the instance (the registry family whose variant
+//! computes exactly those features, for the call's dtype and compile-time keys), checks
+//! the call with the operation, and chooses the configuration — a plan and its kernels'
+//! configurations — through the chain (override → overlay → memory → persistent →
+//! autotune → heuristics). Typed front doors such as [`crate::flash::flash_attention`]
+//! sit on top of this.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
 
-use ejc_ir::flash::{FlashRuntime, FlashShape};
-use ejc_ir::spec::Features;
-use ejc_ir::types::DType;
-use serde_json::json;
+use ejc_ir::manifest::Instance;
+use ejc_ir::op::{Features, Operation};
 
 use crate::cache::PersistentCache;
+use crate::call::Call;
 use crate::chain::{Chain, ChainError, Event, Policy, Source};
-use crate::cpu::{CpuError, CpuLibrary, HostBuffer};
-use crate::flash::{run_cpu, FlashBuffers};
-use crate::key::{bucket_pow2, call_hash, candidates_checksum, cpu_fingerprint, CacheKey};
-use crate::registry::{config_id, CallFeatures, Config, Platform, Query, Registry, RegistryError};
-use crate::tune::{FlashCandidate, FlashTuner};
+use crate::cpu::CpuError;
+use crate::exec::{CpuLibs, ExecError};
+use crate::key::{call_key, cpu_fingerprint, CacheKey};
+use crate::registry::{config_id, Config, Platform, Query, Registry, RegistryError};
+use crate::tune::{Device, Tuner};
 
 /// Which platform runs the call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PlatformChoice {
-    /// CUDA when a driver and a device are present, else the CPU.
+    /// The GPU when the call's tensors are in GPU memory, else the CPU.
     #[default]
     Auto,
     Cpu,
+    /// A GPU: host tensors are copied there and the outputs back.
     Cuda,
 }
 
-/// ejkernel's `sliding_window`: an int or a (left, right) pair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlidingWindow {
-    /// `w` means (w, 0) with causal, (w, w) without.
-    Size(i64),
-    LeftRight(i64, i64),
-}
-
-/// The options of a flash-attention call.
+/// How to run a call.
 #[derive(Clone, Debug, Default)]
-pub struct FlashOptions {
-    pub causal: bool,
-    pub sliding_window: Option<SlidingWindow>,
-    pub logits_soft_cap: Option<f64>,
-    /// Default 1/sqrt(head_dim).
-    pub softmax_scale: Option<f64>,
-    /// Dropout probability (0 or None: no dropout).
-    pub dropout_p: Option<f64>,
-    pub dropout_seed: u64,
+pub struct CallOptions {
     pub platform: PlatformChoice,
     /// An explicit configuration: always used, never cached.
     pub config: Option<Config>,
-    /// Worker threads (0 = all cores).
+    /// CPU worker threads (0 = all cores).
     pub threads: usize,
 }
 
-/// The tensors of a call (device representation; see [`HostBuffer`]).
-#[derive(Clone, Copy, Debug)]
-pub struct FlashArgs<'a> {
-    pub q: &'a HostBuffer,
-    pub k: &'a HostBuffer,
-    pub v: &'a HostBuffer,
-    pub bias: Option<&'a HostBuffer>,
-    pub mask: Option<&'a HostBuffer>,
-    pub q_segment_ids: Option<&'a HostBuffer>,
-    pub kv_segment_ids: Option<&'a HostBuffer>,
-    pub cu_seqlens_q: Option<&'a HostBuffer>,
-    pub cu_seqlens_k: Option<&'a HostBuffer>,
-    /// `[heads_q, n]` or `[n]` (shared by every head).
-    pub sinks: Option<&'a HostBuffer>,
-}
-
-impl<'a> FlashArgs<'a> {
-    pub fn new(q: &'a HostBuffer, k: &'a HostBuffer, v: &'a HostBuffer) -> Self {
-        FlashArgs {
-            q,
-            k,
-            v,
-            bias: None,
-            mask: None,
-            q_segment_ids: None,
-            kv_segment_ids: None,
-            cu_seqlens_q: None,
-            cu_seqlens_k: None,
-            sinks: None,
-        }
-    }
-}
-
-/// The result of a call.
+/// What ran.
 #[derive(Clone, Debug)]
-pub struct FlashResult {
-    pub out: HostBuffer,
-    /// f32 `[B, Hq, Sq]`, natural log.
-    pub lse: HostBuffer,
-    pub kernel: String,
+pub struct CallResult {
+    pub instance: Instance,
+    /// The back end (`cpu:avx512`, `ptx:sm_90a`).
+    pub backend: String,
+    /// The plan that ran (`single`, `split_kv`, ...).
+    pub plan: String,
+    /// The entry point of each launch, in order.
+    pub kernels: Vec<String>,
     pub config: Config,
     pub source: Source,
+    /// The cache key the configuration was chosen under.
+    pub key: String,
+    /// The device fingerprint (the chain and cache file it went through).
+    pub device: String,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("argument `{arg}`: {message}")]
     Argument { arg: &'static str, message: String },
+    /// The call does not fit the operation (named tensors, shapes, scalars).
+    #[error("{0}")]
+    Call(String),
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Chain(#[from] ChainError),
     #[error(transparent)]
     Cpu(#[from] CpuError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
     #[error("{0}")]
     Unsupported(String),
-}
-
-fn arg(arg: &'static str, message: impl Into<String>) -> ApiError {
-    ApiError::Argument { arg, message: message.into() }
 }
 
 /// Where the runtime finds kernels and keeps its tuning cache.
@@ -146,11 +111,17 @@ pub struct RuntimeOptions {
     pub log: bool,
 }
 
-/// A registry, a configuration chain and the libraries loaded so far.
+/// A registry, a configuration chain per device, and the kernels loaded so far.
 pub struct Runtime {
     pub registry: Registry,
-    pub chain: Chain,
-    libs: HashMap<PathBuf, CpuLibrary>,
+    /// One chain (and persistent cache file) per device fingerprint.
+    chains: HashMap<String, Chain>,
+    cache_dir: PathBuf,
+    policy: Policy,
+    log: bool,
+    libs: RefCell<CpuLibs>,
+    #[cfg(feature = "cuda")]
+    cuda: Option<std::sync::Arc<crate::cuda::Cuda>>,
 }
 
 impl Runtime {
@@ -168,246 +139,243 @@ impl Runtime {
             registry.load_manifest(d)?;
         }
         registry.check_signatures()?;
-        let machine = cpu_fingerprint();
-        let dir = opts.cache_dir.clone().unwrap_or_else(PersistentCache::default_dir);
-        let cache = PersistentCache::open(&dir, &machine);
-        let warnings: Vec<String> = cache.warnings().to_vec();
-        let mut chain = Chain::new(opts.policy.unwrap_or_default(), Some(cache));
         let log = opts.log || std::env::var("EJC_LOG").is_ok_and(|v| v != "0" && !v.is_empty());
-        if log {
-            chain.observe(Box::new(|e: &Event| eprintln!("{e}")));
-        }
-        for w in warnings {
-            eprintln!("ejc: warning: {w}");
-        }
-        Ok(Runtime { registry, chain, libs: HashMap::new() })
-    }
-
-    fn library(&mut self, path: &std::path::Path) -> Result<&CpuLibrary, ApiError> {
-        if !self.libs.contains_key(path) {
-            let lib = CpuLibrary::open(path)?;
-            self.libs.insert(path.to_path_buf(), lib);
-        }
-        Ok(&self.libs[path])
-    }
-
-    /// Flash-attention forward: output and log-sum-exp.
-    pub fn flash_attention(&mut self, a: &FlashArgs, o: &FlashOptions) -> Result<FlashResult, ApiError> {
-        // ---- arguments ----
-        let q = a.q;
-        let dtype = q.dtype;
-        if !matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
-            return Err(arg("q", format!("dtype {dtype}: flash attention takes bf16, f16 or f32")));
-        }
-        for (name, t) in [("k", a.k), ("v", a.v)] {
-            if t.dtype != dtype {
-                return Err(arg(name, format!("dtype {} differs from q's {dtype}", t.dtype)));
-            }
-        }
-        for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v)] {
-            if t.shape.len() != 4 {
-                return Err(arg(name, format!("shape {:?} is not [batch, seq, heads, head_dim]", t.shape)));
-            }
-        }
-        let (b, sq, hq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-        let (sk, hkv) = (a.k.shape[1], a.k.shape[2]);
-        if a.cu_seqlens_q.is_some() != a.cu_seqlens_k.is_some() {
-            return Err(arg(
-                if a.cu_seqlens_q.is_some() { "cu_seqlens_k" } else { "cu_seqlens_q" },
-                "varlen needs both cu_seqlens_q and cu_seqlens_k",
-            ));
-        }
-        if a.q_segment_ids.is_some() != a.kv_segment_ids.is_some() {
-            return Err(arg(
-                if a.q_segment_ids.is_some() { "kv_segment_ids" } else { "q_segment_ids" },
-                "segment ids need both q_segment_ids and kv_segment_ids",
-            ));
-        }
-        let varlen = a.cu_seqlens_q.is_some();
-        let window = match o.sliding_window {
-            None => None,
-            Some(SlidingWindow::Size(w)) => Some(if o.causal { (w, 0) } else { (w, w) }),
-            Some(SlidingWindow::LeftRight(l, r)) => Some((l, r)),
-        };
-        if let Some((l, r)) = window {
-            if l < 0 || r < 0 {
-                return Err(arg("sliding_window", format!("({l}, {r}): both sides must be >= 0")));
-            }
-        }
-        if let Some(c) = o.logits_soft_cap {
-            if !(c > 0.0 && c.is_finite()) {
-                return Err(arg("logits_soft_cap", format!("{c} must be a positive finite number")));
-            }
-        }
-        let dropout = o.dropout_p.is_some_and(|p| p > 0.0);
-        if let Some(p) = o.dropout_p {
-            if !(0.0..1.0).contains(&p) {
-                return Err(arg("dropout_p", format!("{p} must be in [0, 1)")));
-            }
-        }
-        // Shared sinks `[n]` are the per-head form with a zero stride on the head axis.
-        let sinks = a.sinks.map(|s| {
-            let mut s = s.clone();
-            if s.shape.len() == 1 {
-                s.shape = vec![hq, s.shape[0]];
-                s.strides = vec![0, s.strides[0]];
-            }
-            s
-        });
-        let call = CallFeatures {
-            causal: o.causal,
-            window,
-            softcap: o.logits_soft_cap,
-            sinks: a.sinks.is_some(),
-            bias: a.bias.is_some(),
-            mask: a.mask.is_some(),
-            segment_ids: a.q_segment_ids.is_some(),
-            varlen,
-            dropout,
-        };
-        // ---- platform ----
-        match o.platform {
-            PlatformChoice::Cuda => {
-                return Err(ApiError::Unsupported(
-                    "platform cuda: flash_attention does not choose CUDA kernels yet; run PTX artifacts with \
-ejc_runtime::cuda::FlashDevice (feature `cuda`) or the ejc-gpu runner (docs/gpu.md)"
-                        .into(),
-                ))
-            }
-            PlatformChoice::Auto | PlatformChoice::Cpu => {}
-        }
-        // ---- kernel family ----
-        let query =
-            Query::new("flash_attention_fwd").platform(Platform::Cpu).dtype(dtype).head_dim(d).features(call.clone());
-        let family = self.registry.families(&query)?.remove(0);
-        let entries: Vec<_> = family.entries.iter().map(|e| (*e).clone()).collect();
-        let features: Features = entries[0].features.clone();
-        // ---- key ----
-        let mut shape = FlashShape { batch: b, seq_q: sq, seq_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
-        if varlen {
-            // Sequences: the prefix sums' lengths; seq_q/seq_k: the longest.
-            let cu =
-                |x: &HostBuffer| x.to_host().to_vec().windows(2).map(|w| (w[1] - w[0]) as usize).collect::<Vec<_>>();
-            let (lq, lk) = (cu(a.cu_seqlens_q.unwrap_or(a.q)), cu(a.cu_seqlens_k.unwrap_or(a.k)));
-            shape.batch = lq.len();
-            shape.seq_q = lq.iter().copied().max().unwrap_or(0);
-            shape.seq_k = lk.iter().copied().max().unwrap_or(0);
-        }
-        let ids: Vec<String> = entries.iter().map(|e| config_id(&e.config)).collect();
-        let key = flash_cache_key(
-            &entries[0].op,
-            entries[0].op_version,
-            &entries[0].compiler_version,
-            &family.variant,
-            &ids,
-            &shape,
-            dtype,
-            &call,
-        );
-        // ---- run-time scalars ----
-        let rt = FlashRuntime {
-            softmax_scale: o.softmax_scale.unwrap_or(1.0 / (d as f64).sqrt()),
-            window: window.unwrap_or((0, 0)),
-            softcap: o.logits_soft_cap.unwrap_or(1.0),
-            dropout_p: o.dropout_p.unwrap_or(0.0),
-            seed: o.dropout_seed,
-        };
-        // ---- configuration ----
-        let mut kernels = Vec::new();
-        for e in &entries {
-            let lib = self.library(&e.artifact)?;
-            kernels.push(lib.kernel(&e.entry, e.scratch_bytes as usize)?);
-        }
-        let candidates: Vec<FlashCandidate> = entries
-            .iter()
-            .zip(&kernels)
-            .map(|(e, k)| FlashCandidate {
-                config: &e.config,
-                kernel: *k,
-                block_m: e.config.get("block_m").copied().unwrap_or(64) as usize,
-            })
-            .collect();
-        let mut tuner = FlashTuner::new(features.clone(), dtype, d, shape, rt, candidates);
-        tuner.threads = o.threads;
-        let choice = self.chain.choose(&key, o.config.as_ref(), &tuner)?;
-        let Some(i) = entries.iter().position(|e| e.config == choice.config) else {
-            return Err(arg(
-                "config",
-                format!("{} is not one of the built configurations ({})", config_id(&choice.config), ids.join(", ")),
-            ));
-        };
-        // ---- run ----
-        let out = HostBuffer::from_host(&ejc_ir::tensor::HostTensor::full(dtype, &q.shape, f64::NAN));
-        let lse = HostBuffer::from_host(&ejc_ir::tensor::HostTensor::full(DType::F32, &[b, hq, sq], f64::NAN));
-        let mut bufs = FlashBuffers {
-            q: a.q.clone(),
-            k: a.k.clone(),
-            v: a.v.clone(),
-            out,
-            lse,
-            bias: a.bias.cloned(),
-            mask: a.mask.cloned(),
-            q_segment_ids: a.q_segment_ids.cloned(),
-            kv_segment_ids: a.kv_segment_ids.cloned(),
-            cu_seqlens_q: a.cu_seqlens_q.cloned(),
-            cu_seqlens_k: a.cu_seqlens_k.cloned(),
-            sinks,
-        };
-        let e = &entries[i];
-        let bm = e.config.get("block_m").copied().unwrap_or(64) as usize;
-        run_cpu(&kernels[i], &features, dtype, d, bm, &rt, &mut bufs, o.threads)?;
-        Ok(FlashResult {
-            out: bufs.out,
-            lse: bufs.lse,
-            kernel: e.entry.clone(),
-            config: choice.config,
-            source: choice.source,
+        Ok(Runtime {
+            registry,
+            chains: HashMap::new(),
+            cache_dir: opts.cache_dir.clone().unwrap_or_else(PersistentCache::default_dir),
+            policy: opts.policy.unwrap_or_default(),
+            log,
+            libs: RefCell::new(CpuLibs::default()),
+            #[cfg(feature = "cuda")]
+            cuda: None,
         })
     }
-}
 
-/// The cache key of a flash call: this machine, `op@version`, the call (shapes with
-/// sequence lengths bucketed to powers of two, dtype, variant and static arguments),
-/// the candidate set and the compiler version. `ejc tune` and the API build the same
-/// key, so a configuration tuned from the command line serves the library's calls.
-#[allow(clippy::too_many_arguments)]
-pub fn flash_cache_key(
-    op: &str,
-    op_version: u32,
-    compiler: &str,
-    variant: &str,
-    candidate_ids: &[String],
-    shape: &FlashShape,
-    dtype: DType,
-    call: &CallFeatures,
-) -> CacheKey {
-    let desc = json!({
-        "q": {"shape": [shape.batch, bucket_pow2(shape.seq_q), shape.heads_q, shape.head_dim], "dtype": dtype.to_string()},
-        "k": {"shape": [shape.batch, bucket_pow2(shape.seq_k), shape.heads_kv, shape.head_dim], "dtype": dtype.to_string()},
-        "variant": variant, "causal": call.causal, "window": call.window, "softcap": call.softcap,
-        "dropout": call.dropout, "sinks": call.sinks, "bias": call.bias, "mask": call.mask,
-        "segment_ids": call.segment_ids, "varlen": call.varlen,
-    });
-    CacheKey {
-        device: cpu_fingerprint(),
-        op: format!("{op}@{op_version}"),
-        call: call_hash(&desc),
-        candidates: candidates_checksum(candidate_ids),
-        compiler: compiler.to_string(),
+    /// The chain of a device (made on first use, with that device's cache file).
+    pub fn chain(&mut self, device: &str) -> &mut Chain {
+        if !self.chains.contains_key(device) {
+            let cache = PersistentCache::open(&self.cache_dir, device);
+            for w in cache.warnings() {
+                eprintln!("ejc: warning: {w}");
+            }
+            let mut chain = Chain::new(self.policy, Some(cache));
+            if self.log {
+                chain.observe(Box::new(|e: &Event| eprintln!("{e}")));
+            }
+            self.chains.insert(device.to_string(), chain);
+        }
+        self.chains.get_mut(device).expect("inserted above")
+    }
+
+    /// The GPU (opened on first use).
+    #[cfg(feature = "cuda")]
+    pub fn cuda(&mut self) -> Result<std::sync::Arc<crate::cuda::Cuda>, ApiError> {
+        if self.cuda.is_none() {
+            let c = crate::cuda::Cuda::new().map_err(|e| ApiError::Unsupported(format!("platform cuda: {e}")))?;
+            self.cuda = Some(std::sync::Arc::new(c));
+        }
+        Ok(self.cuda.clone().expect("set above"))
+    }
+
+    /// Run operation `op` on `call` (outputs written in place). `wanted`: the features
+    /// the call asks for, in the spec's vocabulary with the call's values.
+    pub fn call(
+        &mut self,
+        op_name: &str,
+        wanted: &Features,
+        call: &mut Call,
+        o: &CallOptions,
+    ) -> Result<CallResult, ApiError> {
+        let op: &'static dyn Operation = ejc_ir::ops::get(op_name).ok_or_else(|| {
+            let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
+            ApiError::Unsupported(format!("no operation `{op_name}` (operations: {})", names.join(", ")))
+        })?;
+        let dtype = op.call_dtype(call).map_err(ApiError::Call)?;
+        let keys = op.call_keys(call).map_err(ApiError::Call)?;
+        let platform = match o.platform {
+            PlatformChoice::Cpu => Platform::Cpu,
+            PlatformChoice::Cuda => Platform::Cuda,
+            PlatformChoice::Auto if call.on_device() => Platform::Cuda,
+            PlatformChoice::Auto => Platform::Cpu,
+        };
+        if platform == Platform::Cpu && !call.on_host() {
+            return Err(ApiError::Unsupported("platform cpu: every tensor must be in host memory".into()));
+        }
+        let query = Query::new(op_name).platform(platform).dtype(dtype).keys(&keys).features(wanted.clone());
+        match platform {
+            Platform::Cpu => self.call_cpu(op, &query, wanted, call, o),
+            Platform::Cuda => self.call_cuda(op, &query, wanted, call, o),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn key(
+        &self,
+        device: &str,
+        op: &dyn Operation,
+        fam: &crate::registry::Family,
+        wanted: &Features,
+        dtype: ejc_ir::types::DType,
+        sizes: &ejc_ir::op::Sizes,
+        ids: &[String],
+    ) -> CacheKey {
+        let compiler = fam.entries.first().map(|e| e.compiler_version.clone()).unwrap_or_default();
+        call_key(device, op, fam.op_version, &compiler, wanted, dtype, sizes, ids)
+    }
+
+    fn call_cpu(
+        &mut self,
+        op: &'static dyn Operation,
+        query: &Query,
+        wanted: &Features,
+        call: &mut Call,
+        o: &CallOptions,
+    ) -> Result<CallResult, ApiError> {
+        let registry = std::mem::take(&mut self.registry);
+        let result = (|| -> Result<CallResult, ApiError> {
+            let fam = registry.families(query)?.remove(0);
+            let dtype = fam.instance.dtype.parse().map_err(ApiError::Unsupported)?;
+            let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, call).map_err(ApiError::Call)?;
+            let cands = fam.candidates();
+            let ids: Vec<String> = cands.iter().map(|c| c.id()).collect();
+            let device = cpu_fingerprint();
+            let key = self.key(&device, op, &fam, wanted, dtype, &sizes, &ids);
+            let libs = std::mem::take(&mut self.libs);
+            let choice = {
+                let mut tuner = Tuner::new(
+                    op,
+                    fam.features.clone(),
+                    wanted.clone(),
+                    dtype,
+                    fam.instance.keys.clone(),
+                    sizes.clone(),
+                    call.scalars.clone(),
+                    cands.clone(),
+                    Device::Cpu { libs: &libs, threads: o.threads },
+                );
+                tuner.progress = true;
+                self.chain(&device).choose(&key, o.config.as_ref(), &tuner)
+            };
+            self.libs = libs;
+            let choice = choice?;
+            let cand = cands.iter().find(|c| c.config == choice.config).ok_or_else(|| ApiError::Argument {
+                arg: "config",
+                message: format!(
+                    "{} is not one of the built configurations ({})",
+                    config_id(&choice.config),
+                    ids.join(", ")
+                ),
+            })?;
+            crate::exec::run_cpu(&mut self.libs.borrow_mut(), cand, call, &sizes, o.threads)?;
+            Ok(CallResult {
+                instance: fam.instance.clone(),
+                backend: fam.backend.clone(),
+                plan: cand.plan.plan.name.clone(),
+                kernels: cand.launches.iter().map(|e| e.entry.clone()).collect(),
+                config: choice.config,
+                source: choice.source,
+                key: key.to_string(),
+                device: device.clone(),
+            })
+        })();
+        self.registry = registry;
+        result
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn call_cuda(
+        &mut self,
+        _op: &'static dyn Operation,
+        _query: &Query,
+        _wanted: &Features,
+        _call: &mut Call,
+        _o: &CallOptions,
+    ) -> Result<CallResult, ApiError> {
+        Err(ApiError::Unsupported("platform cuda: this ejc-runtime was built without its `cuda` feature".into()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn call_cuda(
+        &mut self,
+        op: &'static dyn Operation,
+        query: &Query,
+        wanted: &Features,
+        call: &mut Call,
+        o: &CallOptions,
+    ) -> Result<CallResult, ApiError> {
+        let cuda = self.cuda()?;
+        let err = |e: crate::cuda::CudaError| ApiError::Unsupported(e.to_string());
+        // Host tensors go to the GPU for the call; the outputs come back.
+        let uploaded = if call.on_host() { Some(crate::cuda::upload_call(&cuda, call).map_err(err)?) } else { None };
+        let registry = std::mem::take(&mut self.registry);
+        let result = (|| -> Result<CallResult, ApiError> {
+            let dev_call: &Call = uploaded.as_ref().unwrap_or(call);
+            let cc = cuda.compute_capability();
+            let mut fams = registry.families(query)?;
+            fams.retain(|f| crate::cuda::runs_on(&f.backend, cc));
+            let fam = fams.into_iter().next().ok_or_else(|| {
+                ApiError::Unsupported(format!(
+                    "no kernel of {} for {} runs on {} (PTX for sm_80 runs on every GPU from Ampere on)",
+                    op.name(),
+                    query.dtype.clone().unwrap_or_default(),
+                    cuda.device_name()
+                ))
+            })?;
+            let dtype = fam.instance.dtype.parse().map_err(ApiError::Unsupported)?;
+            let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, dev_call).map_err(ApiError::Call)?;
+            let cands = fam.candidates();
+            let ids: Vec<String> = cands.iter().map(|c| c.id()).collect();
+            let device = cuda.fingerprint();
+            let key = self.key(&device, op, &fam, wanted, dtype, &sizes, &ids);
+            let choice = {
+                let tuner = Tuner::new(
+                    op,
+                    fam.features.clone(),
+                    wanted.clone(),
+                    dtype,
+                    fam.instance.keys.clone(),
+                    sizes.clone(),
+                    dev_call.scalars.clone(),
+                    cands.clone(),
+                    Device::Cuda { cuda: &cuda },
+                );
+                self.chain(&device).choose(&key, o.config.as_ref(), &tuner)?
+            };
+            let cand = cands.iter().find(|c| c.config == choice.config).ok_or_else(|| ApiError::Argument {
+                arg: "config",
+                message: format!(
+                    "{} is not one of the built configurations ({})",
+                    config_id(&choice.config),
+                    ids.join(", ")
+                ),
+            })?;
+            let plan = crate::cuda::CudaPlan::for_candidate(&cuda, cand, dev_call, &sizes).map_err(err)?;
+            plan.launch(&cuda).map_err(err)?;
+            cuda.synchronize().map_err(err)?;
+            Ok(CallResult {
+                instance: fam.instance.clone(),
+                backend: fam.backend.clone(),
+                plan: cand.plan.plan.name.clone(),
+                kernels: cand.launches.iter().map(|e| e.entry.clone()).collect(),
+                config: choice.config,
+                source: choice.source,
+                key: key.to_string(),
+                device: device.clone(),
+            })
+        })();
+        self.registry = registry;
+        let r = result?;
+        if let Some(dev) = &uploaded {
+            let outs = op.outputs(&r_features(&self.registry, op, &r.instance));
+            crate::cuda::download_into(&cuda, dev, &outs, call).map_err(err)?;
+        }
+        Ok(r)
     }
 }
 
-fn global() -> &'static Mutex<Option<Runtime>> {
-    static RT: OnceLock<Mutex<Option<Runtime>>> = OnceLock::new();
-    RT.get_or_init(|| Mutex::new(None))
-}
-
-/// [`Runtime::flash_attention`] on a process-wide runtime, made on first use from the
-/// environment (`$EJC_KERNELS`, `$EJC_CACHE_DIR`, `$EJC_LOG`).
-pub fn flash_attention(a: &FlashArgs, o: &FlashOptions) -> Result<FlashResult, ApiError> {
-    let mut g = global().lock().map_err(|_| ApiError::Unsupported("the runtime's lock is poisoned".into()))?;
-    if g.is_none() {
-        *g = Some(Runtime::new(RuntimeOptions::default())?);
-    }
-    g.as_mut().expect("set above").flash_attention(a, o)
+/// The features of an instance (for its output names).
+#[cfg(feature = "cuda")]
+fn r_features(reg: &Registry, op: &dyn Operation, i: &Instance) -> Features {
+    reg.entries().iter().find(|e| e.op == op.name() && e.instance == *i).map(|e| e.features.clone()).unwrap_or_default()
 }

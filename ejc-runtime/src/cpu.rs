@@ -83,6 +83,18 @@ impl HostBuffer {
         HostBuffer { dtype: t.dtype, shape: t.shape.clone(), strides: t.strides.clone(), offset: t.offset, bytes }
     }
 
+    /// A contiguous buffer of zeros.
+    pub fn zeros(dtype: DType, shape: &[usize]) -> HostBuffer {
+        let n: usize = shape.iter().product();
+        HostBuffer {
+            dtype,
+            shape: shape.to_vec(),
+            strides: HostTensor::contiguous_strides(shape),
+            offset: 0,
+            bytes: vec![0u8; n * dtype.size_bytes()],
+        }
+    }
+
     /// Back to a host tensor (same storage layout).
     pub fn to_host(&self) -> HostTensor {
         let es = self.dtype.size_bytes();

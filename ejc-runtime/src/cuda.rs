@@ -24,13 +24,15 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
-use ejc_ir::flash::abi::abi_params;
-use ejc_ir::flash::FlashRuntime;
-use ejc_ir::spec::Features;
+use ejc_ir::ir::GridExpr;
+use ejc_ir::manifest::{AlignedEntry, Launch, Temporary, TensorMapParam};
+use ejc_ir::op::{bind, grid_of, symbols, temporary_shape, Bound, Config, ParamSig, Sizes};
 use ejc_ir::types::{DType, Type};
 
+use crate::call::{Call, Tensor};
 use crate::cpu::HostBuffer;
-use crate::flash::{launch_plan, tensor_names, FlashBuffers};
+use crate::exec::param_sigs;
+use crate::registry::{Candidate, KernelEntry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {
@@ -52,14 +54,16 @@ pub fn driver_present() -> bool {
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
-/// A tensor in device memory (same layout as the [`HostBuffer`] it came from).
+/// A tensor in device memory (same layout as the [`HostBuffer`] it came from). Clones
+/// share the memory (a view, not a copy).
+#[derive(Clone)]
 pub struct DeviceBuffer {
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub strides: Vec<isize>,
     /// Element offset of index [0, …] from the start of `mem`.
     pub offset: usize,
-    mem: CudaSlice<u8>,
+    mem: Arc<CudaSlice<u8>>,
     ptr: u64,
 }
 
@@ -95,7 +99,7 @@ unsafe impl cudarc::driver::DeviceRepr for TensorMap {}
 
 /// Encode the tiled tensor map `p` of tensor `t` (`cuTensorMapEncodeTiled`): its shape
 /// and strides innermost first, box `p.box_dims`, 128-byte swizzle, zeros outside.
-pub fn encode_tensor_map(t: &DeviceBuffer, p: &ejc_ir::manifest::TensorMapParam) -> Result<TensorMap, CudaError> {
+pub fn encode_tensor_map(t: &DevTensor, p: &TensorMapParam) -> Result<TensorMap, CudaError> {
     use cudarc::driver::sys::*;
     let rank = t.shape.len();
     let bad = |m: String| CudaError::Invalid(format!("tensor map of `{}`: {m}", p.tensor));
@@ -126,7 +130,7 @@ pub fn encode_tensor_map(t: &DeviceBuffer, p: &ejc_ir::manifest::TensorMapParam)
             &mut map,
             dtype,
             rank as u32,
-            t.address() as *mut std::ffi::c_void,
+            t.address as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
@@ -210,14 +214,14 @@ impl Cuda {
             shape: h.shape.clone(),
             strides: h.strides.clone(),
             offset: h.offset,
-            mem,
+            mem: Arc::new(mem),
             ptr,
         })
     }
 
     /// Copy a device buffer back (the whole allocation, same layout).
     pub fn download(&self, d: &DeviceBuffer) -> Result<HostBuffer, CudaError> {
-        let bytes = self.stream.clone_dtoh(&d.mem).map_err(drv)?;
+        let bytes = self.stream.clone_dtoh(d.mem.as_ref()).map_err(drv)?;
         Ok(HostBuffer { dtype: d.dtype, shape: d.shape.clone(), strides: d.strides.clone(), offset: d.offset, bytes })
     }
 
@@ -264,7 +268,7 @@ impl Cuda {
         &self,
         k: &CudaKernel,
         grid: [i64; 3],
-        tensors: &[&DeviceBuffer],
+        tensors: &[DevTensor],
         scalars: &[Scalar],
         maps: &[TensorMap],
     ) -> Result<(), CudaError> {
@@ -284,7 +288,7 @@ impl Cuda {
         }
         let mut args = Vec::new();
         for t in tensors {
-            args.push(Arg::U64(t.address()));
+            args.push(Arg::U64(t.address));
             args.extend(t.shape.iter().map(|s| Arg::I64(*s as i64)));
             args.extend(t.strides.iter().map(|s| Arg::I64(*s as i64)));
         }
@@ -346,142 +350,72 @@ impl Cuda {
     }
 }
 
-/// A flash call with every tensor on the device.
-pub struct FlashDevice {
-    /// In ABI order (`tensor_names`).
-    pub tensors: Vec<DeviceBuffer>,
-    pub names: Vec<&'static str>,
-    pub grid: [i64; 3],
-    pub scalars: Vec<Scalar>,
-    /// The scalars' parameter names, in the same order.
-    pub scalar_names: Vec<String>,
-    /// Tensor maps encoded for these tensors, by entry (see [`CudaKernel::tensor_maps`]).
-    maps: Mutex<HashMap<String, Vec<TensorMap>>>,
+/// A tensor argument as a launch passes it: device address of element [0, …], shape,
+/// strides (elements).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DevTensor {
+    pub dtype: DType,
+    pub address: u64,
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
 }
 
-impl FlashDevice {
-    /// Check `call` against the kernel's ABI (errors name the argument), then upload.
-    pub fn new(
-        cuda: &Cuda,
-        features: &Features,
-        dtype: DType,
-        head_dim: usize,
-        block_m: usize,
-        rt: &FlashRuntime,
-        call: &mut FlashBuffers,
-    ) -> Result<FlashDevice, CudaError> {
-        let (grid, slots) =
-            launch_plan(features, dtype, head_dim, block_m, rt, call).map_err(|e| CudaError::Invalid(e.to_string()))?;
-        let mut scalars = Vec::new();
-        let mut scalar_names = Vec::new();
-        let mut si = 0;
-        for p in abi_params(features, dtype) {
-            if let Type::Scalar(d) = p.ty {
-                scalar_names.push(p.name.to_string());
-                let slot = slots[si];
-                si += 1;
-                scalars.push(match d {
-                    DType::F32 => Scalar::F32(f32::from_bits(slot as u32)),
-                    _ => Scalar::I32(slot as u32 as i32),
-                });
-            }
+impl DeviceBuffer {
+    pub fn view(&self) -> DevTensor {
+        DevTensor {
+            dtype: self.dtype,
+            address: self.address(),
+            shape: self.shape.clone(),
+            strides: self.strides.clone(),
         }
-        let names = tensor_names(features, dtype);
-        let mut tensors = Vec::new();
-        for n in &names {
-            let b = call.get(n).ok_or_else(|| CudaError::Invalid(format!("the call has no `{n}`")))?;
-            tensors.push(cuda.upload(b)?);
-        }
-        Ok(FlashDevice { tensors, names, grid, scalars, scalar_names, maps: Mutex::new(HashMap::new()) })
-    }
-
-    /// Whether these tensors meet the condition of an artifact's aligned entry (every
-    /// tensor it names aligned; docs/abi.md, "Aligned entry").
-    pub fn meets(&self, aligned: &ejc_ir::manifest::AlignedEntry) -> bool {
-        let positive = aligned.positive.iter().all(|n| {
-            self.scalar_names.iter().position(|x| x == n).is_some_and(|i| match self.scalars[i] {
-                Scalar::F32(x) => x > 0.0,
-                Scalar::I32(x) => x > 0,
-            })
-        });
-        positive
-            && aligned.tensors.iter().all(|t| {
-                self.names.iter().position(|n| n == t).is_some_and(|i| {
-                    let b = &self.tensors[i];
-                    let strides: Vec<i64> = b.strides.iter().map(|s| *s as i64).collect();
-                    ejc_ir::manifest::AlignedEntry::tensor_ok(b.address(), &strides)
-                })
-            })
-    }
-
-    /// Launch `k` on these tensors.
-    pub fn launch(&self, cuda: &Cuda, k: &CudaKernel) -> Result<(), CudaError> {
-        let refs: Vec<&DeviceBuffer> = self.tensors.iter().collect();
-        let mut maps = Vec::new();
-        if !k.tensor_maps.is_empty() && !self.grid.contains(&0) {
-            let mut cache = self.maps.lock().map_err(|_| CudaError::Invalid("tensor-map cache poisoned".into()))?;
-            if !cache.contains_key(&k.entry) {
-                let mut ms = Vec::new();
-                for p in &k.tensor_maps {
-                    let i = self.names.iter().position(|n| *n == p.tensor).ok_or_else(|| {
-                        CudaError::Invalid(format!(
-                            "`{}` wants a tensor map of `{}`, not in the call",
-                            k.entry, p.tensor
-                        ))
-                    })?;
-                    ms.push(encode_tensor_map(&self.tensors[i], p)?);
-                }
-                cache.insert(k.entry.clone(), ms);
-            }
-            maps = cache[&k.entry].clone();
-        }
-        // Safety: `new` checked every tensor against the ABI; outputs are separate
-        // allocations; the maps describe these tensors.
-        unsafe { cuda.launch(k, self.grid, &refs, &self.scalars, &maps) }
-    }
-
-    /// Copy `out` and `lse` back into `call`.
-    pub fn read_outputs(&self, cuda: &Cuda, call: &mut FlashBuffers) -> Result<(), CudaError> {
-        for (n, d) in self.names.iter().zip(&self.tensors) {
-            if *n == "out" || *n == "lse" {
-                let h = cuda.download(d)?;
-                if let Some(b) = call.get(n) {
-                    *b = h;
-                }
-            }
-        }
-        Ok(())
     }
 }
 
-// ---- artifacts of a build: what `ejc-gpu` and `ejc run/bench --backend cuda` share
+impl Cuda {
+    /// A contiguous buffer of `shape` in GPU memory, zeroed.
+    pub fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<DeviceBuffer, CudaError> {
+        let n: usize = shape.iter().product();
+        let bytes = (n * dtype.size_bytes()).max(1);
+        let mem = self
+            .stream
+            .alloc_zeros::<u8>(bytes)
+            .map_err(|e| CudaError::Driver(format!("allocating {bytes} bytes: {e:?}")))?;
+        let ptr = {
+            let (p, _sync) = mem.device_ptr(&self.stream);
+            p
+        };
+        Ok(DeviceBuffer {
+            dtype,
+            shape: shape.to_vec(),
+            strides: ejc_ir::tensor::HostTensor::contiguous_strides(shape),
+            offset: 0,
+            mem: Arc::new(mem),
+            ptr,
+        })
+    }
 
-/// Load entry `entry` (the artifact's `entry`, or its aligned entry) of PTX artifact
-/// `a` of build `m`: the driver JIT-compiles the module for this GPU.
-pub fn load_entry(
-    cuda: &Cuda,
-    m: &crate::manifest::Loaded,
-    a: &ejc_ir::manifest::Artifact,
-    entry: &str,
-) -> Result<CudaKernel, CudaError> {
-    let path = m.path_of(a);
-    let ptx = std::fs::read_to_string(&path).map_err(|e| CudaError::Invalid(format!("{}: {e}", path.display())))?;
-    let threads = a.block.map(|b| b[0]).unwrap_or(128);
-    let mut k = cuda.load(&ptx, entry, threads, a.dynamic_shared_memory)?;
-    k.scratch_bytes = a.scratch_bytes;
-    if let Some(al) = a.aligned.as_ref().filter(|al| al.entry == entry) {
+    /// This GPU as the tuning cache names machines: name, compute capability, driver.
+    pub fn fingerprint(&self) -> String {
+        let mut v: std::ffi::c_int = 0;
+        // Safety: one out-parameter; the driver was loaded by `Cuda::new`.
+        let ok =
+            unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) } == cudarc::driver::sys::CUresult::CUDA_SUCCESS;
+        let driver = if ok { format!("{}.{}", v / 1000, (v % 1000) / 10) } else { "unknown".into() };
+        format!("cuda|{}|driver {driver}", self.device_name())
+    }
+}
+
+/// Load the kernel of registry entry `e` (its general entry, or `entry`).
+pub fn load_kernel(cuda: &Cuda, e: &KernelEntry, entry: &str) -> Result<CudaKernel, CudaError> {
+    let ptx = std::fs::read_to_string(&e.artifact)
+        .map_err(|err| CudaError::Invalid(format!("{}: {err}", e.artifact.display())))?;
+    let threads = e.block.map(|b| b[0]).unwrap_or(128);
+    let mut k = cuda.load(&ptx, entry, threads, e.dynamic_shared_memory)?;
+    k.scratch_bytes = e.scratch_bytes;
+    if let Some(al) = e.aligned.as_ref().filter(|al| al.entry == entry) {
         k.tensor_maps = al.tensor_maps.clone();
     }
     Ok(k)
-}
-
-/// The entry a launcher calls for `dev`: the aligned one when the call meets its
-/// condition (docs/abi.md, "Aligned entry"), else the general one.
-pub fn entry_for<'a>(a: &'a ejc_ir::manifest::Artifact, dev: &FlashDevice) -> &'a str {
-    match &a.aligned {
-        Some(al) if dev.meets(al) => &al.entry,
-        _ => &a.entry,
-    }
 }
 
 /// Whether a `ptx:<arch>` / `mlir:gpu:<arch>` artifact runs on a GPU of compute
@@ -495,14 +429,185 @@ pub fn runs_on(target: &str, cc: u32) -> bool {
     }
 }
 
-/// Median milliseconds of `reps` launches of `k` on `dev`, timed with CUDA events,
-/// after `warmup` untimed launches.
-pub fn median_ms(cuda: &Cuda, dev: &FlashDevice, k: &CudaKernel, warmup: usize, reps: usize) -> Result<f64, CudaError> {
-    let mut run = || dev.launch(cuda, k);
-    if warmup > 0 {
-        cuda.time(warmup, &mut run)?;
+/// One launch of a plan on the GPU: the general kernel, the aligned one with its
+/// condition, parameters, grid, binding.
+pub struct CudaLaunchSpec {
+    pub kernel: CudaKernel,
+    pub aligned: Option<(CudaKernel, AlignedEntry)>,
+    pub params: Vec<ParamSig>,
+    pub grid: [GridExpr; 3],
+    pub launch: Launch,
+}
+
+impl CudaLaunchSpec {
+    /// The launch of registry entry `e` in `launch` (both entries loaded).
+    pub fn of_entry(cuda: &Cuda, e: &KernelEntry, launch: &Launch) -> Result<CudaLaunchSpec, CudaError> {
+        let kernel = load_kernel(cuda, e, &e.entry)?;
+        let aligned = match &e.aligned {
+            Some(al) => Some((load_kernel(cuda, e, &al.entry)?, al.clone())),
+            None => None,
+        };
+        let params = param_sigs(&e.params).map_err(CudaError::Invalid)?;
+        let grid = e.grid.clone().ok_or_else(|| CudaError::Invalid(format!("`{}` has no launch grid", e.entry)))?;
+        Ok(CudaLaunchSpec { kernel, aligned, params, grid, launch: launch.clone() })
     }
-    let mut ts = cuda.time(reps.max(1), &mut run)?;
-    ts.sort_by(|a, b| a.total_cmp(b));
-    Ok(ts[ts.len() / 2] as f64)
+}
+
+struct ReadyLaunch {
+    kernel: CudaKernel,
+    grid: [i64; 3],
+    tensors: Vec<DevTensor>,
+    scalars: Vec<Scalar>,
+    maps: Vec<TensorMap>,
+}
+
+/// A plan ready to launch on a call's device tensors: kernels chosen (the aligned entry
+/// where the tensors meet its condition), temporaries allocated, arguments bound and
+/// tensor maps encoded — so that timing it measures the GPU, not the preparation.
+pub struct CudaPlan {
+    launches: Vec<ReadyLaunch>,
+    _temps: Vec<DeviceBuffer>,
+    /// Per launch: whether its aligned entry runs.
+    pub aligned: Vec<bool>,
+}
+
+impl CudaPlan {
+    pub fn new(
+        specs: Vec<CudaLaunchSpec>,
+        temporaries: &[Temporary],
+        call: &Call,
+        sizes: &Sizes,
+        config: &Config,
+        cuda: &Cuda,
+    ) -> Result<CudaPlan, CudaError> {
+        let bad = |m: String| CudaError::Invalid(m);
+        let syms = symbols(sizes, config);
+        let mut temps = Vec::new();
+        let mut views: std::collections::BTreeMap<String, DevTensor> = std::collections::BTreeMap::new();
+        for t in temporaries {
+            let (dtype, shape) = temporary_shape(t, &syms).map_err(bad)?;
+            let d = cuda.alloc(dtype, &shape)?;
+            views.insert(t.name.clone(), d.view());
+            temps.push(d);
+        }
+        for (n, t) in &call.tensors {
+            match t {
+                Tensor::Cuda(d) => {
+                    views.insert(n.clone(), d.view());
+                }
+                Tensor::Host(_) => return Err(bad(format!("argument `{n}` is in host memory, not on the GPU"))),
+            }
+        }
+        let lookup = |n: &str| call.tensors.get(n).map(Tensor::info);
+        let mut launches = Vec::new();
+        let mut aligned_used = Vec::new();
+        for s in specs {
+            let bound = bind(&s.params, &s.launch, temporaries, &lookup, &call.scalars, &syms).map_err(bad)?;
+            let grid = grid_of(&s.grid, &syms).map_err(bad)?;
+            let mut tensors = Vec::new();
+            let mut names = Vec::new();
+            let mut scalars = Vec::new();
+            let mut scalar_names = Vec::new();
+            for (p, b) in s.params.iter().zip(&bound) {
+                match (b, &p.ty) {
+                    (Bound::Tensor(n), _) => {
+                        tensors.push(views[n].clone());
+                        names.push(p.name.clone());
+                    }
+                    (Bound::Scalar(v), Type::Scalar(DType::F32)) => {
+                        scalars.push(Scalar::F32(*v as f32));
+                        scalar_names.push(p.name.clone());
+                    }
+                    (Bound::Scalar(v), _) => {
+                        scalars.push(Scalar::I32(*v as i64 as u32 as i32));
+                        scalar_names.push(p.name.clone());
+                    }
+                }
+            }
+            let meets = |al: &AlignedEntry| {
+                al.tensors.iter().all(|t| {
+                    names.iter().position(|n| n == t).is_some_and(|i| {
+                        let st: Vec<i64> = tensors[i].strides.iter().map(|s| *s as i64).collect();
+                        AlignedEntry::tensor_ok(tensors[i].address, &st)
+                    })
+                }) && al.positive.iter().all(|n| {
+                    scalar_names.iter().position(|x| x == n).is_some_and(|i| match scalars[i] {
+                        Scalar::F32(x) => x > 0.0,
+                        Scalar::I32(x) => x > 0,
+                    })
+                })
+            };
+            let (kernel, used) = match s.aligned {
+                Some((k, al)) if meets(&al) => (k, true),
+                _ => (s.kernel, false),
+            };
+            let mut maps = Vec::new();
+            if !grid.contains(&0) {
+                for p in &kernel.tensor_maps {
+                    let i = names.iter().position(|n| *n == p.tensor).ok_or_else(|| {
+                        bad(format!("`{}` wants a tensor map of `{}`, not a parameter", kernel.entry, p.tensor))
+                    })?;
+                    maps.push(encode_tensor_map(&tensors[i], p)?);
+                }
+            }
+            aligned_used.push(used);
+            launches.push(ReadyLaunch { kernel, grid, tensors, scalars, maps });
+        }
+        Ok(CudaPlan { launches, _temps: temps, aligned: aligned_used })
+    }
+
+    /// Prepare a registry candidate (PTX entries) for `call`.
+    pub fn for_candidate(cuda: &Cuda, cand: &Candidate, call: &Call, sizes: &Sizes) -> Result<CudaPlan, CudaError> {
+        let mut specs = Vec::new();
+        for (e, launch) in cand.launches.iter().zip(&cand.plan.plan.launches) {
+            specs.push(CudaLaunchSpec::of_entry(cuda, e, launch)?);
+        }
+        CudaPlan::new(specs, &cand.plan.plan.temporaries, call, sizes, &cand.config, cuda)
+    }
+
+    /// Enqueue every launch in order (asynchronous: [`Cuda::synchronize`] waits).
+    pub fn launch(&self, cuda: &Cuda) -> Result<(), CudaError> {
+        for l in &self.launches {
+            // Safety: `new` checked every tensor's dtype and rank against the kernel's
+            // parameters; tensors are separate allocations; the maps describe them.
+            unsafe { cuda.launch(&l.kernel, l.grid, &l.tensors, &l.scalars, &l.maps)? };
+        }
+        Ok(())
+    }
+
+    /// Median milliseconds of `reps` runs (CUDA events) after `warmup` untimed ones.
+    pub fn median_ms(&self, cuda: &Cuda, warmup: usize, reps: usize) -> Result<f64, CudaError> {
+        let mut run = || self.launch(cuda);
+        if warmup > 0 {
+            cuda.time(warmup, &mut run)?;
+        }
+        let mut ts = cuda.time(reps.max(1), &mut run)?;
+        ts.sort_by(|a, b| a.total_cmp(b));
+        Ok(ts[ts.len() / 2] as f64)
+    }
+}
+
+/// Copy every host tensor of `call` to the GPU (device tensors stay).
+pub fn upload_call(cuda: &std::sync::Arc<Cuda>, call: &Call) -> Result<Call, CudaError> {
+    let mut out = Call { cuda: Some(cuda.clone()), ..Call::default() };
+    out.scalars = call.scalars.clone();
+    for (n, t) in &call.tensors {
+        match t {
+            Tensor::Host(h) => {
+                out.tensors.insert(n.clone(), Tensor::Cuda(cuda.upload(h)?));
+            }
+            Tensor::Cuda(_) => return Err(CudaError::Invalid(format!("`{n}` is already on the GPU"))),
+        }
+    }
+    Ok(out)
+}
+
+/// Copy tensors `names` of a device call back into host call `into`.
+pub fn download_into(cuda: &Cuda, from: &Call, names: &[&str], into: &mut Call) -> Result<(), CudaError> {
+    for n in names {
+        if let Some(Tensor::Cuda(d)) = from.tensors.get(*n) {
+            into.tensors.insert(n.to_string(), Tensor::Host(cuda.download(d)?));
+        }
+    }
+    Ok(())
 }

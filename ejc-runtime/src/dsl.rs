@@ -9,22 +9,23 @@
 //! ```
 //!
 //! The manifest is the one `ejc build` writes (docs/abi.md), with `op` =
-//! `dsl:<name>`: generic kernels have variant `kernel`, flash kernels with mods have
-//! variant `flash` and their features plus `mask_mod` / `score_mod` names. A build
-//! may hold several ISAs; the widest one this CPU runs is used.
+//! `dsl:<name>`: each kernel is an instance whose variant is the kernel's name, with one
+//! `single` plan, so the build also loads into a [`crate::registry::Registry`] like any
+//! other. Flash kernels with mods carry the flash features plus `mask_mod` /
+//! `score_mod` names. A build may hold several ISAs; the widest one this CPU runs is
+//! used.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use ejc_ir::cpu_abi::Isa;
-use ejc_ir::flash::FlashRuntime;
+use ejc_ir::flash::Features;
 use ejc_ir::manifest::Artifact;
-use ejc_ir::spec::Features;
 use ejc_ir::types::DType;
 
+use crate::call::Call;
 use crate::cpu::{CpuError, CpuKernel, CpuLibrary};
-use crate::flash::FlashBuffers;
 use crate::manifest::{load, Loaded};
 
 /// The op prefix of manifests written by the build-script helper.
@@ -114,7 +115,7 @@ impl DslLibrary {
     /// What a flash kernel of the build was compiled for.
     pub fn flash_info(&self, name: &str) -> Result<FlashKernelInfo, CpuError> {
         let (a, _) = self.artifact(name)?;
-        if a.variant != "flash" {
+        if a.instance.dtype == "none" {
             return Err(invalid(format!("`{name}` is a generic kernel; launch it with its generated wrapper")));
         }
         let mut f: BTreeMap<String, serde_json::Value> = a.features.clone();
@@ -122,26 +123,41 @@ impl DslLibrary {
         let mask_mod = name_of(f.remove("mask_mod"));
         let score_mod = name_of(f.remove("score_mod"));
         Ok(FlashKernelInfo {
-            features: crate::registry::features_from_json(&f).map_err(invalid)?,
-            dtype: a.dtype.parse().map_err(invalid)?,
-            head_dim: a.head_dim,
+            features: Features::from_json(&f).map_err(invalid)?,
+            dtype: a.instance.dtype.parse().map_err(invalid)?,
+            head_dim: a.instance.keys.get("head_dim").copied().unwrap_or(0) as usize,
             block_m: a.config.get("block_m").copied().unwrap_or(0) as usize,
             mask_mod,
             score_mod,
         })
     }
 
-    /// Run flash kernel `name` on a call (checked like any flash call; outputs land in
-    /// `call.out` / `call.lse`).
-    pub fn run_flash(
-        &self,
-        name: &str,
-        rt: &FlashRuntime,
-        call: &mut FlashBuffers,
-        threads: usize,
-    ) -> Result<(), CpuError> {
+    /// Run flash kernel `name` on a call (tensors and scalars named as the flash
+    /// kernels' parameters, e.g. from `ejc_ir::flash::op::host_call`); checked like any
+    /// flash call; the outputs land in the call's `out` and `lse`.
+    pub fn run_flash(&self, name: &str, call: &mut Call, threads: usize) -> Result<(), CpuError> {
+        use ejc_ir::op::Operation;
         let info = self.flash_info(name)?;
+        let (a, _) = self.artifact(name)?;
+        let op = &ejc_ir::flash::op::FlashAttentionFwd;
+        let keys = a.instance.keys.clone();
+        let sizes = op.validate(&info.features.to_json(), info.dtype, &keys, call).map_err(invalid)?;
         let kernel = self.kernel(name)?;
-        crate::flash::run_cpu(&kernel, &info.features, info.dtype, info.head_dim, info.block_m, rt, call, threads)
+        let grid = {
+            let mut g = Vec::new();
+            for e in &a.grid {
+                g.push(ejc_ir::ir::GridExpr::parse(e).map_err(invalid)?);
+            }
+            [g[0].clone(), g[1].clone(), g[2].clone()]
+        };
+        let spec = crate::exec::HostLaunchSpec {
+            kernel: &kernel,
+            params: crate::exec::param_sigs(&a.params).map_err(invalid)?,
+            grid,
+            launch: ejc_ir::manifest::Launch { role: "main".into(), bind: Default::default() },
+        };
+        let mut plan =
+            crate::exec::HostPlan::new(&[spec], &[], call, &sizes, &a.config).map_err(|e| invalid(e.to_string()))?;
+        plan.run(call, threads).map_err(|e| invalid(e.to_string()))
     }
 }

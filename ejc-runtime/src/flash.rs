@@ -1,311 +1,305 @@
-//! Calling flash-attention kernels on the CPU: bind a call's tensors and scalars to a
-//! kernel's ABI after checking them, launch, and hand back the outputs.
+//! The typed front door of the flash-attention forward: ejkernel's `flash_attention`
+//! options and tensors, turned into a generic call ([`crate::api::Runtime::call`]).
 //!
 //! ```no_run
-//! # use ejc_runtime::flash::{FlashBuffers, run_cpu};
-//! # fn demo(kernel: ejc_runtime::cpu::CpuKernel, call: &mut FlashBuffers, rt: ejc_ir::flash::FlashRuntime) {
-//! use ejc_ir::spec::Features;
-//! use ejc_ir::types::DType;
-//! let features = Features { causal: true, ..Default::default() };
-//! run_cpu(&kernel, &features, DType::BF16, 128, 64, &rt, call, 2).unwrap();
+//! use ejc_runtime::flash::{flash_attention, FlashArgs, FlashOptions, SlidingWindow};
+//! use ejc_runtime::cpu::HostBuffer;
+//! # fn demo(q: HostBuffer, k: HostBuffer, v: HostBuffer) {
+//! // Kernels from `ejc build specs/flash.yaml --target cpu -o out` (or $EJC_KERNELS).
+//! let opts = FlashOptions { causal: true, sliding_window: Some(SlidingWindow::Size(4096)), ..Default::default() };
+//! let r = flash_attention(&FlashArgs::new(&q, &k, &v), &opts).unwrap();
+//! println!("{} with {:?} (from the {})", r.kernels.join(" + "), r.config, r.source);
 //! # }
 //! ```
 //!
-//! Every check names the argument and what was expected, so a wrong call is an error
-//! here and never a fault inside a kernel.
+//! Tensors may be host buffers or (feature `cuda`) GPU buffers: a call whose tensors are
+//! on the GPU runs there. Every argument is checked first and a bad one is an error that
+//! names it.
 
-use ejc_ir::flash::abi::abi_params;
-use ejc_ir::flash::{FlashInputs, FlashOutputs, FlashRuntime};
-use ejc_ir::spec::Features;
+use std::sync::{Mutex, OnceLock};
+
+use ejc_ir::flash::op::scalars_of;
+use ejc_ir::flash::{CallFeatures, Features, FlashRuntime};
 use ejc_ir::tensor::HostTensor;
-use ejc_ir::types::{DType, Type};
+use ejc_ir::types::DType;
 
-use crate::cpu::{scalar_slot, CpuError, CpuKernel, HostBuffer};
+use crate::api::{ApiError, CallOptions, PlatformChoice, Runtime, RuntimeOptions};
+use crate::call::{Call, Tensor};
+use crate::chain::Source;
+use crate::cpu::HostBuffer;
+use crate::registry::Config;
 
-/// The tensors of one call in device representation. Outputs are written in place.
-#[derive(Clone, Debug)]
-pub struct FlashBuffers {
-    pub q: HostBuffer,
-    pub k: HostBuffer,
-    pub v: HostBuffer,
-    pub out: HostBuffer,
-    pub lse: HostBuffer,
-    pub bias: Option<HostBuffer>,
-    pub mask: Option<HostBuffer>,
-    pub q_segment_ids: Option<HostBuffer>,
-    pub kv_segment_ids: Option<HostBuffer>,
-    pub cu_seqlens_q: Option<HostBuffer>,
-    pub cu_seqlens_k: Option<HostBuffer>,
-    pub sinks: Option<HostBuffer>,
+/// ejkernel's `sliding_window`: an int or a (left, right) pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlidingWindow {
+    /// `w` means (w, 0) with causal, (w, w) without.
+    Size(i64),
+    LeftRight(i64, i64),
 }
 
-impl FlashBuffers {
-    /// Device buffers for host inputs, with outputs (q's shape, contiguous; LSE
-    /// `[B, Hq, Sq]`) filled with NaN so that an unwritten element shows.
-    pub fn from_inputs(inputs: &FlashInputs) -> FlashBuffers {
-        let conv = |t: &Option<HostTensor>| t.as_ref().map(HostBuffer::from_host);
-        let q = &inputs.q;
-        FlashBuffers {
-            q: HostBuffer::from_host(q),
-            k: HostBuffer::from_host(&inputs.k),
-            v: HostBuffer::from_host(&inputs.v),
-            out: HostBuffer::from_host(&HostTensor::full(q.dtype, &q.shape, f64::NAN)),
-            lse: HostBuffer::from_host(&HostTensor::full(DType::F32, &[q.shape[0], q.shape[2], q.shape[1]], f64::NAN)),
-            bias: conv(&inputs.bias),
-            mask: conv(&inputs.mask),
-            q_segment_ids: conv(&inputs.q_segment_ids),
-            kv_segment_ids: conv(&inputs.kv_segment_ids),
-            cu_seqlens_q: conv(&inputs.cu_seqlens_q),
-            cu_seqlens_k: conv(&inputs.cu_seqlens_k),
-            sinks: conv(&inputs.sinks),
-        }
-    }
+/// The options of a flash-attention call.
+#[derive(Clone, Debug, Default)]
+pub struct FlashOptions {
+    pub causal: bool,
+    pub sliding_window: Option<SlidingWindow>,
+    pub logits_soft_cap: Option<f64>,
+    /// Default 1/sqrt(head_dim).
+    pub softmax_scale: Option<f64>,
+    /// Dropout probability (0 or None: no dropout).
+    pub dropout_p: Option<f64>,
+    pub dropout_seed: u64,
+    pub platform: PlatformChoice,
+    /// An explicit configuration: always used, never cached.
+    pub config: Option<Config>,
+    /// Worker threads (0 = all cores).
+    pub threads: usize,
+}
 
-    pub fn outputs(&self) -> FlashOutputs {
-        FlashOutputs { out: self.out.to_host(), lse: self.lse.to_host() }
-    }
+/// A tensor argument: host memory or (feature `cuda`) GPU memory.
+#[derive(Clone, Copy)]
+pub enum Arg<'a> {
+    Host(&'a HostBuffer),
+    #[cfg(feature = "cuda")]
+    Cuda(&'a crate::cuda::DeviceBuffer),
+}
 
-    /// The buffer of ABI parameter `name`, if the call has it.
-    pub fn get(&mut self, name: &str) -> Option<&mut HostBuffer> {
-        match name {
-            "q" => Some(&mut self.q),
-            "k" => Some(&mut self.k),
-            "v" => Some(&mut self.v),
-            "out" => Some(&mut self.out),
-            "lse" => Some(&mut self.lse),
-            "bias" => self.bias.as_mut(),
-            "mask" => self.mask.as_mut(),
-            "q_segment_ids" => self.q_segment_ids.as_mut(),
-            "kv_segment_ids" => self.kv_segment_ids.as_mut(),
-            "cu_seqlens_q" => self.cu_seqlens_q.as_mut(),
-            "cu_seqlens_k" => self.cu_seqlens_k.as_mut(),
-            "sinks" => self.sinks.as_mut(),
-            _ => None,
-        }
+impl<'a> From<&'a HostBuffer> for Arg<'a> {
+    fn from(b: &'a HostBuffer) -> Arg<'a> {
+        Arg::Host(b)
     }
 }
 
-fn bad(msg: String) -> CpuError {
-    CpuError::Invalid(msg)
+#[cfg(feature = "cuda")]
+impl<'a> From<&'a crate::cuda::DeviceBuffer> for Arg<'a> {
+    fn from(b: &'a crate::cuda::DeviceBuffer) -> Arg<'a> {
+        Arg::Cuda(b)
+    }
 }
 
-fn expect_shape(name: &str, b: &HostBuffer, want: &[usize]) -> Result<(), CpuError> {
-    if b.shape != want {
-        return Err(bad(format!("argument `{name}` has shape {:?}, expected {want:?}", b.shape)));
+impl Arg<'_> {
+    fn dtype(&self) -> DType {
+        match self {
+            Arg::Host(b) => b.dtype,
+            #[cfg(feature = "cuda")]
+            Arg::Cuda(b) => b.dtype,
+        }
     }
-    Ok(())
+    fn shape(&self) -> &[usize] {
+        match self {
+            Arg::Host(b) => &b.shape,
+            #[cfg(feature = "cuda")]
+            Arg::Cuda(b) => &b.shape,
+        }
+    }
+    fn tensor(&self) -> Tensor {
+        match self {
+            Arg::Host(b) => Tensor::Host((*b).clone()),
+            // A view: the kernels read and write the caller's memory.
+            #[cfg(feature = "cuda")]
+            Arg::Cuda(b) => Tensor::Cuda((*b).clone()),
+        }
+    }
 }
 
-fn int_values(name: &str, b: &HostBuffer) -> Result<Vec<i64>, CpuError> {
-    let t = b.to_host();
-    Ok(t.to_vec().into_iter().map(|x| x as i64).collect()).and_then(|v: Vec<i64>| {
-        if v.is_empty() {
-            Err(bad(format!("argument `{name}` is empty")))
-        } else {
-            Ok(v)
-        }
-    })
+/// The tensors of a call.
+#[derive(Clone, Copy)]
+pub struct FlashArgs<'a> {
+    pub q: Arg<'a>,
+    pub k: Arg<'a>,
+    pub v: Arg<'a>,
+    pub bias: Option<Arg<'a>>,
+    pub mask: Option<Arg<'a>>,
+    pub q_segment_ids: Option<Arg<'a>>,
+    pub kv_segment_ids: Option<Arg<'a>>,
+    pub cu_seqlens_q: Option<Arg<'a>>,
+    pub cu_seqlens_k: Option<Arg<'a>>,
+    /// `[heads_q, n]` or `[n]` (shared by every head).
+    pub sinks: Option<Arg<'a>>,
 }
 
-/// Check a call against a kernel's ABI; returns the launch grid's symbol values.
-pub fn validate(
-    features: &Features,
-    dtype: DType,
-    head_dim: usize,
-    call: &mut FlashBuffers,
-) -> Result<Vec<(&'static str, i64)>, CpuError> {
-    for p in abi_params(features, dtype) {
-        if let Type::Tensor(d, rank) = p.ty {
-            let Some(b) = call.get(p.name) else {
-                return Err(bad(format!(
-                    "the kernel needs argument `{}` ({}), which the call does not provide",
-                    p.name, p.meaning
-                )));
-            };
-            if b.dtype != d {
-                return Err(bad(format!("argument `{}` has dtype {}, the kernel takes {d}", p.name, b.dtype)));
-            }
-            if b.shape.len() != rank || b.strides.len() != rank {
-                return Err(bad(format!(
-                    "argument `{}` has rank {}, the kernel takes rank {rank}",
-                    p.name,
-                    b.shape.len()
-                )));
-            }
-            b.check_bounds().map_err(|e| bad(format!("argument `{}`: {e}", p.name)))?;
+impl<'a> FlashArgs<'a> {
+    pub fn new(q: impl Into<Arg<'a>>, k: impl Into<Arg<'a>>, v: impl Into<Arg<'a>>) -> Self {
+        FlashArgs {
+            q: q.into(),
+            k: k.into(),
+            v: v.into(),
+            bias: None,
+            mask: None,
+            q_segment_ids: None,
+            kv_segment_ids: None,
+            cu_seqlens_q: None,
+            cu_seqlens_k: None,
+            sinks: None,
         }
     }
-    let [batch, sq, hq, d] =
-        <[usize; 4]>::try_from(call.q.shape.as_slice()).map_err(|_| bad("`q` must be rank 4".into()))?;
-    let [bk, sk, hkv, dk] =
-        <[usize; 4]>::try_from(call.k.shape.as_slice()).map_err(|_| bad("`k` must be rank 4".into()))?;
-    if d != head_dim {
-        return Err(bad(format!("argument `q` has head_dim {d}, but this kernel is compiled for head_dim {head_dim}")));
-    }
-    if dk != d || bk != batch {
-        return Err(bad(format!(
-            "argument `k` has shape {:?}; with q {:?} it must be [{batch}, Sk, Hkv, {d}]",
-            call.k.shape, call.q.shape
-        )));
-    }
-    if call.v.shape != call.k.shape {
-        return Err(bad(format!("argument `v` has shape {:?}, it must equal k's {:?}", call.v.shape, call.k.shape)));
-    }
-    if hkv == 0 || hq % hkv != 0 {
-        return Err(bad(format!("heads_q ({hq}) must be a multiple of heads_kv ({hkv})")));
-    }
-    expect_shape("out", &call.out, &[batch, sq, hq, d])?;
-    expect_shape("lse", &call.lse, &[batch, hq, sq])?;
-    let mut syms = vec![
-        ("batch", batch as i64),
-        ("seq_q", sq as i64),
-        ("seq_k", sk as i64),
-        ("heads_q", hq as i64),
-        ("heads_kv", hkv as i64),
-        ("head_dim", d as i64),
-    ];
-    if features.varlen {
-        if batch != 1 {
-            return Err(bad(format!("varlen: `q` must be packed as [1, total_q, Hq, D], got batch {batch}")));
-        }
-        let mut longest = [0i64; 2];
-        let mut n_seqs = 0;
-        for (i, (name, total)) in [("cu_seqlens_q", sq), ("cu_seqlens_k", sk)].into_iter().enumerate() {
-            let b = call.get(name).ok_or_else(|| bad(format!("varlen needs `{name}`")))?;
-            let cu = int_values(name, b)?;
-            if cu[0] != 0 || cu.windows(2).any(|w| w[1] < w[0]) || *cu.last().unwrap_or(&0) > total as i64 {
-                return Err(bad(format!(
-                    "argument `{name}` must start at 0, never decrease and end at most at {total}; got {cu:?}"
-                )));
-            }
-            longest[i] = cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
-            n_seqs = cu.len() - 1;
-        }
-        let nq = call.cu_seqlens_q.as_ref().map(|b| b.shape[0]).unwrap_or(0);
-        let nk = call.cu_seqlens_k.as_ref().map(|b| b.shape[0]).unwrap_or(0);
-        if nq != nk {
-            return Err(bad(format!("`cu_seqlens_q` has {nq} entries and `cu_seqlens_k` {nk}; they must match")));
-        }
-        syms.push(("num_seqs", n_seqs as i64));
-        syms.push(("max_seqlen_q", longest[0]));
-        syms.push(("max_seqlen_k", longest[1]));
-    }
-    if features.bias {
-        expect_shape("bias", call.bias.as_ref().ok_or_else(|| bad("missing `bias`".into()))?, &[batch, hq, sq, sk])?;
-    }
-    if features.mask {
-        expect_shape("mask", call.mask.as_ref().ok_or_else(|| bad("missing `mask`".into()))?, &[batch, hq, sq, sk])?;
-    }
-    if features.segment_ids {
-        expect_shape(
-            "q_segment_ids",
-            call.q_segment_ids.as_ref().ok_or_else(|| bad("missing `q_segment_ids`".into()))?,
-            &[batch, sq],
-        )?;
-        expect_shape(
-            "kv_segment_ids",
-            call.kv_segment_ids.as_ref().ok_or_else(|| bad("missing `kv_segment_ids`".into()))?,
-            &[batch, sk],
-        )?;
-    }
-    if features.sinks {
-        let s = call.sinks.as_ref().ok_or_else(|| bad("missing `sinks`".into()))?;
-        if s.shape.len() != 2 || s.shape[0] != hq {
-            return Err(bad(format!("argument `sinks` has shape {:?}, expected [{hq}, n_sinks]", s.shape)));
-        }
-    }
-    Ok(syms)
 }
 
-/// The scalar slots of a call, in ABI order; checks their ranges.
-pub fn scalars(features: &Features, dtype: DType, rt: &FlashRuntime) -> Result<Vec<u64>, CpuError> {
-    let mut out = Vec::new();
-    for p in abi_params(features, dtype) {
-        let Type::Scalar(d) = p.ty else { continue };
-        let x = match p.name {
-            "softmax_scale" => {
-                if !(rt.softmax_scale as f32).is_finite() {
-                    return Err(bad(format!("softmax_scale {} is not a finite f32", rt.softmax_scale)));
-                }
-                rt.softmax_scale
+/// The result of a call: the output (q's shape) and the log-sum-exp (f32 `[B, Hq, Sq]`,
+/// natural log), where the inputs were (host or GPU), and what ran.
+pub struct FlashResult {
+    pub out: Tensor,
+    pub lse: Tensor,
+    /// The entry point of each launch (one, or the split-KV plan's two).
+    pub kernels: Vec<String>,
+    pub plan: String,
+    pub config: Config,
+    pub source: Source,
+}
+
+fn arg(arg: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::Argument { arg, message: message.into() }
+}
+
+impl Runtime {
+    /// Flash-attention forward: output and log-sum-exp.
+    pub fn flash_attention(&mut self, a: &FlashArgs, o: &FlashOptions) -> Result<FlashResult, ApiError> {
+        // ---- arguments ----
+        let dtype = a.q.dtype();
+        if !matches!(dtype, DType::BF16 | DType::F16 | DType::F32) {
+            return Err(arg("q", format!("dtype {dtype}: flash attention takes bf16, f16 or f32")));
+        }
+        for (name, t) in [("k", a.k), ("v", a.v)] {
+            if t.dtype() != dtype {
+                return Err(arg(name, format!("dtype {} differs from q's {dtype}", t.dtype())));
             }
-            "window_left" | "window_right" => {
-                let w = if p.name == "window_left" { rt.window.0 } else { rt.window.1 };
-                if w < 0 {
-                    return Err(bad(format!("{} is {w}; window sides must be >= 0", p.name)));
-                }
-                w.min(i32::MAX as i64) as f64
+        }
+        for (name, t) in [("q", a.q), ("k", a.k), ("v", a.v)] {
+            if t.shape().len() != 4 {
+                return Err(arg(name, format!("shape {:?} is not [batch, seq, heads, head_dim]", t.shape())));
             }
-            "logits_soft_cap" => {
-                if !(rt.softcap > 0.0 && (rt.softcap as f32).is_finite()) {
-                    return Err(bad(format!("logits_soft_cap {} must be a positive finite number", rt.softcap)));
-                }
-                rt.softcap
-            }
-            "dropout_p" => {
-                let p32 = rt.dropout_p as f32;
-                if !(0.0..1.0).contains(&p32) {
-                    return Err(bad(format!("dropout_p {} must be in [0, 1)", rt.dropout_p)));
-                }
-                rt.dropout_p
-            }
-            "seed_lo" => (rt.seed & 0xffff_ffff) as f64,
-            "seed_hi" => (rt.seed >> 32) as f64,
-            other => return Err(bad(format!("unknown scalar parameter `{other}`"))),
+        }
+        let (b, sq, hq, d) = (a.q.shape()[0], a.q.shape()[1], a.q.shape()[2], a.q.shape()[3]);
+        if a.cu_seqlens_q.is_some() != a.cu_seqlens_k.is_some() {
+            return Err(arg(
+                if a.cu_seqlens_q.is_some() { "cu_seqlens_k" } else { "cu_seqlens_q" },
+                "varlen needs both cu_seqlens_q and cu_seqlens_k",
+            ));
+        }
+        if a.q_segment_ids.is_some() != a.kv_segment_ids.is_some() {
+            return Err(arg(
+                if a.q_segment_ids.is_some() { "kv_segment_ids" } else { "q_segment_ids" },
+                "segment ids need both q_segment_ids and kv_segment_ids",
+            ));
+        }
+        let window = match o.sliding_window {
+            None => None,
+            Some(SlidingWindow::Size(w)) => Some(if o.causal { (w, 0) } else { (w, w) }),
+            Some(SlidingWindow::LeftRight(l, r)) => Some((l, r)),
         };
-        out.push(scalar_slot(d, x));
-    }
-    Ok(out)
-}
-
-/// Check a call and work out its launch: the grid (from the ABI's formulas) and the
-/// scalar slots, in ABI order. Shared by every executor.
-pub fn launch_plan(
-    features: &Features,
-    dtype: DType,
-    head_dim: usize,
-    block_m: usize,
-    rt: &FlashRuntime,
-    call: &mut FlashBuffers,
-) -> Result<([i64; 3], Vec<u64>), CpuError> {
-    let syms = validate(features, dtype, head_dim, call)?;
-    let scalars = scalars(features, dtype, rt)?;
-    let sym = |n: &str| syms.iter().find(|(k, _)| *k == n).map(|(_, v)| *v).unwrap_or(0);
-    let grid = ejc_ir::flash::abi::grid(features, block_m);
-    let lookup = |s: &str| Some(sym(s));
-    let mut g = [0i64; 3];
-    for (i, e) in grid.iter().enumerate() {
-        g[i] = e.eval(&lookup).map_err(bad)?;
-    }
-    Ok((g, scalars))
-}
-
-/// The names of the tensor parameters, in ABI order.
-pub fn tensor_names(features: &Features, dtype: DType) -> Vec<&'static str> {
-    abi_params(features, dtype).into_iter().filter(|p| matches!(p.ty, Type::Tensor(..))).map(|p| p.name).collect()
-}
-
-/// Validate and run one flash kernel on the CPU; outputs land in `call.out` / `call.lse`.
-#[allow(clippy::too_many_arguments)]
-pub fn run_cpu(
-    kernel: &CpuKernel,
-    features: &Features,
-    dtype: DType,
-    head_dim: usize,
-    block_m: usize,
-    rt: &FlashRuntime,
-    call: &mut FlashBuffers,
-    threads: usize,
-) -> Result<(), CpuError> {
-    let (g, scalars) = launch_plan(features, dtype, head_dim, block_m, rt, call)?;
-    let mut tensors = Vec::new();
-    for p in abi_params(features, dtype) {
-        if let Type::Tensor(..) = p.ty {
-            let b = call.get(p.name).ok_or_else(|| bad(format!("missing `{}`", p.name)))?;
-            tensors.push(b.abi());
+        if let Some((l, r)) = window {
+            if l < 0 || r < 0 {
+                return Err(arg("sliding_window", format!("({l}, {r}): both sides must be >= 0")));
+            }
         }
+        if let Some(c) = o.logits_soft_cap {
+            if !(c > 0.0 && c.is_finite()) {
+                return Err(arg("logits_soft_cap", format!("{c} must be a positive finite number")));
+            }
+        }
+        let dropout = o.dropout_p.is_some_and(|p| p > 0.0);
+        if let Some(p) = o.dropout_p {
+            if !(0.0..1.0).contains(&p) {
+                return Err(arg("dropout_p", format!("{p} must be in [0, 1)")));
+            }
+        }
+        let wanted = CallFeatures {
+            causal: o.causal,
+            window,
+            softcap: o.logits_soft_cap,
+            sinks: a.sinks.is_some(),
+            bias: a.bias.is_some(),
+            mask: a.mask.is_some(),
+            segment_ids: a.q_segment_ids.is_some(),
+            varlen: a.cu_seqlens_q.is_some(),
+            dropout,
+        };
+        // ---- the generic call ----
+        let mut call = Call::default();
+        let mut put = |name: &str, t: Option<Arg>| {
+            if let Some(t) = t {
+                call.tensors.insert(name.to_string(), t.tensor());
+            }
+        };
+        put("q", Some(a.q));
+        put("k", Some(a.k));
+        put("v", Some(a.v));
+        put("bias", a.bias);
+        put("mask", a.mask);
+        put("q_segment_ids", a.q_segment_ids);
+        put("kv_segment_ids", a.kv_segment_ids);
+        put("cu_seqlens_q", a.cu_seqlens_q);
+        put("cu_seqlens_k", a.cu_seqlens_k);
+        // Shared sinks `[n]` are the per-head form with a zero stride on the head axis.
+        if let Some(s) = a.sinks {
+            let mut t = s.tensor();
+            let widen = |shape: &mut Vec<usize>, strides: &mut Vec<isize>| {
+                if shape.len() == 1 {
+                    *shape = vec![hq, shape[0]];
+                    *strides = vec![0, strides[0]];
+                }
+            };
+            match &mut t {
+                Tensor::Host(b) => widen(&mut b.shape, &mut b.strides),
+                #[cfg(feature = "cuda")]
+                Tensor::Cuda(b) => widen(&mut b.shape, &mut b.strides),
+            }
+            call.tensors.insert("sinks".into(), t);
+        }
+        // Outputs where the inputs are, NaN-filled so an unwritten element shows.
+        let out = HostBuffer::from_host(&HostTensor::full(dtype, &[b, sq, hq, d], f64::NAN));
+        let lse = HostBuffer::from_host(&HostTensor::full(DType::F32, &[b, hq, sq], f64::NAN));
+        let on_device = !matches!(a.q, Arg::Host(_));
+        if on_device {
+            #[cfg(feature = "cuda")]
+            {
+                let cuda = self.cuda()?;
+                let up = |h: &HostBuffer| cuda.upload(h).map_err(|e| ApiError::Unsupported(e.to_string()));
+                call.tensors.insert("out".into(), Tensor::Cuda(up(&out)?));
+                call.tensors.insert("lse".into(), Tensor::Cuda(up(&lse)?));
+                call.cuda = Some(cuda);
+            }
+        } else {
+            call.tensors.insert("out".into(), Tensor::Host(out));
+            call.tensors.insert("lse".into(), Tensor::Host(lse));
+        }
+        let features = Features {
+            causal: o.causal,
+            sliding_window: window.map(|_| ejc_ir::flash::Window::Runtime),
+            logits_soft_cap: o.logits_soft_cap.map(|_| ejc_ir::flash::SoftCap::Runtime),
+            sinks: wanted.sinks,
+            bias: wanted.bias,
+            mask: wanted.mask,
+            segment_ids: wanted.segment_ids,
+            varlen: wanted.varlen,
+            dropout,
+        };
+        let rt = FlashRuntime {
+            softmax_scale: o.softmax_scale.unwrap_or(1.0 / (d as f64).sqrt()),
+            window: window.unwrap_or((0, 0)),
+            softcap: o.logits_soft_cap.unwrap_or(1.0),
+            dropout_p: o.dropout_p.unwrap_or(0.0),
+            seed: o.dropout_seed,
+        };
+        call.scalars = scalars_of(&features, &rt);
+        let opts = CallOptions { platform: o.platform, config: o.config.clone(), threads: o.threads };
+        let r = self.call("flash_attention_fwd", &wanted.to_json(), &mut call, &opts)?;
+        let out = call.tensors.remove("out").ok_or_else(|| ApiError::Call("the call lost `out`".into()))?;
+        let lse = call.tensors.remove("lse").ok_or_else(|| ApiError::Call("the call lost `lse`".into()))?;
+        Ok(FlashResult { out, lse, kernels: r.kernels, plan: r.plan, config: r.config, source: r.source })
     }
-    // Safety: validate() checked dtypes, ranks, shapes and that strides stay inside
-    // each buffer; outputs are separate buffers.
-    unsafe { kernel.launch(&tensors, &scalars, g, threads) }
+}
+
+fn global() -> &'static Mutex<Option<Runtime>> {
+    static RT: OnceLock<Mutex<Option<Runtime>>> = OnceLock::new();
+    RT.get_or_init(|| Mutex::new(None))
+}
+
+/// [`Runtime::flash_attention`] on a process-wide runtime, made on first use from the
+/// environment (`$EJC_KERNELS`, `$EJC_CACHE_DIR`, `$EJC_LOG`).
+pub fn flash_attention(a: &FlashArgs, o: &FlashOptions) -> Result<FlashResult, ApiError> {
+    let mut g = global().lock().map_err(|_| ApiError::Unsupported("the runtime's lock is poisoned".into()))?;
+    if g.is_none() {
+        *g = Some(Runtime::new(RuntimeOptions::default())?);
+    }
+    g.as_mut().expect("set above").flash_attention(a, o)
 }

@@ -80,6 +80,31 @@ pub fn cpu_fingerprint() -> String {
     format!("cpu|{model}|{}|{threads}t", feats.join("+"))
 }
 
+/// The cache key of a call: `device`, the operation and its version, the call part the
+/// operation describes ([`ejc_ir::op::Operation::cache_desc`]: sizes bucketed as it tunes
+/// them, dtype, the features asked for), the candidate set and the compiler. The runtime,
+/// `ejc tune` and `ejc-gpu tune` all build keys here, so a choice tuned by one serves the
+/// others.
+#[allow(clippy::too_many_arguments)]
+pub fn call_key(
+    device: &str,
+    op: &dyn ejc_ir::op::Operation,
+    op_version: u32,
+    compiler: &str,
+    wanted: &ejc_ir::op::Features,
+    dtype: ejc_ir::types::DType,
+    sizes: &ejc_ir::op::Sizes,
+    candidate_ids: &[String],
+) -> CacheKey {
+    CacheKey {
+        device: device.to_string(),
+        op: format!("{}@{op_version}", op.name()),
+        call: call_hash(&op.cache_desc(wanted, dtype, sizes)),
+        candidates: candidates_checksum(candidate_ids),
+        compiler: compiler.to_string(),
+    }
+}
+
 /// A full cache key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CacheKey {

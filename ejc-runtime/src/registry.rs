@@ -1,40 +1,44 @@
-//! The kernel registry: every kernel implementation this process knows, keyed by
-//! operation, platform and back end, with a priority.
+//! The kernel registry: every kernel implementation and plan this process knows, keyed
+//! by operation and instance, platform and back end, with a priority.
 //!
 //! ```no_run
 //! use ejc_runtime::registry::{Query, Registry};
 //! let mut reg = Registry::new();
 //! reg.load_manifest("out").unwrap();
-//! let q = Query::new("flash_attention_fwd").dtype(ejc_ir::types::DType::BF16).head_dim(128);
+//! let q = Query::new("flash_attention_fwd").dtype("bf16").key("head_dim", 128);
 //! for family in reg.families(&q).unwrap() {
-//!     println!("{} on {}: {} configurations", family.variant, family.backend, family.entries.len());
+//!     println!("{} on {}: {} candidates", family.instance.describe(), family.backend, family.candidates().len());
 //! }
 //! ```
 //!
-//! Entries come from build manifests (the ahead-of-time artifacts of `ejc build`) and,
-//! later, from `#[ej_kernel]` registrations. One *family* is one kernel (operation,
-//! variant, dtype, head dim) on one back end; its entries are the candidate
-//! configurations the autotuner chooses among. A lookup that finds nothing says what
-//! does exist. [`Registry::check_signatures`] checks that every implementation of an
-//! operation takes the same parameters (ejkernel checks the same at import time).
+//! Entries come from build manifests (the ahead-of-time artifacts of `ejc build`,
+//! `#[ej_kernel]` builds included: their operation is `dsl:<build>`). One *family* is
+//! one instance (operation, variant, dtype, compile-time keys) on one back end; its
+//! *candidates* are every way to run a call of it — each plan of the instance, with an
+//! artifact chosen for each of the plan's roles and a value for each run-time axis —
+//! which is what the autotuner chooses among. A lookup that finds nothing says what does
+//! exist. [`Registry::check_signatures`] checks that every implementation of a kernel
+//! takes the same parameters (ejkernel checks the same at import time).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use ejc_ir::cpu_abi::Isa;
-use ejc_ir::manifest::AbiParamInfo;
-use ejc_ir::spec::{Features, SoftCap, Window};
-use ejc_ir::types::DType;
+use ejc_ir::ir::GridExpr;
+use ejc_ir::manifest::{AbiParamInfo, AlignedEntry, Instance, Plan};
+pub use ejc_ir::op::Config;
+use ejc_ir::op::{plan_marker, Features};
 
 use crate::manifest::{load, ManifestError};
+
+pub use ejc_ir::op::config_id;
 
 /// Where a kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Platform {
     Cpu,
     Cuda,
-    Mlir,
 }
 
 impl Platform {
@@ -42,7 +46,6 @@ impl Platform {
         match self {
             Platform::Cpu => "cpu",
             Platform::Cuda => "cuda",
-            Platform::Mlir => "mlir",
         }
     }
 }
@@ -53,47 +56,132 @@ impl fmt::Display for Platform {
     }
 }
 
-/// A configuration: the schedule values a kernel was built with.
-pub type Config = BTreeMap<String, u32>;
-
-/// `m64_n32` (block sizes) or `key=value` pairs for other configs.
-pub fn config_id(c: &Config) -> String {
-    match (c.get("block_m"), c.get("block_n")) {
-        (Some(m), Some(n)) if c.len() == 2 => format!("m{m}_n{n}"),
-        _ => c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
-    }
-}
-
-/// One registered kernel implementation (one configuration).
+/// One registered kernel implementation (one artifact: a kernel in one configuration
+/// for one target).
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelEntry {
     pub op: String,
     pub op_version: u32,
     pub platform: Platform,
-    /// e.g. `cpu:avx512`.
+    /// The artifact's target, e.g. `cpu:avx512`, `ptx:sm_90a`.
     pub backend: String,
     /// Higher first; ties keep registration order.
     pub priority: i32,
-    pub variant: String,
+    pub instance: Instance,
+    pub role: String,
     pub features: Features,
-    pub dtype: DType,
-    pub head_dim: usize,
     pub config: Config,
+    pub artifact_id: String,
+    /// The file holding the kernel.
     pub artifact: PathBuf,
     pub entry: String,
     pub scratch_bytes: u64,
     pub params: Vec<AbiParamInfo>,
+    /// The launch grid; None where the caller chooses it (`#[ej_kernel]` kernels).
+    pub grid: Option<[GridExpr; 3]>,
+    pub block: Option<[u32; 3]>,
+    pub dynamic_shared_memory: u32,
+    pub aligned: Option<AlignedEntry>,
     pub compiler_version: String,
 }
 
-/// The kernels of one family: same op, variant, dtype, head dim and back end.
+/// A plan of a build, for one instance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanEntry {
+    pub op: String,
+    pub op_version: u32,
+    pub plan: Plan,
+    pub compiler_version: String,
+}
+
+/// One way to run a call: a plan, the artifact of each launch (in launch order), and
+/// the configuration that names the choice (the first launch's configuration, the other
+/// roles' prefixed with `role.`, the run-time axes' values, and `plan:<name>` for a plan
+/// other than the instance's first).
+#[derive(Clone, Debug)]
+pub struct Candidate<'r> {
+    pub plan: &'r PlanEntry,
+    pub launches: Vec<&'r KernelEntry>,
+    pub config: Config,
+}
+
+impl Candidate<'_> {
+    pub fn id(&self) -> String {
+        config_id(&self.config)
+    }
+}
+
+/// The kernels and plans of one instance on one back end.
 #[derive(Clone, Debug)]
 pub struct Family<'r> {
     pub op: String,
-    pub variant: String,
+    pub op_version: u32,
+    pub instance: Instance,
+    pub features: Features,
     pub backend: String,
     pub platform: Platform,
+    /// Plans, the instance's default first.
+    pub plans: Vec<&'r PlanEntry>,
     pub entries: Vec<&'r KernelEntry>,
+}
+
+impl<'r> Family<'r> {
+    /// Every candidate: each plan × an artifact per launched role × each value of the
+    /// plan's run-time axes. Identical configurations (the same build loaded twice)
+    /// appear once.
+    pub fn candidates(&self) -> Vec<Candidate<'r>> {
+        let mut out: Vec<Candidate<'r>> = Vec::new();
+        let default_plan = self.plans.first().map(|p| p.plan.name.clone());
+        for plan in &self.plans {
+            let mut partial: Vec<(Vec<&'r KernelEntry>, Config)> = vec![(Vec::new(), Config::new())];
+            for (i, launch) in plan.plan.launches.iter().enumerate() {
+                let entries: Vec<&'r KernelEntry> =
+                    self.entries.iter().copied().filter(|e| e.role == launch.role).collect();
+                let mut next = Vec::new();
+                for (chosen, config) in &partial {
+                    // A role launched twice uses the same artifact both times.
+                    if let Some(prev) = chosen.iter().find(|e| e.role == launch.role) {
+                        let mut c = chosen.clone();
+                        c.push(prev);
+                        next.push((c, config.clone()));
+                        continue;
+                    }
+                    for e in &entries {
+                        let mut c = chosen.clone();
+                        c.push(*e);
+                        let mut config = config.clone();
+                        for (k, v) in &e.config {
+                            let key = if i == 0 { k.clone() } else { format!("{}.{k}", launch.role) };
+                            config.insert(key, *v);
+                        }
+                        next.push((c, config));
+                    }
+                }
+                partial = next;
+            }
+            for (axis, values) in &plan.plan.axes {
+                partial = partial
+                    .into_iter()
+                    .flat_map(|(c, config)| {
+                        values.iter().map(move |v| {
+                            let mut config = config.clone();
+                            config.insert(axis.clone(), *v);
+                            (c.clone(), config)
+                        })
+                    })
+                    .collect();
+            }
+            for (launches, mut config) in partial {
+                if Some(&plan.plan.name) != default_plan.as_ref() {
+                    config.insert(plan_marker(&plan.plan.name), 1);
+                }
+                if !out.iter().any(|c| c.config == config) {
+                    out.push(Candidate { plan, launches, config });
+                }
+            }
+        }
+        out
+    }
 }
 
 /// What a caller looks for. Unset fields match anything.
@@ -103,10 +191,12 @@ pub struct Query {
     pub platform: Option<Platform>,
     pub backend: Option<String>,
     pub variant: Option<String>,
-    /// The features the call needs (see [`features_match`]).
-    pub features: Option<CallFeatures>,
-    pub dtype: Option<DType>,
-    pub head_dim: Option<usize>,
+    /// The features the call asks for, with its values; matched by the operation
+    /// ([`ejc_ir::op::Operation::matches`]).
+    pub features: Option<Features>,
+    pub dtype: Option<String>,
+    /// Compile-time keys that must match.
+    pub keys: BTreeMap<String, u32>,
 }
 
 impl Query {
@@ -117,62 +207,30 @@ impl Query {
         self.platform = Some(p);
         self
     }
-    pub fn dtype(mut self, d: DType) -> Query {
-        self.dtype = Some(d);
+    pub fn backend(mut self, b: &str) -> Query {
+        self.backend = Some(b.to_string());
         self
     }
-    pub fn head_dim(mut self, d: usize) -> Query {
-        self.head_dim = Some(d);
+    pub fn dtype(mut self, d: impl ToString) -> Query {
+        self.dtype = Some(d.to_string());
+        self
+    }
+    pub fn key(mut self, k: &str, v: u32) -> Query {
+        self.keys.insert(k.to_string(), v);
+        self
+    }
+    pub fn keys(mut self, keys: &BTreeMap<String, u32>) -> Query {
+        self.keys.extend(keys.iter().map(|(k, v)| (k.clone(), *v)));
         self
     }
     pub fn variant(mut self, v: &str) -> Query {
         self.variant = Some(v.to_string());
         self
     }
-    pub fn features(mut self, f: CallFeatures) -> Query {
+    pub fn features(mut self, f: Features) -> Query {
         self.features = Some(f);
         self
     }
-}
-
-/// The features a call needs, with the values of run-time window and soft cap (a
-/// variant with a compile-time window serves only calls with that window).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct CallFeatures {
-    pub causal: bool,
-    pub window: Option<(i64, i64)>,
-    pub softcap: Option<f64>,
-    pub sinks: bool,
-    pub bias: bool,
-    pub mask: bool,
-    pub segment_ids: bool,
-    pub varlen: bool,
-    pub dropout: bool,
-}
-
-/// Whether a variant computes exactly what a call asks for.
-pub fn features_match(v: &Features, call: &CallFeatures) -> bool {
-    let window_ok = match (v.sliding_window, call.window) {
-        (None, None) => true,
-        (Some(Window::Runtime), Some(_)) => true,
-        (Some(Window::Fixed { left, right }), Some((l, r))) => left as i64 == l && right as i64 == r,
-        _ => false,
-    };
-    let softcap_ok = match (v.logits_soft_cap, call.softcap) {
-        (None, None) => true,
-        (Some(SoftCap::Runtime), Some(_)) => true,
-        (Some(SoftCap::Fixed(c)), Some(x)) => (c as f32) == (x as f32),
-        _ => false,
-    };
-    window_ok
-        && softcap_ok
-        && v.causal == call.causal
-        && v.sinks == call.sinks
-        && v.bias == call.bias
-        && v.mask == call.mask
-        && v.segment_ids == call.segment_ids
-        && v.varlen == call.varlen
-        && v.dropout == call.dropout
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,35 +246,28 @@ pub enum RegistryError {
 #[derive(Clone, Debug, Default)]
 pub struct Registry {
     entries: Vec<KernelEntry>,
+    plans: Vec<PlanEntry>,
 }
 
-pub fn features_from_json(m: &BTreeMap<String, serde_json::Value>) -> Result<Features, String> {
-    let flag = |k: &str| m.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
-    let sliding_window = match m.get("sliding_window") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) if s == "runtime" => Some(Window::Runtime),
-        Some(serde_json::Value::Array(a)) if a.len() == 2 => {
-            let n = |i: usize| a[i].as_u64().and_then(|x| u32::try_from(x).ok()).ok_or("bad window in manifest");
-            Some(Window::Fixed { left: n(0)?, right: n(1)? })
-        }
-        Some(other) => return Err(format!("bad sliding_window in manifest: {other}")),
-    };
-    let logits_soft_cap = match m.get("logits_soft_cap") {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) if s == "runtime" => Some(SoftCap::Runtime),
-        Some(v) => Some(SoftCap::Fixed(v.as_f64().ok_or(format!("bad logits_soft_cap in manifest: {v}"))?)),
-    };
-    Ok(Features {
-        causal: flag("causal"),
-        sliding_window,
-        logits_soft_cap,
-        sinks: flag("sinks"),
-        bias: flag("bias"),
-        mask: flag("mask"),
-        segment_ids: flag("segment_ids"),
-        varlen: flag("varlen"),
-        dropout: flag("dropout"),
-    })
+/// The platform and priority of an artifact's target, or None when this runtime does not
+/// run it here (`ir` text, MLIR text, a CPU ISA this machine lacks).
+fn runnable(target: &str) -> Result<Option<(Platform, i32)>, String> {
+    if let Some(isa) = target.strip_prefix("cpu:") {
+        let isa: Isa = isa.parse()?;
+        // A wider ISA first: when a build holds several, the best one is chosen.
+        return Ok(isa.runs_here().then_some((Platform::Cpu, isa as i32)));
+    }
+    if let Some(arch) = target.strip_prefix("ptx:") {
+        // Architecture-specific code first (sm_90a over sm_80 on a Hopper GPU); whether
+        // the GPU at hand runs it is decided when it is known.
+        let n: i32 = arch.trim_start_matches("sm_").trim_end_matches('a').parse().unwrap_or(0);
+        return Ok(Some((Platform::Cuda, 1000 + n * 2 + arch.ends_with('a') as i32)));
+    }
+    if target.starts_with("mlir:gpu:") {
+        // MLIR's gpu form: correct, slower (tiles in global memory); the last choice.
+        return Ok(Some((Platform::Cuda, 500)));
+    }
+    Ok(None)
 }
 
 impl Registry {
@@ -230,103 +281,146 @@ impl Registry {
         self.entries.insert(at, entry);
     }
 
+    pub fn add_plan(&mut self, plan: PlanEntry) {
+        if !self.plans.contains(&plan) {
+            self.plans.push(plan);
+        }
+    }
+
     pub fn entries(&self) -> &[KernelEntry] {
         &self.entries
     }
 
-    /// Register the runnable artifacts of a build (a `manifest.json` or its directory):
-    /// CPU libraries whose ISA this machine runs. Returns how many were added.
+    pub fn plans(&self) -> &[PlanEntry] {
+        &self.plans
+    }
+
+    /// Register the runnable artifacts of a build (a `manifest.json` or its directory)
+    /// and its plans: CPU libraries whose ISA this machine runs, PTX (the GPU is
+    /// checked when a call runs). Returns how many kernels were added.
     pub fn load_manifest(&mut self, path: impl AsRef<Path>) -> Result<usize, RegistryError> {
         let loaded = load(path)?;
         let m = &loaded.manifest;
-        if m.spec.op.starts_with(crate::dsl::OP_PREFIX) {
-            // Flash kernels with mods compute something else than plain flash attention:
-            // they must never answer a plain call.
-            return Err(RegistryError::Invalid(format!(
-                "{} is an #[ej_kernel] build (op `{}`); open it with ejc_runtime::dsl::DslLibrary",
-                loaded.dir.display(),
-                m.spec.op
-            )));
-        }
+        let invalid =
+            |a: &str, e: String| RegistryError::Invalid(format!("{}: artifact `{a}`: {e}", loaded.dir.display()));
         let mut n = 0;
         for a in &m.artifacts {
-            let Some(isa) = a.target.strip_prefix("cpu:") else { continue };
-            let isa: Isa = isa.parse().map_err(RegistryError::Invalid)?;
-            if !isa.runs_here() {
+            let Some((platform, priority)) = runnable(&a.target).map_err(|e| invalid(&a.artifact_id, e))? else {
                 continue;
-            }
-            let features = features_from_json(&a.features).map_err(RegistryError::Invalid)?;
-            let dtype: DType = a.dtype.parse().map_err(RegistryError::Invalid)?;
+            };
+            let grid = if a.grid.iter().all(|g| g == "caller") {
+                None
+            } else {
+                let mut g = Vec::new();
+                for e in &a.grid {
+                    g.push(GridExpr::parse(e).map_err(|e| invalid(&a.artifact_id, e))?);
+                }
+                Some([g[0].clone(), g[1].clone(), g[2].clone()])
+            };
             self.add(KernelEntry {
                 op: m.spec.op.clone(),
                 op_version: m.spec.version,
-                platform: Platform::Cpu,
+                platform,
                 backend: a.target.clone(),
-                // A wider ISA first: when a build holds several, the best one is chosen.
-                priority: isa as i32,
-                variant: a.variant.clone(),
-                features,
-                dtype,
-                head_dim: a.head_dim,
+                priority,
+                instance: a.instance.clone(),
+                role: a.role.clone(),
+                features: a.features.clone(),
                 config: a.config.clone(),
+                artifact_id: a.artifact_id.clone(),
                 artifact: loaded.path_of(a),
                 entry: a.entry.clone(),
                 scratch_bytes: a.scratch_bytes,
                 params: a.params.clone(),
+                grid,
+                block: a.block,
+                dynamic_shared_memory: a.dynamic_shared_memory,
+                aligned: a.aligned.clone(),
                 compiler_version: m.compiler.version.clone(),
             });
             n += 1;
         }
+        for p in &m.plans {
+            self.add_plan(PlanEntry {
+                op: m.spec.op.clone(),
+                op_version: m.spec.version,
+                plan: p.clone(),
+                compiler_version: m.compiler.version.clone(),
+            });
+        }
         Ok(n)
     }
 
-    fn matches(e: &KernelEntry, q: &Query) -> bool {
-        e.op == q.op
-            && q.platform.is_none_or(|p| p == e.platform)
-            && q.backend.as_deref().is_none_or(|b| b == e.backend)
-            && q.variant.as_deref().is_none_or(|v| v == e.variant)
-            && q.dtype.is_none_or(|d| d == e.dtype)
-            && q.head_dim.is_none_or(|h| h == e.head_dim)
-            && q.features.as_ref().is_none_or(|f| features_match(&e.features, f))
+    fn instance_matches(op: Option<&'static dyn ejc_ir::op::Operation>, i: &Instance, f: &Features, q: &Query) -> bool {
+        q.variant.as_deref().is_none_or(|v| v == i.variant)
+            && q.dtype.as_deref().is_none_or(|d| d == i.dtype)
+            && q.keys.iter().all(|(k, v)| i.keys.get(k) == Some(v))
+            && q.features.as_ref().is_none_or(|w| match op {
+                Some(op) => op.matches(f, w),
+                None => f == w,
+            })
     }
 
     /// The families that answer a query, best priority first. Nothing found is an
     /// error that lists what exists for the operation.
     pub fn families(&self, q: &Query) -> Result<Vec<Family<'_>>, RegistryError> {
+        let op = ejc_ir::ops::get(&q.op);
         let mut fams: Vec<Family<'_>> = Vec::new();
-        for e in self.entries.iter().filter(|e| Self::matches(e, q)) {
-            match fams.iter_mut().find(|f| {
-                f.variant == e.variant
-                    && f.backend == e.backend
-                    && f.entries[0].dtype == e.dtype
-                    && f.entries[0].head_dim == e.head_dim
-            }) {
-                Some(f) => f.entries.push(e),
+        for e in self.entries.iter().filter(|e| {
+            e.op == q.op
+                && q.platform.is_none_or(|p| p == e.platform)
+                && q.backend.as_deref().is_none_or(|b| b == e.backend)
+                && Self::instance_matches(op, &e.instance, &e.features, q)
+        }) {
+            match fams.iter_mut().find(|f| f.instance == e.instance && f.backend == e.backend) {
+                Some(f) => {
+                    if !f.entries.iter().any(|x| x.config == e.config && x.role == e.role) {
+                        f.entries.push(e)
+                    }
+                }
                 None => fams.push(Family {
                     op: e.op.clone(),
-                    variant: e.variant.clone(),
+                    op_version: e.op_version,
+                    instance: e.instance.clone(),
+                    features: e.features.clone(),
                     backend: e.backend.clone(),
                     platform: e.platform,
+                    plans: Vec::new(),
                     entries: vec![e],
                 }),
             }
         }
+        for f in &mut fams {
+            let mut plans: Vec<&PlanEntry> =
+                self.plans.iter().filter(|p| p.op == f.op && p.plan.instance == f.instance).collect();
+            // The operation's order of plans (its first is the default).
+            let order = |p: &&PlanEntry| {
+                op.and_then(|o| o.plan_names().iter().position(|n| *n == p.plan.name)).unwrap_or(usize::MAX)
+            };
+            plans.sort_by_key(order);
+            plans.dedup_by(|a, b| a.plan == b.plan);
+            // A plan runs only where every role it launches has an entry here.
+            plans.retain(|p| p.plan.launches.iter().all(|l| f.entries.iter().any(|e| e.role == l.role)));
+            f.plans = plans;
+        }
+        fams.retain(|f| !f.plans.is_empty());
         if fams.is_empty() {
             return Err(RegistryError::NotFound { wanted: describe(q), available: self.describe_op(&q.op) });
         }
         Ok(fams)
     }
 
-    /// What exists for an operation, grouped: `variant [dtypes] d[head dims] on backends`.
+    /// What exists for an operation, grouped: `variant [dtypes] keys on backends`.
     pub fn describe_op(&self, op: &str) -> String {
-        let mut groups: BTreeMap<(String, String), (Vec<String>, Vec<usize>)> = BTreeMap::new();
+        let mut groups: BTreeMap<(String, String), (Vec<String>, Vec<String>)> = BTreeMap::new();
         for e in self.entries.iter().filter(|e| e.op == op) {
-            let g = groups.entry((e.variant.clone(), e.backend.clone())).or_default();
-            if !g.0.contains(&e.dtype.to_string()) {
-                g.0.push(e.dtype.to_string());
+            let g = groups.entry((e.instance.variant.clone(), e.backend.clone())).or_default();
+            if !g.0.contains(&e.instance.dtype) {
+                g.0.push(e.instance.dtype.clone());
             }
-            if !g.1.contains(&e.head_dim) {
-                g.1.push(e.head_dim);
+            let keys = e.instance.keys.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+            if !keys.is_empty() && !g.1.contains(&keys) {
+                g.1.push(keys);
             }
         }
         if groups.is_empty() {
@@ -337,30 +431,27 @@ impl Registry {
                 v
             };
             return if ops.is_empty() {
-                "nothing (load a build with `ejc build --target cpu` first)".into()
+                "nothing (load a build of `ejc build` first)".into()
             } else {
                 format!("no `{op}` kernels (operations: {})", ops.join(", "))
             };
         }
         groups
             .iter()
-            .map(|((v, b), (d, h))| {
-                format!(
-                    "{v} [{}] d{} on {b}",
-                    d.join(","),
-                    h.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("/")
-                )
+            .map(|((v, b), (d, k))| {
+                let keys = if k.is_empty() { String::new() } else { format!(" {}", k.join("/")) };
+                format!("{v} [{}]{keys} on {b}", d.join(","))
             })
             .collect::<Vec<_>>()
             .join("; ")
     }
 
-    /// Every implementation of one (operation, variant, dtype, head dim) must take the
-    /// same parameters, whatever its platform, back end or configuration.
+    /// Every implementation of one kernel (operation, instance, role) must take the same
+    /// parameters, whatever its platform, back end or configuration.
     pub fn check_signatures(&self) -> Result<(), RegistryError> {
-        let mut seen: BTreeMap<(String, String, DType, usize), &KernelEntry> = BTreeMap::new();
+        let mut seen: BTreeMap<(String, Instance, String), &KernelEntry> = BTreeMap::new();
         for e in &self.entries {
-            let k = (e.op.clone(), e.variant.clone(), e.dtype, e.head_dim);
+            let k = (e.op.clone(), e.instance.clone(), e.role.clone());
             match seen.get(&k) {
                 None => {
                     seen.insert(k, e);
@@ -370,9 +461,10 @@ impl Registry {
                         x.params.iter().map(|p| format!("{}:{}", p.name, p.dtype)).collect::<Vec<_>>().join(", ")
                     };
                     return Err(RegistryError::Invalid(format!(
-                        "`{}` variant `{}`: {} ({}) takes ({}) but {} ({}) takes ({})",
+                        "`{}` {} ({}): {} ({}) takes ({}) but {} ({}) takes ({})",
                         e.op,
-                        e.variant,
+                        e.instance.describe(),
+                        e.role,
                         first.entry,
                         first.backend,
                         names(first),
@@ -394,35 +486,16 @@ fn describe(q: &Query) -> String {
         parts.push(format!("variant {v}"));
     }
     if let Some(f) = &q.features {
-        let mut fs = Vec::new();
-        if f.causal {
-            fs.push("causal".to_string());
-        }
-        if let Some((l, r)) = f.window {
-            fs.push(format!("window ({l}, {r})"));
-        }
-        if let Some(c) = f.softcap {
-            fs.push(format!("soft cap {c}"));
-        }
-        for (n, on) in [
-            ("sinks", f.sinks),
-            ("bias", f.bias),
-            ("mask", f.mask),
-            ("segment ids", f.segment_ids),
-            ("varlen", f.varlen),
-            ("dropout", f.dropout),
-        ] {
-            if on {
-                fs.push(n.into());
-            }
-        }
-        parts.push(if fs.is_empty() { "full attention".into() } else { fs.join(" + ") });
+        parts.push(match ejc_ir::ops::get(&q.op) {
+            Some(op) => op.describe(f),
+            None => serde_json::to_string(f).unwrap_or_default(),
+        });
     }
-    if let Some(d) = q.dtype {
-        parts.push(d.to_string());
+    if let Some(d) = &q.dtype {
+        parts.push(d.clone());
     }
-    if let Some(h) = q.head_dim {
-        parts.push(format!("head_dim {h}"));
+    for (k, v) in &q.keys {
+        parts.push(format!("{k} {v}"));
     }
     if let Some(p) = q.platform {
         parts.push(format!("on {p}"));

@@ -1,9 +1,9 @@
-//! Autotuning flash-attention kernels on the CPU.
+//! The autotuner, for any operation, on the CPU or a GPU.
 //!
 //! ```no_run
-//! # use ejc_runtime::tune::{FlashCandidate, FlashTuner};
+//! # use ejc_runtime::tune::Tuner;
 //! # use ejc_runtime::chain::Tunable;
-//! # fn demo(t: FlashTuner) {
+//! # fn demo(t: Tuner) {
 //! let report = t.autotune(&t.candidates());
 //! for timing in &report.timings {
 //!     println!("{} {:?} {}", timing.config_id, timing.median_ms, timing.status);
@@ -11,49 +11,34 @@
 //! # }
 //! ```
 //!
-//! For every candidate, in order:
+//! For every candidate (a plan with an artifact per launch; [`crate::registry::Candidate`]),
+//! in order:
 //!
-//! 1. **feasibility**: a candidate whose per-thread scratch exceeds the L2 cache is
-//!    pruned (its tiles would stream from L3 on every block);
-//! 2. **correctness**: it runs a small case of the call (same features, dtype, head
-//!    dim and head counts; short sequences that are not block multiples) on fresh
-//!    random inputs and is compared with the reference; a wrong candidate is dropped
-//!    and the report says why;
-//! 3. **speed**: it runs the call's shape on fresh random inputs (never zeros) —
-//!    warm-up runs, then timed runs, the median kept. A candidate that fails to run
-//!    counts as infinitely slow.
+//! 1. **feasibility** (CPU): a candidate whose per-thread scratch exceeds the L2 cache
+//!    is pruned (its tiles would stream from L3 on every block);
+//! 2. **correctness**: it runs a small case of the call (the operation's
+//!    [`ejc_ir::op::Operation::small_dims`], same instance, the call's scalars) on fresh
+//!    random inputs and is compared with the operation's reference, output by output; a
+//!    wrong candidate is dropped and the report says why;
+//! 3. **speed**: it runs a call of the same sizes on fresh random inputs (never zeros) —
+//!    warm-up runs, then timed runs (wall clock on the CPU, CUDA events on a GPU), the
+//!    median kept. A candidate that fails to run counts as infinitely slow.
 //!
 //! Every outcome goes into the report, so a cached choice can be explained later.
 
-use ejc_ir::flash::inputs::{default_runtime, random_inputs};
-use ejc_ir::flash::reference::reference;
-use ejc_ir::flash::{FlashRuntime, FlashShape};
-use ejc_ir::spec::Features;
-use ejc_ir::tensor::compare;
+use std::cell::RefCell;
+
+use ejc_ir::op::{compare_outputs, tolerance, Features, HostCall, Keys, Operation, Scalars, Sizes};
 use ejc_ir::types::DType;
 
 use crate::cache::Timing;
+use crate::call::Call;
 use crate::chain::{Tunable, TuneReport};
-use crate::cpu::CpuKernel;
-use crate::flash::{run_cpu, FlashBuffers};
-use crate::registry::{config_id, Config};
-
-/// One candidate: a configuration and its compiled kernel.
-#[derive(Clone, Copy, Debug)]
-pub struct FlashCandidate<'c> {
-    pub config: &'c Config,
-    pub kernel: CpuKernel,
-    pub block_m: usize,
-}
+use crate::exec::{CpuLibs, HostPlan};
+use crate::registry::{Candidate, Config};
 
 /// Tolerance on ‖out − ref‖ / ‖ref‖ (DESIGN.md).
-pub fn tolerance(dtype: DType) -> f64 {
-    match dtype {
-        DType::F32 => 1e-5,
-        DType::F16 => 5e-3,
-        _ => 1e-2,
-    }
-}
+pub use ejc_ir::op::tolerance as design_tolerance;
 
 /// The per-core L2 size in bytes, from sysfs (2 MiB when unknown).
 pub fn l2_bytes() -> u64 {
@@ -74,20 +59,36 @@ pub fn l2_bytes() -> u64 {
         .unwrap_or(2 << 20)
 }
 
-/// A flash call to tune.
-pub struct FlashTuner<'c> {
+/// Where candidates run.
+pub enum Device<'a> {
+    Cpu {
+        libs: &'a RefCell<CpuLibs>,
+        threads: usize,
+    },
+    #[cfg(feature = "cuda")]
+    Cuda {
+        cuda: &'a std::sync::Arc<crate::cuda::Cuda>,
+    },
+}
+
+/// One call to tune.
+pub struct Tuner<'r, 'a> {
+    pub op: &'static dyn Operation,
+    /// The instance's features (the spec's: a run-time window is `runtime`).
     pub features: Features,
+    /// What the call asks for (with its values), for the description.
+    pub wanted: Features,
     pub dtype: DType,
-    pub head_dim: usize,
-    pub shape: FlashShape,
-    /// The call's run-time scalars (window, soft cap, dropout): candidates are timed
-    /// with the call's own values.
-    pub runtime: FlashRuntime,
-    pub candidates: Vec<FlashCandidate<'c>>,
-    pub threads: usize,
+    pub keys: Keys,
+    /// The call's sizes.
+    pub sizes: Sizes,
+    /// The call's run-time scalars: candidates are checked and timed with them.
+    pub scalars: Scalars,
+    pub candidates: Vec<Candidate<'r>>,
+    pub device: Device<'a>,
     pub warmup: usize,
     pub reps: usize,
-    /// Candidates needing more scratch than this are pruned.
+    /// CPU candidates needing more scratch per thread than this are pruned.
     pub scratch_limit: u64,
     /// Show a progress bar on stderr (hidden when stderr is not a terminal).
     pub progress: bool,
@@ -95,23 +96,29 @@ pub struct FlashTuner<'c> {
     pub seed: u64,
 }
 
-impl<'c> FlashTuner<'c> {
+impl<'r, 'a> Tuner<'r, 'a> {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
+        op: &'static dyn Operation,
         features: Features,
+        wanted: Features,
         dtype: DType,
-        head_dim: usize,
-        shape: FlashShape,
-        runtime: FlashRuntime,
-        candidates: Vec<FlashCandidate<'c>>,
+        keys: Keys,
+        sizes: Sizes,
+        scalars: Scalars,
+        candidates: Vec<Candidate<'r>>,
+        device: Device<'a>,
     ) -> Self {
-        FlashTuner {
+        Tuner {
+            op,
             features,
+            wanted,
             dtype,
-            head_dim,
-            shape,
-            runtime,
+            keys,
+            sizes,
+            scalars,
             candidates,
-            threads: 0,
+            device,
             warmup: 2,
             reps: 7,
             scratch_limit: l2_bytes(),
@@ -123,80 +130,119 @@ impl<'c> FlashTuner<'c> {
         }
     }
 
-    fn find(&self, c: &Config) -> Option<&FlashCandidate<'c>> {
-        self.candidates.iter().find(|x| x.config == c)
+    fn find(&self, c: &Config) -> Option<&Candidate<'r>> {
+        self.candidates.iter().find(|x| x.config == *c)
+    }
+
+    /// A random call of `dims` with the call's scalars where it has them.
+    fn sample(&self, dims: &Sizes, seed: u64) -> Result<(HostCall, Sizes), String> {
+        let mut call = self.op.random_call(&self.features, self.dtype, dims, seed)?;
+        for (k, v) in call.scalars.iter_mut() {
+            if let Some(x) = self.scalars.get(k) {
+                *v = *x;
+            }
+        }
+        let sizes = self.op.validate(&self.features, self.dtype, &self.keys, &call)?;
+        Ok((call, sizes))
+    }
+
+    /// Run a candidate once on a host call; its outputs.
+    fn run_once(&self, cand: &Candidate, host: &HostCall, sizes: &Sizes) -> Result<HostCall, String> {
+        let mut call = Call::from_host(host);
+        match &self.device {
+            Device::Cpu { libs, threads } => {
+                let mut libs = libs.borrow_mut();
+                crate::exec::run_cpu(&mut libs, cand, &mut call, sizes, *threads).map_err(|e| e.to_string())?;
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda { cuda } => {
+                let dev = crate::cuda::upload_call(cuda, &call).map_err(|e| e.to_string())?;
+                let plan = crate::cuda::CudaPlan::for_candidate(cuda, cand, &dev, sizes).map_err(|e| e.to_string())?;
+                plan.launch(cuda).map_err(|e| e.to_string())?;
+                cuda.synchronize().map_err(|e| e.to_string())?;
+                let outs = self.op.outputs(&self.features);
+                crate::cuda::download_into(cuda, &dev, &outs, &mut call).map_err(|e| e.to_string())?;
+            }
+        }
+        let mut out = host.clone();
+        for n in self.op.outputs(&self.features) {
+            if let Some(t) = call.host_tensor(n) {
+                out.tensors.insert(n.to_string(), t);
+            }
+        }
+        Ok(out)
     }
 
     /// Check one candidate on a small case against the reference.
-    fn verify(&self, cand: &FlashCandidate) -> Result<(), String> {
-        let s = &self.shape;
-        let small = FlashShape {
-            batch: s.batch.min(2),
-            seq_q: s.seq_q.min(77),
-            seq_k: s.seq_k.min(93),
-            heads_q: s.heads_q,
-            heads_kv: s.heads_kv,
-            head_dim: s.head_dim,
-        };
-        let inputs = random_inputs(&self.features, self.dtype, &small, self.seed ^ 0x5eed);
-        let mut rt = default_runtime(&self.features, &small, self.seed);
-        rt.softmax_scale = self.runtime.softmax_scale;
-        rt.window = self.runtime.window;
-        rt.softcap = self.runtime.softcap;
-        rt.dropout_p = self.runtime.dropout_p;
-        let want = reference(&self.features, &rt, &inputs).map_err(|e| format!("reference: {e}"))?;
-        let mut call = FlashBuffers::from_inputs(&inputs);
-        run_cpu(&cand.kernel, &self.features, self.dtype, self.head_dim, cand.block_m, &rt, &mut call, self.threads)
-            .map_err(|e| format!("failed to run: {e}"))?;
-        let got = call.outputs();
-        let (rel, _) = compare(&got.out.to_vec(), &want.out.to_vec());
-        let (lrel, _) = compare(&got.lse.to_vec(), &want.lse.to_vec());
+    fn verify(&self, cand: &Candidate) -> Result<(), String> {
+        let small = self.op.small_dims(&self.sizes);
+        let (call, sizes) = self.sample(&small, self.seed ^ 0x5eed)?;
+        let want = self.op.reference(&self.features, &call).map_err(|e| format!("reference: {e}"))?;
+        let got = self.run_once(cand, &call, &sizes).map_err(|e| format!("failed to run: {e}"))?;
         let tol = tolerance(self.dtype);
-        if rel <= tol && lrel <= tol {
+        let errs = compare_outputs(self.op, &self.features, &got, &want);
+        // NaN compares false: it never passes.
+        if errs.iter().all(|(_, rel, _)| *rel <= tol) {
             Ok(())
         } else {
-            Err(format!("wrong result: rel_err={rel:.2e} lse_rel_err={lrel:.2e} (tolerance {tol:e})"))
+            let parts: Vec<String> = errs.iter().map(|(n, rel, _)| format!("{n} rel_err={rel:.2e}")).collect();
+            Err(format!("wrong result: {} (tolerance {tol:e})", parts.join(" ")))
         }
     }
 
-    /// Median milliseconds on fresh random inputs of the call's shape.
-    fn time(&self, cand: &FlashCandidate, call: &mut FlashBuffers) -> Result<f64, String> {
-        let mut times = Vec::with_capacity(self.reps);
-        for i in 0..self.warmup + self.reps {
-            let t = std::time::Instant::now();
-            run_cpu(
-                &cand.kernel,
-                &self.features,
-                self.dtype,
-                self.head_dim,
-                cand.block_m,
-                &self.runtime,
-                call,
-                self.threads,
-            )
-            .map_err(|e| format!("failed to run: {e}"))?;
-            if i >= self.warmup {
-                times.push(t.elapsed().as_secs_f64() * 1e3);
+    /// Median milliseconds on a call of the tuned sizes.
+    fn time(&self, cand: &Candidate, host: &HostCall, sizes: &Sizes) -> Result<f64, String> {
+        match &self.device {
+            Device::Cpu { libs, threads } => {
+                let mut call = Call::from_host(host);
+                let (owned, kernels) = {
+                    let mut libs = libs.borrow_mut();
+                    HostPlan::for_candidate(&mut libs, cand, &call, sizes).map_err(|e| e.to_string())?
+                };
+                let mut plan = owned.prepare(&kernels, &call, sizes, &cand.config).map_err(|e| e.to_string())?;
+                let mut times = Vec::with_capacity(self.reps);
+                for i in 0..self.warmup + self.reps {
+                    let t = std::time::Instant::now();
+                    plan.run(&mut call, *threads).map_err(|e| format!("failed to run: {e}"))?;
+                    if i >= self.warmup {
+                        times.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                times.sort_by(|a, b| a.total_cmp(b));
+                Ok(times[times.len() / 2])
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda { cuda } => {
+                let dev = crate::cuda::upload_call(cuda, &Call::from_host(host)).map_err(|e| e.to_string())?;
+                let plan = crate::cuda::CudaPlan::for_candidate(cuda, cand, &dev, sizes).map_err(|e| e.to_string())?;
+                plan.median_ms(cuda, self.warmup, self.reps).map_err(|e| e.to_string())
             }
         }
-        times.sort_by(|a, b| a.total_cmp(b));
-        Ok(times[times.len() / 2])
+    }
+
+    fn pruned(&self, cand: &Candidate) -> Option<String> {
+        if !matches!(self.device, Device::Cpu { .. }) {
+            return None;
+        }
+        let scratch = cand.launches.iter().map(|e| e.scratch_bytes).max().unwrap_or(0);
+        (scratch > self.scratch_limit).then(|| {
+            format!(
+                "pruned: needs {} KiB of scratch per thread, more than the {} KiB L2",
+                scratch / 1024,
+                self.scratch_limit / 1024
+            )
+        })
     }
 }
 
-impl Tunable for FlashTuner<'_> {
+impl Tunable for Tuner<'_, '_> {
     fn candidates(&self) -> Vec<Config> {
         self.candidates.iter().map(|c| c.config.clone()).collect()
     }
 
-    /// 64 × 64 blocks when built (a balanced tiling for both products), else the first.
     fn heuristic(&self) -> Option<Config> {
-        let pick = self
-            .candidates
-            .iter()
-            .find(|c| c.config.get("block_m") == Some(&64) && c.config.get("block_n") == Some(&64))
-            .or(self.candidates.first());
-        pick.map(|c| c.config.clone())
+        let configs = self.candidates();
+        self.op.heuristic(&configs).and_then(|i| configs.get(i).cloned())
     }
 
     fn autotune(&self, candidates: &[Config]) -> TuneReport {
@@ -213,23 +259,22 @@ impl Tunable for FlashTuner<'_> {
         };
         // One set of fresh random inputs for the timing runs, shared by all candidates
         // so that they are compared on the same data.
-        let inputs = random_inputs(&self.features, self.dtype, &self.shape, self.seed);
-        let mut call = FlashBuffers::from_inputs(&inputs);
+        let dims = self.op.dims_of(&self.sizes);
+        let sample = self.sample(&dims, self.seed);
         let mut timings = Vec::new();
         let mut best: Option<(f64, Config)> = None;
         for c in candidates {
-            let id = config_id(c);
+            let id = ejc_ir::op::config_id(c);
             if let Some(b) = &bar {
                 b.set_message(id.clone());
             }
-            let outcome = match self.find(c) {
-                None => Err("not built".to_string()),
-                Some(cand) if cand.kernel.scratch_bytes as u64 > self.scratch_limit => Err(format!(
-                    "pruned: needs {} KiB of scratch per thread, more than the {} KiB L2",
-                    cand.kernel.scratch_bytes / 1024,
-                    self.scratch_limit / 1024
-                )),
-                Some(cand) => self.verify(cand).and_then(|()| self.time(cand, &mut call)),
+            let outcome = match (self.find(c), &sample) {
+                (None, _) => Err("not built".to_string()),
+                (_, Err(e)) => Err(format!("no inputs: {e}")),
+                (Some(cand), Ok((host, sizes))) => match self.pruned(cand) {
+                    Some(why) => Err(why),
+                    None => self.verify(cand).and_then(|()| self.time(cand, host, sizes)),
+                },
             };
             match outcome {
                 Ok(ms) => {
@@ -251,42 +296,9 @@ impl Tunable for FlashTuner<'_> {
     }
 
     fn describe(&self) -> String {
-        let s = &self.shape;
-        let mut f = Vec::new();
-        let x = &self.features;
-        if x.causal {
-            f.push("causal".to_string());
-        }
-        if x.sliding_window.is_some() {
-            f.push(format!("window {:?}", self.runtime.window));
-        }
-        if x.logits_soft_cap.is_some() {
-            f.push("soft cap".into());
-        }
-        for (n, on) in [
-            ("sinks", x.sinks),
-            ("bias", x.bias),
-            ("mask", x.mask),
-            ("segment ids", x.segment_ids),
-            ("varlen", x.varlen),
-            ("dropout", x.dropout),
-        ] {
-            if on {
-                f.push(n.into());
-            }
-        }
-        format!(
-            "flash_attention_fwd {} q[{},{},{},{}] k/v[{},{},{},{}] {}",
-            self.dtype,
-            s.batch,
-            s.seq_q,
-            s.heads_q,
-            s.head_dim,
-            s.batch,
-            s.seq_k,
-            s.heads_kv,
-            s.head_dim,
-            if f.is_empty() { "full".to_string() } else { f.join(" + ") }
-        )
+        let dims = self.op.dims_of(&self.sizes);
+        let dims: Vec<String> =
+            self.op.dims().iter().filter_map(|d| dims.get(d.name).map(|v| format!("{}={v}", d.name))).collect();
+        format!("{} {} {} {}", self.op.name(), self.dtype, dims.join(","), self.op.describe(&self.wanted))
     }
 }

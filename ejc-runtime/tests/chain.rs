@@ -215,20 +215,27 @@ fn a_new_candidate_set_or_compiler_misses_old_entries() {
 
 #[test]
 fn the_real_key_changes_with_candidates_and_compiler_but_not_with_values() {
-    use ejc_ir::flash::FlashShape;
+    use ejc_ir::flash::CallFeatures;
+    use ejc_ir::op::Sizes;
     use ejc_ir::types::DType;
-    use ejc_runtime::api::flash_cache_key;
-    use ejc_runtime::registry::CallFeatures;
-    let shape = FlashShape { batch: 1, seq_q: 1000, seq_k: 1000, heads_q: 8, heads_kv: 8, head_dim: 64 };
-    let ids = vec!["m64_n64".to_string(), "m128_n64".into()];
-    let call = CallFeatures { causal: true, ..Default::default() };
-    let k = |ids: &[String], compiler: &str, shape: &FlashShape| {
-        flash_cache_key("flash_attention_fwd", 1, compiler, "causal", ids, shape, DType::BF16, &call)
+    use ejc_runtime::key::call_key;
+    let op = ejc_ir::ops::get("flash_attention_fwd").unwrap();
+    let sizes = |sq: i64, sk: i64| {
+        Sizes::from(
+            [("batch", 1), ("seq_q", sq), ("seq_k", sk), ("heads_q", 8), ("heads_kv", 8), ("head_dim", 64)]
+                .map(|(k, v)| (k.to_string(), v)),
+        )
     };
-    let base = k(&ids, "0.1.0", &shape);
-    assert_ne!(base, k(&ids[..1], "0.1.0", &shape));
-    assert_ne!(base, k(&ids, "0.1.1", &shape));
+    let ids = vec!["m64_n64".to_string(), "m128_n64".into()];
+    let call = CallFeatures { causal: true, ..Default::default() }.to_json();
+    let k = |ids: &[String], compiler: &str, s: &Sizes| call_key("cpu|x", op, 1, compiler, &call, DType::BF16, s, ids);
+    let base = k(&ids, "0.1.0", &sizes(1000, 1000));
+    assert_ne!(base, k(&ids[..1], "0.1.0", &sizes(1000, 1000)));
+    assert_ne!(base, k(&ids, "0.1.1", &sizes(1000, 1000)));
     // Sequence lengths are bucketed to powers of two: 1000 and 1024 share a key.
-    assert_eq!(base, k(&ids, "0.1.0", &FlashShape { seq_q: 1024, seq_k: 1024, ..shape }));
-    assert_ne!(base, k(&ids, "0.1.0", &FlashShape { seq_q: 1025, ..shape }));
+    assert_eq!(base, k(&ids, "0.1.0", &sizes(1024, 1024)));
+    assert_ne!(base, k(&ids, "0.1.0", &sizes(1025, 1000)));
+    // A window's values are part of what a call asks for.
+    let w = CallFeatures { causal: true, window: Some((8, 0)), ..Default::default() }.to_json();
+    assert_ne!(base, call_key("cpu|x", op, 1, "0.1.0", &w, DType::BF16, &sizes(1000, 1000), &ids));
 }

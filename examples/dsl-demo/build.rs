@@ -6,8 +6,8 @@
 mod kernels;
 
 use ejc_codegen::build::dsl::{DslBuild, FlashKernel};
+use ejc_ir::flash::Features;
 use ejc_ir::flash::FlashHooks;
-use ejc_ir::spec::Features;
 use ejc_ir::types::DType;
 
 fn main() {

@@ -1,13 +1,13 @@
-//! `ejc bench SPEC --backend cpu|mlir|cuda`: time a kernel on fresh random inputs.
+//! `ejc bench SPEC --backend cpu|mlir|cuda`: time a variant on fresh random inputs.
 //!
-//! FLOPs are counted as in ANCHORS.md: 4·b·h·s_q·s_k·d, halved for causal variants
-//! (other masks are counted as full attention). Times are medians over `--reps` runs
-//! after `--warmup` runs. Without `--block-m/--block-n` every tiling of the spec is
-//! timed and the fastest is reported (what the autotuner would pick).
+//! Work is counted by the operation (flash: FLOPs 4·b·h·s_q·s_k·d, halved for causal, as
+//! in ANCHORS.md; memory-bound operations: the bytes a kernel must move). Times are
+//! medians over `--reps` runs after `--warmup` runs. Every plan and configuration of the
+//! spec is timed unless flags narrow it, and the fastest is reported (what the autotuner
+//! would pick).
 
-use ejc_ir::flash::inputs::random_inputs;
-use ejc_ir::spec::Variant;
-use ejc_runtime::flash::FlashBuffers;
+use ejc_ir::op::{config_id, Work};
+use ejc_runtime::call::Call;
 use serde_json::json;
 
 use super::common::{unsupported_backend, Prepared, Problem, ProblemFlags};
@@ -22,13 +22,12 @@ pub struct Request {
     pub json: bool,
 }
 
-pub fn flops(p: &Problem, v: &Variant) -> f64 {
-    let s = &p.shape;
-    let f = 4.0 * (s.batch * s.heads_q) as f64 * s.seq_q as f64 * s.seq_k as f64 * s.head_dim as f64;
-    if v.features.causal {
-        f / 2.0
+/// `123.4 GFLOP/s` (or GB/s for work without FLOPs) at `seconds`.
+pub fn rate(w: &Work, seconds: f64) -> (f64, &'static str) {
+    if w.flops > 0.0 {
+        (w.flops / seconds / 1e9, "GFLOP/s")
     } else {
-        f
+        (w.bytes / seconds / 1e9, "GB/s")
     }
 }
 
@@ -60,79 +59,97 @@ pub fn run(req: &Request) -> Outcome {
     }
     let v = variants[0];
     if req.backend == "cuda" {
-        return super::gpu::bench(&p, v, flops(&p, v), req.warmup, req.reps, req.json);
+        return super::gpu::bench(&p, v, req.warmup, req.reps, req.json);
     }
-    let tilings = match p.tiling {
-        Some(t) => vec![t],
-        None => p.spec.schedule.tilings(),
-    };
     let threads =
         if req.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { req.threads };
     let seed = rand::random::<u64>() >> 11;
-    let inputs = random_inputs(&v.features, p.dtype, &p.shape, seed);
-    let rt = p.runtime(v, seed);
-    let fl = flops(&p, v);
+    let (host, sizes) = match p.call(v, seed) {
+        Ok(c) => c,
+        Err(o) => return o,
+    };
+    let work = p.op.work(&v.features, p.dtype, &sizes);
     let mut results = Vec::new();
-    for tiling in tilings {
-        let kernel = match p.kernel(v, tiling) {
-            Ok(k) => k,
-            Err(o) => return o,
-        };
-        let name = kernel.name.clone();
-        let prepared = match Prepared::new(req.backend, kernel, p.isa, threads) {
-            Ok(e) => e,
-            Err(o) => return o,
-        };
-        if let (Some((secs, cached)), false) = (prepared.compile_info(), req.json) {
-            eprintln!(
-                "  {name}: compiled through MLIR in {secs:.2}s{}",
-                if cached { " (from the on-disk cache)" } else { "" }
-            );
-        }
-        let mut call = FlashBuffers::from_inputs(&inputs);
-        let mut times = Vec::with_capacity(req.reps);
-        for i in 0..req.warmup + req.reps {
-            let t = std::time::Instant::now();
-            if let Err(e) = prepared.run_on(v, &p, &rt, &mut call) {
-                return Outcome::Error(format!("error: {name}: {e}"));
+    for plan in p.plans(v) {
+        for config in p.plan_configs(&plan, false) {
+            let kernels = match p.kernels(v, &plan, &config) {
+                Ok(k) => k,
+                Err(o) => return o,
+            };
+            let name: Vec<String> =
+                plan.launches.iter().filter_map(|l| kernels.get(&l.role).map(|k| k.name.clone())).collect();
+            let name = name.join(" + ");
+            let prepared = match Prepared::new(req.backend, kernels, p.isa, threads) {
+                Ok(e) => e,
+                Err(o) => return o,
+            };
+            if let (Some((secs, cached)), false) = (prepared.compile_info(), req.json) {
+                eprintln!(
+                    "  {name}: compiled through MLIR in {secs:.2}s{}",
+                    if cached { " (from the on-disk cache)" } else { "" }
+                );
             }
-            if i >= req.warmup {
-                times.push(t.elapsed().as_secs_f64());
+            let mut call = Call::from_host(&host);
+            let mut ready = match prepared.host_plan(&plan, &call, &sizes, &config) {
+                Ok(r) => r,
+                Err(e) => return Outcome::Error(format!("error: {name}: {e}")),
+            };
+            let mut times = Vec::with_capacity(req.reps);
+            for i in 0..req.warmup + req.reps {
+                let t = std::time::Instant::now();
+                if let Err(e) = ready.run(&mut call, threads) {
+                    return Outcome::Error(format!("error: {name}: {e}"));
+                }
+                if i >= req.warmup {
+                    times.push(t.elapsed().as_secs_f64());
+                }
             }
+            times.sort_by(|a, b| a.total_cmp(b));
+            let median = times[times.len() / 2];
+            let (r, unit) = rate(&work, median);
+            if !req.json {
+                eprintln!("  {name} [{}]: {:.3} ms  {r:.1} {unit}", config_id(&config), median * 1e3);
+            }
+            results.push((config, name, plan.name, median, r));
         }
-        times.sort_by(|a, b| a.total_cmp(b));
-        let median = times[times.len() / 2];
-        let gflops = fl / median / 1e9;
-        if !req.json && p.tiling.is_none() {
-            eprintln!("  {name}: {:.3} ms  {gflops:.1} GFLOP/s", median * 1e3);
-        }
-        results.push((tiling, name, median, gflops));
     }
-    let best = results.iter().min_by(|a, b| a.2.total_cmp(&b.2)).cloned().expect("at least one tiling");
-    let (tiling, name, median, gflops) = best;
+    let Some(best) = results.iter().min_by(|a, b| a.3.total_cmp(&b.3)).cloned() else {
+        return Outcome::Error(format!("error: variant `{}` has no plan to time", v.name));
+    };
+    let (config, name, plan, median, r) = best;
+    let (_, unit) = rate(&work, 1.0);
     if req.json {
         let all: Vec<_> = results
             .iter()
-            .map(|(t, n, m, g)| json!({"kernel": n, "block_m": t.0, "block_n": t.1, "median_ms": m * 1e3, "gflops": g}))
+            .map(|(c, n, pl, m, r)| {
+                let mut row = json!({"kernel": n, "plan": pl, "config": c, "median_ms": m * 1e3, "rate": r});
+                for (k, v) in c {
+                    row[k] = json!(v);
+                }
+                if work.flops > 0.0 {
+                    row["gflops"] = json!(r);
+                }
+                row
+            })
             .collect();
-        println!(
-            "{}",
-            json!({"variant": v.name, "kernel": name, "backend": req.backend, "isa": p.isa.name(), "dtype": p.dtype.to_string(),
-                   "shape": p.shape.to_string(), "threads": threads, "block_m": tiling.0, "block_n": tiling.1,
-                   "median_ms": median * 1e3, "gflops": gflops, "flops": fl, "reps": req.reps, "tilings": all})
-        );
+        let mut doc = json!({"variant": v.name, "op": p.op.name(), "kernel": name, "plan": plan, "backend": req.backend,
+               "isa": p.isa.name(), "dtype": p.dtype.to_string(), "sizes": p.dims_text(), "threads": threads,
+               "config": config, "median_ms": median * 1e3, "rate": r, "unit": unit, "flops": work.flops,
+               "bytes": work.bytes, "reps": req.reps, "tilings": all});
+        if work.flops > 0.0 {
+            doc["gflops"] = json!(r);
+        }
+        println!("{doc}");
     } else {
         println!(
-            "{} {} {} {} shape={} threads={threads} isa={}: {:.3} ms  {gflops:.1} GFLOP/s  (tiling {}x{}, median of {})",
+            "{} {} {} {name} sizes={} threads={threads} isa={}: {:.3} ms  {r:.1} {unit}  (plan {plan}, {}, median of {})",
             req.backend,
             v.name,
             p.dtype,
-            name,
-            p.shape,
+            p.dims_text(),
             p.isa,
             median * 1e3,
-            tiling.0,
-            tiling.1,
+            config_id(&config),
             req.reps
         );
     }

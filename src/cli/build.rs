@@ -15,11 +15,12 @@ pub struct Request {
     pub targets: Vec<String>,
     pub variants: Vec<String>,
     pub dtypes: Vec<String>,
-    pub head_dims: Vec<usize>,
-    pub block_m: Vec<u32>,
-    pub block_n: Vec<u32>,
-    pub num_warps: Vec<u32>,
-    pub num_stages: Vec<u32>,
+    /// `NAME=V[,V...]` values of the operation's compile-time keys (`--head-dim N` is
+    /// `head_dim=N`).
+    pub keys: Vec<(String, u32)>,
+    /// `NAME=V` values of schedule axes (`--block-m N` is `block_m=N`, ...).
+    pub axes: Vec<(String, u32)>,
+    pub plans: Vec<String>,
     pub ptx_paths: Vec<String>,
     pub report: bool,
     /// With `report`: leave spilling PTX candidates out of the build.
@@ -79,16 +80,22 @@ pub fn run(req: &Request) -> Outcome {
             Err(e) => return Outcome::Error(format!("error: --dtype: {e}")),
         }
     }
+    let mut keys: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+    for (k, v) in &req.keys {
+        keys.entry(k.clone()).or_default().push(*v);
+    }
+    let mut axes: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+    for (k, v) in &req.axes {
+        axes.entry(k.clone()).or_default().push(*v);
+    }
     let opts = BuildOptions {
         out_dir: req.out.clone(),
         targets,
         variants: req.variants.clone(),
         dtypes,
-        head_dims: req.head_dims.clone(),
-        block_m: req.block_m.clone(),
-        block_n: req.block_n.clone(),
-        num_warps: req.num_warps.clone(),
-        num_stages: req.num_stages.clone(),
+        keys,
+        axes,
+        plans: req.plans.clone(),
         ptx_paths: req.ptx_paths.clone(),
     };
     let quiet = req.quiet;
@@ -183,6 +190,10 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path, drop
     if let Some(path) = drop {
         let mut kept = manifest.clone();
         kept.artifacts.retain(|a| !dropped.contains(&a.artifact_id));
+        // A plan needs an artifact for each role it launches.
+        let arts = kept.artifacts.clone();
+        kept.plans
+            .retain(|p| p.launches.iter().all(|l| arts.iter().any(|a| a.instance == p.instance && a.role == l.role)));
         for a in manifest.artifacts.iter().filter(|a| dropped.contains(&a.artifact_id)) {
             let f = dir.join(&a.file);
             if let Err(e) = std::fs::remove_file(&f) {

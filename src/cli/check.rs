@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ejc_ir::flash::instances;
+use ejc_ir::op::instances;
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 
 use super::{load_spec, Outcome};
@@ -13,38 +13,37 @@ pub fn run(path: &Path) -> Outcome {
         Ok(s) => s,
         Err(o) => return o,
     };
+    let op = spec.operation();
     let pipeline = default_pipeline();
     let all = instances(&spec);
     for inst in &all {
         // A front-end or pass failure here is a compiler bug, but it is reported
         // with the kernel's id rather than a panic.
-        let built = inst
-            .build(&spec)
-            .map_err(|e| e.to_string())
-            .and_then(|k| run_pipeline(&k, &pipeline).map_err(|e| e.to_string()));
+        let built = op.build(&spec, inst).and_then(|k| run_pipeline(&k, &pipeline).map_err(|e| e.to_string()));
         if let Err(e) = built {
             return Outcome::Error(format!("error: {}: kernel `{}` does not build: {e}", path.display(), inst.id));
         }
     }
-    let tilings = spec.schedule.tilings().len();
-    let points = spec.schedule.points().len();
-    let kernels = spec.variants.len() * spec.dtypes.len() * spec.head_dims.len();
+    let launch: Vec<&str> =
+        op.axes().iter().filter(|a| a.kind == ejc_ir::op::AxisKind::Launch).map(|a| a.name).collect();
+    let points = spec.schedule.points(&launch).len();
+    let instances_n = spec.variants.len() * spec.dtypes.len() * spec.key_points().len();
+    let keys: Vec<String> = spec.keys.iter().map(|(k, v)| format!("{} {k}s", v.len())).collect();
     let targets: Vec<String> = spec.targets.iter().map(|t| t.to_string()).collect();
     println!(
-        "ok: {}: `{}` ({}@{}): {} variants x {} dtypes x {} head dims = {} kernels; x {} tilings = {} tile programs \
-         (all verified); {} schedule points each = {} candidates; targets: {}",
+        "ok: {}: `{}` ({}@{}): {} variants x {} dtypes{} = {} instances; {} tile programs (all verified); \
+         {} GPU configurations each = {} candidates; targets: {}",
         path.display(),
         spec.name,
         spec.op,
         spec.version,
         spec.variants.len(),
         spec.dtypes.len(),
-        spec.head_dims.len(),
-        kernels,
-        tilings,
+        keys.iter().map(|k| format!(" x {k}")).collect::<String>(),
+        instances_n,
         all.len(),
         points,
-        kernels * points,
+        all.len() * points,
         targets.join(", ")
     );
     Outcome::Ok

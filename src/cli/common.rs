@@ -1,30 +1,44 @@
-//! What `ejc run` and `ejc bench` share: reading the spec, the dtype, the shape, the
-//! tiling and the run-time scalars from flags (every bad value is an error naming the
-//! flag), and preparing a kernel on a back end.
+//! What `ejc run`, `bench` and `tune` share: reading the spec, the dtype, the sizes,
+//! the configuration and the run-time scalars from flags (every bad value is an error
+//! naming the flag), building an instance's kernels, and running a plan on a back end.
+//! Nothing here knows which operation it runs: the spec names it, and the operation
+//! ([`ejc_ir::op::Operation`]) says what its sizes, scalars, plans and reference are.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ejc_codegen::cpu::{compile_object, jit::JitLibrary, Isa};
-use ejc_ir::flash::abi::run_interp;
-use ejc_ir::flash::inputs::default_runtime;
-use ejc_ir::flash::{build_kernel, FlashInputs, FlashOutputs, FlashRuntime, FlashShape};
 use ejc_ir::ir::Kernel;
+use ejc_ir::op::{
+    self, parse_dims, parse_shape, with_defaults, Config, HostCall, KernelInstance, Keys, Operation, PlanDecl, Sizes,
+};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
-use ejc_ir::spec::{Schedule, SoftCap, Spec, Variant, Window};
+use ejc_ir::spec::{Spec, Variant};
 use ejc_ir::types::DType;
+use ejc_runtime::call::Call;
 use ejc_runtime::cpu::CpuKernel;
-use ejc_runtime::flash::{launch_plan, run_cpu, tensor_names, FlashBuffers};
+use ejc_runtime::exec::{HostLaunch, HostLaunchSpec, HostPlan};
 
 use super::{load_spec, Outcome};
 
-/// Flags common to `run` and `bench`.
+/// Flags common to `run`, `bench` and `tune`.
 pub struct ProblemFlags {
     pub spec: PathBuf,
     pub variants: Vec<String>,
     pub dtype: String,
-    pub shape: String,
+    /// The positional shorthand: the operation's sizes in order.
+    pub shape: Option<String>,
+    /// `NAME=N,...`, repeatable.
+    pub sizes: Vec<String>,
+    /// `NAME=V,...` schedule values (tile axes, run-time axes), repeatable.
+    pub config: Vec<String>,
     pub block_m: Option<u32>,
     pub block_n: Option<u32>,
+    /// The plan to run (`run`); the plans to time (`bench`, `tune`).
+    pub plan: Option<String>,
+    /// `NAME=V`, repeatable: run-time scalars.
+    pub scalars: Vec<String>,
+    /// Shorthands for the attention scalars.
     pub window: Option<String>,
     pub softcap: Option<f64>,
     pub dropout: Option<f64>,
@@ -34,14 +48,17 @@ pub struct ProblemFlags {
 /// The validated problem.
 pub struct Problem {
     pub spec: Spec,
+    pub op: &'static dyn Operation,
     pub dtype: DType,
-    pub shape: FlashShape,
+    /// The call's sizes as the user states them (the operation's defaults filled in).
+    pub dims: Sizes,
+    pub keys: Keys,
     pub variant_names: Vec<String>,
-    /// Explicit tiling, or None for "every tiling of the spec" (bench) / the first (run).
-    pub tiling: Option<(u32, u32)>,
-    pub window: Option<(i64, i64)>,
-    pub softcap: Option<f64>,
-    pub dropout: Option<f64>,
+    /// Explicit schedule values (`--config`, `--block-m`, `--block-n`).
+    pub config: Config,
+    pub plan: Option<String>,
+    /// Explicit scalars (`--scalar` and the shorthands).
+    pub scalars: BTreeMap<String, f64>,
     pub isa: Isa,
 }
 
@@ -61,6 +78,7 @@ impl Problem {
     pub fn from_flags(f: &ProblemFlags) -> Result<Problem, Outcome> {
         let err = |m: String| Outcome::Error(format!("error: {m}"));
         let spec = load_spec(&f.spec)?;
+        let op = spec.operation();
         let dtype: DType = match f.dtype.parse() {
             Ok(d) if spec.dtypes.contains(&d) => d,
             Ok(d) => {
@@ -68,46 +86,107 @@ impl Problem {
             }
             Err(e) => return Err(err(format!("--dtype: {e}"))),
         };
-        let shape = FlashShape::parse(&f.shape).map_err(|e| err(format!("--shape: {e}")))?;
-        if !spec.head_dims.contains(&shape.head_dim) {
-            return Err(err(format!(
-                "--shape: head_dim {} is not one of spec `{}`'s head_dims ({}); head_dim is compiled into each kernel",
-                shape.head_dim,
-                spec.name,
-                list(&spec.head_dims)
-            )));
-        }
-        let tiling = match (f.block_m, f.block_n) {
-            (None, None) => None,
-            (m, n) => {
-                let m = m.unwrap_or(spec.schedule.block_m[0]);
-                let n = n.unwrap_or(spec.schedule.block_n[0]);
-                if !spec.schedule.block_m.contains(&m) || !spec.schedule.block_n.contains(&n) {
-                    return Err(err(format!(
-                        "tiling {m}x{n} is not in spec `{}`'s schedule (block_m: {}; block_n: {})",
-                        spec.name,
-                        list(&spec.schedule.block_m),
-                        list(&spec.schedule.block_n)
-                    )));
-                }
-                Some((m, n))
-            }
+        let mut dims = match &f.shape {
+            Some(s) => parse_shape(op, s).map_err(|e| err(format!("--shape: {e}")))?,
+            None => Sizes::new(),
         };
-        let window = f.window.as_deref().map(parse_window).transpose().map_err(|e| err(format!("--window: {e}")))?;
+        for s in &f.sizes {
+            parse_dims(op, s, &mut dims).map_err(|e| err(format!("--size: {e}")))?;
+        }
+        let dims = with_defaults(op, &dims);
+        let keys = op.keys_of(&dims);
+        for (k, v) in &keys {
+            if !spec.key_values(k).contains(v) {
+                let what = if f.shape.is_some() { "--shape" } else { "--size" };
+                return Err(err(format!(
+                    "{what}: {k} {v} is not one of spec `{}`'s {k} values ({}); {k} is compiled into each kernel",
+                    spec.name,
+                    list(spec.key_values(k))
+                )));
+            }
+        }
+        // Schedule values: `--config` and the tiling shorthands.
+        let mut config = Config::new();
+        for c in &f.config {
+            for part in c.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+                let (k, v) =
+                    part.split_once('=').ok_or_else(|| err(format!("--config: `{part}` is not NAME=VALUE")))?;
+                let v: u32 = v.trim().parse().map_err(|_| err(format!("--config: `{part}`: not a number")))?;
+                config.insert(k.trim().to_string(), v);
+            }
+        }
+        if let Some(m) = f.block_m {
+            config.insert("block_m".into(), m);
+        }
+        if let Some(n) = f.block_n {
+            config.insert("block_n".into(), n);
+        }
+        for (k, v) in &config {
+            if !op.axes().iter().any(|a| a.name == k) {
+                let names: Vec<&str> = op.axes().iter().map(|a| a.name).collect();
+                return Err(err(format!(
+                    "--config: {} has no schedule axis `{k}` (axes: {})",
+                    op.name(),
+                    names.join(", ")
+                )));
+            }
+            if !spec.schedule.values(k).contains(v) {
+                let tiling = format!(
+                    "{k}={v} is not in spec `{}`'s schedule ({k}: {})",
+                    spec.name,
+                    list(spec.schedule.values(k))
+                );
+                return Err(err(if k.starts_with("block_") { format!("tiling: {tiling}") } else { tiling }));
+            }
+        }
+        if let Some(p) = &f.plan {
+            if !op.plan_names().contains(&p.as_str()) {
+                return Err(err(format!("--plan {p}: {} has plans {}", op.name(), op.plan_names().join(", "))));
+            }
+        }
+        // Scalars: `--scalar` and the attention shorthands.
+        let mut scalars = BTreeMap::new();
+        for s in &f.scalars {
+            let (k, v) = s.split_once('=').ok_or_else(|| err(format!("--scalar: `{s}` is not NAME=VALUE")))?;
+            let v: f64 = v.trim().parse().map_err(|_| err(format!("--scalar: `{s}`: not a number")))?;
+            scalars.insert(k.trim().to_string(), v);
+        }
+        if let Some(w) = &f.window {
+            let (l, r) = parse_window(w).map_err(|e| err(format!("--window: {e}")))?;
+            scalars.insert("window_left".into(), l as f64);
+            scalars.insert("window_right".into(), r as f64);
+        }
         if let Some(c) = f.softcap {
             if !(c > 0.0 && c.is_finite()) {
                 return Err(err(format!("--softcap {c}: the soft cap must be a positive finite number")));
             }
+            scalars.insert("logits_soft_cap".into(), c);
         }
         if let Some(p) = f.dropout {
             if !(0.0..1.0).contains(&p) {
                 return Err(err(format!("--dropout {p}: the probability must be in [0, 1)")));
             }
+            scalars.insert("dropout_p".into(), p);
         }
         for name in &f.variants {
             if spec.variant(name).is_none() {
                 let names: Vec<&str> = spec.variants.iter().map(|v| v.name.as_str()).collect();
                 return Err(err(format!("--variant {name}: spec `{}` has variants {}", spec.name, names.join(", "))));
+            }
+        }
+        let known: Vec<&str> = spec.variants.iter().flat_map(|v| op.scalars(&v.features)).map(|s| s.name).collect();
+        for k in scalars.keys() {
+            if !known.contains(&k.as_str()) {
+                return Err(err(format!(
+                    "--scalar {k}: no variant of spec `{}` takes it (its scalars: {})",
+                    spec.name,
+                    {
+                        let mut k = known.clone();
+                        k.sort();
+                        k.dedup();
+                        k.join(", ")
+                    }
+                )));
             }
         }
         let variant_names = if f.variants.is_empty() {
@@ -128,36 +207,95 @@ impl Problem {
                 isa
             }
         };
-        Ok(Problem { spec, dtype, shape, variant_names, tiling, window, softcap: f.softcap, dropout: f.dropout, isa })
+        Ok(Problem { spec, op, dtype, dims, keys, variant_names, config, plan: f.plan.clone(), scalars, isa })
     }
 
     pub fn variants(&self) -> Vec<&Variant> {
         self.variant_names.iter().filter_map(|n| self.spec.variant(n)).collect()
     }
 
-    /// The run-time scalars for a variant: defaults, then the flags.
-    pub fn runtime(&self, v: &Variant, seed: u64) -> FlashRuntime {
-        let f = &v.features;
-        let mut rt = default_runtime(f, &self.shape, seed);
-        if let (Some(w), Some(Window::Runtime)) = (self.window, f.sliding_window) {
-            rt.window = w;
-        }
-        if let (Some(c), Some(SoftCap::Runtime)) = (self.softcap, f.logits_soft_cap) {
-            rt.softcap = c;
-        }
-        if let Some(p) = self.dropout {
-            rt.dropout_p = p;
-        }
-        rt
+    /// `batch=2,seq_q=77,...`
+    pub fn dims_text(&self) -> String {
+        op::dims_text(self.op, &self.dims)
     }
 
-    /// The tile IR of a variant at a tiling, after the pass pipeline.
-    pub fn kernel(&self, v: &Variant, (block_m, block_n): (u32, u32)) -> Result<Kernel, Outcome> {
-        let schedule = Schedule { block_m, block_n, num_warps: 0, num_stages: 0 };
-        build_kernel(&self.spec, v, self.dtype, self.shape.head_dim, &schedule)
-            .map_err(|e| e.to_string())
-            .and_then(|k| run_pipeline(&k, &default_pipeline()).map_err(|e| e.to_string()))
-            .map_err(|e| Outcome::Error(format!("error: variant `{}`: {e}", v.name)))
+    /// A random call of the problem's sizes for a variant, with the explicit scalars
+    /// (the variant's own where it has no such parameter are left alone).
+    pub fn call(&self, v: &Variant, seed: u64) -> Result<(HostCall, Sizes), Outcome> {
+        let e = |m: String| Outcome::Error(format!("error: variant `{}`: {m}", v.name));
+        let mut call = self.op.random_call(&v.features, self.dtype, &self.dims, seed).map_err(e)?;
+        for (k, x) in &self.scalars {
+            if let Some(slot) = call.scalars.get_mut(k) {
+                *slot = *x;
+            }
+        }
+        let sizes = self.op.validate(&v.features, self.dtype, &self.keys, &call).map_err(e)?;
+        Ok((call, sizes))
+    }
+
+    /// The plans of a variant to run or time: `--plan`, else every plan the spec builds
+    /// (`run` takes the first).
+    pub fn plans(&self, v: &Variant) -> Vec<PlanDecl> {
+        op::spec_plans(&self.spec, v).into_iter().filter(|p| self.plan.as_deref().is_none_or(|n| n == p.name)).collect()
+    }
+
+    /// Every configuration of a plan's tile axes and run-time axes (the explicit ones
+    /// fixed), or only the first of each when `first`.
+    pub fn plan_configs(&self, plan: &PlanDecl, first: bool) -> Vec<Config> {
+        let mut axes: Vec<&str> = Vec::new();
+        for r in &plan.roles {
+            for a in &r.tile_axes {
+                if !axes.contains(a) {
+                    axes.push(a);
+                }
+            }
+        }
+        axes.extend(plan.runtime_axes.iter().copied());
+        let mut out = vec![Config::new()];
+        for a in axes {
+            let vals: Vec<u32> = match self.config.get(a) {
+                Some(v) => vec![*v],
+                None if first => self.spec.schedule.values(a).iter().take(1).copied().collect(),
+                None => self.spec.schedule.values(a).to_vec(),
+            };
+            out = out
+                .into_iter()
+                .flat_map(|c| {
+                    vals.iter().map(move |v| {
+                        let mut c = c.clone();
+                        c.insert(a.to_string(), *v);
+                        c
+                    })
+                })
+                .collect();
+        }
+        out
+    }
+
+    /// The kernels (tile IR after the pass pipeline) of a plan's roles at `config`.
+    pub fn kernels(&self, v: &Variant, plan: &PlanDecl, config: &Config) -> Result<BTreeMap<String, Kernel>, Outcome> {
+        let mut out = BTreeMap::new();
+        for role in &plan.roles {
+            let mut tile: Config =
+                role.tile_axes.iter().filter_map(|a| config.get(*a).map(|x| (a.to_string(), *x))).collect();
+            tile.extend(role.fixed.clone());
+            let mut k = KernelInstance {
+                id: String::new(),
+                variant: v,
+                dtype: self.dtype,
+                keys: self.keys.clone(),
+                role: role.name,
+                tile,
+            };
+            k.id = self.op.kernel_id(&self.spec.name, &k);
+            let kernel = self
+                .op
+                .build(&self.spec, &k)
+                .and_then(|k| run_pipeline(&k, &default_pipeline()).map_err(|e| e.to_string()))
+                .map_err(|e| Outcome::Error(format!("error: variant `{}`: {e}", v.name)))?;
+            out.insert(role.name.to_string(), kernel);
+        }
+        Ok(out)
     }
 }
 
@@ -169,96 +307,161 @@ pub fn unsupported_backend(backend: &str) -> Option<Outcome> {
     }
 }
 
-/// A kernel ready to run on one back end.
-pub enum Prepared {
-    Interp(Kernel),
-    Cpu {
-        // Keeps the JIT-compiled code alive while `kernel` points into it.
-        _jit: JitLibrary,
-        kernel: CpuKernel,
+/// A kernel compiled for the host by MLIR, as a plan launches it.
+struct MlirLaunch(ejc_codegen::mlir::exec::CpuKernel);
+
+impl HostLaunch for MlirLaunch {
+    unsafe fn launch(
+        &self,
+        tensors: &[ejc_ir::cpu_abi::EjcTensor],
+        scalars: &[u64],
+        grid: [i64; 3],
         threads: usize,
-        block_m: usize,
+    ) -> Result<(), String> {
+        self.0.launch(tensors, scalars, grid, threads).map_err(|e| e.to_string())
+    }
+}
+
+/// A plan's kernels ready to run on one host back end.
+pub enum Prepared {
+    Interp(BTreeMap<String, Kernel>),
+    /// Native code for this CPU, compiled in-process (JIT).
+    Cpu {
+        // Keeps the JIT-compiled code alive while the kernels point into it.
+        _jit: JitLibrary,
+        kernels: BTreeMap<String, (CpuKernel, Kernel)>,
+        threads: usize,
     },
     /// Through MLIR: translated, lowered by MLIR's pipelines, compiled by its
     /// ExecutionEngine (or loaded from the on-disk cache).
     Mlir {
-        kernel: ejc_codegen::mlir::exec::CpuKernel,
+        kernels: BTreeMap<String, (MlirLaunchBox, Kernel)>,
         threads: usize,
-        block_m: usize,
+        seconds: f64,
+        cached: bool,
     },
 }
 
+/// An MLIR-compiled kernel (boxed so `Prepared` stays small).
+pub struct MlirLaunchBox(Box<MlirLaunch>);
+
 impl Prepared {
-    pub fn new(backend: &str, kernel: Kernel, isa: Isa, threads: usize) -> Result<Prepared, Outcome> {
+    pub fn new(
+        backend: &str,
+        kernels: BTreeMap<String, Kernel>,
+        isa: Isa,
+        threads: usize,
+    ) -> Result<Prepared, Outcome> {
         match backend {
-            "interp" => Ok(Prepared::Interp(kernel)),
+            "interp" => Ok(Prepared::Interp(kernels)),
             "cpu" => {
-                let block_m: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(64);
-                let obj = compile_object(std::slice::from_ref(&kernel), isa)
-                    .map_err(|e| Outcome::Error(format!("error: compiling `{}` for {isa}: {e}", kernel.name)))?;
+                let list: Vec<Kernel> = kernels.values().cloned().collect();
+                let obj = compile_object(&list, isa)
+                    .map_err(|e| Outcome::Error(format!("error: compiling for {isa}: {e}")))?;
                 let jit = JitLibrary::load(&obj.object).map_err(|e| Outcome::Error(format!("error: {e}")))?;
-                let entry = jit.entry(&kernel.name).map_err(|e| Outcome::Error(format!("error: {e}")))?;
-                let scratch = obj.kernels[0].scratch_bytes as usize;
-                Ok(Prepared::Cpu { _jit: jit, kernel: CpuKernel { entry, scratch_bytes: scratch }, threads, block_m })
+                let mut out = BTreeMap::new();
+                for ((role, k), code) in kernels.into_iter().zip(&obj.kernels) {
+                    let entry = jit.entry(&k.name).map_err(|e| Outcome::Error(format!("error: {e}")))?;
+                    out.insert(role, (CpuKernel { entry, scratch_bytes: code.scratch_bytes as usize }, k));
+                }
+                Ok(Prepared::Cpu { _jit: jit, kernels: out, threads })
             }
             "mlir" => {
-                let block_m: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(64);
-                let k = ejc_codegen::mlir::exec::CpuKernel::compile(&kernel)
-                    .map_err(|e| Outcome::Error(format!("error: {e}")))?;
-                Ok(Prepared::Mlir { kernel: k, threads, block_m })
+                let mut out = BTreeMap::new();
+                let (mut seconds, mut cached) = (0.0, true);
+                for (role, k) in kernels {
+                    let c = ejc_codegen::mlir::exec::CpuKernel::compile(&k)
+                        .map_err(|e| Outcome::Error(format!("error: {e}")))?;
+                    seconds += c.compile_seconds;
+                    cached &= c.cached;
+                    out.insert(role, (MlirLaunchBox(Box::new(MlirLaunch(c))), k));
+                }
+                Ok(Prepared::Mlir { kernels: out, threads, seconds, cached })
             }
             other => Err(unsupported_backend(other)
                 .unwrap_or_else(|| Outcome::Error(format!("error: unknown backend `{other}`")))),
         }
     }
 
-    /// Run once on fresh buffers.
-    pub fn run(
-        &self,
-        v: &Variant,
-        p: &Problem,
-        rt: &FlashRuntime,
-        inputs: &FlashInputs,
-    ) -> Result<FlashOutputs, String> {
-        match self {
-            Prepared::Interp(k) => run_interp(k, rt, inputs),
-            _ => {
-                let mut call = FlashBuffers::from_inputs(inputs);
-                self.run_on(v, p, rt, &mut call)?;
-                Ok(call.outputs())
+    /// A plan of host kernels ready to run on `call` (compiled back ends).
+    pub fn host_plan<'k>(
+        &'k self,
+        plan: &PlanDecl,
+        call: &Call,
+        sizes: &Sizes,
+        config: &Config,
+    ) -> Result<HostPlan<'k>, String> {
+        let launch_of = |role: &str| -> Result<(&'k dyn HostLaunch, &'k Kernel), String> {
+            match self {
+                Prepared::Cpu { kernels, .. } => kernels
+                    .get(role)
+                    .map(|(c, k)| (c as &dyn HostLaunch, k))
+                    .ok_or_else(|| format!("no kernel for role `{role}`")),
+                Prepared::Mlir { kernels, .. } => kernels
+                    .get(role)
+                    .map(|(c, k)| (c.0.as_ref() as &dyn HostLaunch, k))
+                    .ok_or_else(|| format!("no kernel for role `{role}`")),
+                Prepared::Interp(_) => Err("the interpreter runs through `run`".into()),
             }
+        };
+        let mut specs = Vec::new();
+        for l in &plan.launches {
+            let (kernel, k) = launch_of(&l.role)?;
+            specs.push(HostLaunchSpec {
+                kernel,
+                params: op::ParamSig::of_kernel(k),
+                grid: k.grid.clone(),
+                launch: l.clone(),
+            });
+        }
+        HostPlan::new(&specs, &plan.temporaries, call, sizes, config).map_err(|e| e.to_string())
+    }
+
+    fn threads(&self) -> usize {
+        match self {
+            Prepared::Cpu { threads, .. } | Prepared::Mlir { threads, .. } => *threads,
+            Prepared::Interp(_) => 1,
         }
     }
 
-    /// Run a compiled kernel on `call`'s buffers (outputs land in `call`); what `bench`
-    /// repeats.
-    pub fn run_on(&self, v: &Variant, p: &Problem, rt: &FlashRuntime, call: &mut FlashBuffers) -> Result<(), String> {
-        let head_dim = p.shape.head_dim;
+    /// Run the plan once on a host call; the call with its outputs written.
+    pub fn run(&self, plan: &PlanDecl, host: &HostCall, sizes: &Sizes, config: &Config) -> Result<HostCall, String> {
         match self {
-            Prepared::Interp(_) => Err("the interpreter runs through `run`".into()),
-            Prepared::Cpu { kernel, threads, block_m, .. } => {
-                run_cpu(kernel, &v.features, p.dtype, head_dim, *block_m, rt, call, *threads).map_err(|e| e.to_string())
+            Prepared::Interp(kernels) => {
+                let mut call = host.clone();
+                op::run_plan_interp(plan, kernels, &mut call, sizes, config)?;
+                Ok(call)
             }
-            Prepared::Mlir { kernel, threads, block_m } => {
-                let (grid, scalars) =
-                    launch_plan(&v.features, p.dtype, head_dim, *block_m, rt, call).map_err(|e| e.to_string())?;
-                let mut tensors = Vec::new();
-                for name in tensor_names(&v.features, p.dtype) {
-                    tensors.push(call.get(name).ok_or_else(|| format!("the call has no `{name}`"))?.abi());
+            _ => {
+                let mut call = Call::from_host(host);
+                let mut p = self.host_plan(plan, &call, sizes, config)?;
+                p.run(&mut call, self.threads()).map_err(|e| e.to_string())?;
+                let mut out = host.clone();
+                for (n, t) in &call.tensors {
+                    if let Some(b) = t.host() {
+                        out.tensors.insert(n.clone(), b.to_host());
+                    }
                 }
-                // Safety: launch_plan validated every tensor against the ABI (dtypes,
-                // ranks, shapes, strides inside their buffers); outputs are separate.
-                unsafe { kernel.launch(&tensors, &scalars, grid, *threads) }.map_err(|e| e.to_string())
+                Ok(out)
             }
         }
     }
 
     /// What compiling cost, for the MLIR back end (seconds, and whether the on-disk
-    /// cache had it).
+    /// cache had every kernel).
     pub fn compile_info(&self) -> Option<(f64, bool)> {
         match self {
-            Prepared::Mlir { kernel, .. } => Some((kernel.compile_seconds, kernel.cached)),
+            Prepared::Mlir { seconds, cached, .. } => Some((*seconds, *cached)),
             _ => None,
+        }
+    }
+
+    /// The kernels' names, in role order (`flash_causal_bf16_d64_m64_n32`).
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            Prepared::Interp(k) => k.values().map(|k| k.name.clone()).collect(),
+            Prepared::Cpu { kernels, .. } => kernels.values().map(|(_, k)| k.name.clone()).collect(),
+            Prepared::Mlir { kernels, .. } => kernels.values().map(|(_, k)| k.name.clone()).collect(),
         }
     }
 }

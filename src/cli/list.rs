@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use ejc_ir::flash::instances;
+use ejc_ir::op::{instances, spec_plans, AxisKind};
 use serde_json::json;
 
 use super::{load_spec, Outcome};
@@ -12,78 +12,70 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
         Ok(s) => s,
         Err(o) => return o,
     };
+    let op = spec.operation();
     let all = instances(&spec);
+    // The GPU targets' launch configurations (launch axes of the schedule).
+    let launch: Vec<&str> = op.axes().iter().filter(|a| a.kind == AxisKind::Launch).map(|a| a.name).collect();
     let configs: Vec<String> = spec
         .schedule
-        .num_warps
+        .points(&launch)
         .iter()
-        .flat_map(|w| spec.schedule.num_stages.iter().map(move |s| format!("w{w}_s{s}")))
+        .map(|c| {
+            c.iter()
+                .map(|(k, v)| match k.as_str() {
+                    "num_warps" => format!("w{v}"),
+                    "num_stages" => format!("s{v}"),
+                    other => format!("{other}{v}"),
+                })
+                .collect::<Vec<_>>()
+                .join("_")
+        })
         .collect();
     if as_json {
         let kernels: Vec<_> = all
             .iter()
             .map(|i| {
-                json!({
+                let mut k = json!({
                     "kernel_id": i.id, "variant": i.variant.name, "dtype": i.dtype.to_string(),
-                    "head_dim": i.head_dim, "block_m": i.block_m, "block_n": i.block_n,
-                    "gpu_configs": configs,
-                })
+                    "keys": i.keys, "role": i.role, "tile": i.tile, "gpu_configs": configs,
+                });
+                for (n, v) in i.keys.iter().chain(&i.tile) {
+                    k[n] = json!(v);
+                }
+                k
             })
+            .collect();
+        let plans: Vec<_> = spec
+            .variants
+            .iter()
+            .map(|v| json!({"variant": v.name, "plans": spec_plans(&spec, v).iter().map(|p| p.name).collect::<Vec<_>>()}))
             .collect();
         let doc = json!({
             "spec": spec.name, "op": spec.op, "version": spec.version,
             "targets": spec.targets.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+            "plans": plans,
             "kernels": kernels,
         });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Outcome::Ok;
     }
-    println!("spec `{}` ({}@{}), {}", spec.name, spec.op, spec.version, path.display());
+    println!("spec `{}` ({}@{}: {}), {}", spec.name, spec.op, spec.version, op.summary(), path.display());
     println!("targets: {}", spec.targets.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "));
     println!("variants:");
     for v in &spec.variants {
-        let f = &v.features;
-        let mut parts = Vec::new();
-        if f.causal {
-            parts.push("causal".to_string());
-        }
-        match f.sliding_window {
-            Some(ejc_ir::spec::Window::Runtime) => parts.push("sliding_window=runtime".into()),
-            Some(ejc_ir::spec::Window::Fixed { left, right }) => {
-                parts.push(format!("sliding_window=({left}, {right})"))
-            }
-            None => {}
-        }
-        match f.logits_soft_cap {
-            Some(ejc_ir::spec::SoftCap::Runtime) => parts.push("logits_soft_cap=runtime".into()),
-            Some(ejc_ir::spec::SoftCap::Fixed(c)) => parts.push(format!("logits_soft_cap={c}")),
-            None => {}
-        }
-        for (name, on) in [
-            ("sinks", f.sinks),
-            ("bias", f.bias),
-            ("mask", f.mask),
-            ("segment_ids", f.segment_ids),
-            ("varlen", f.varlen),
-            ("dropout", f.dropout),
-        ] {
-            if on {
-                parts.push(name.into());
-            }
-        }
-        let what = if parts.is_empty() { "full attention".to_string() } else { parts.join(" + ") };
-        println!("  {:<16} {what}", v.name);
+        let plans: Vec<&str> = spec_plans(&spec, v).iter().map(|p| p.name).collect();
+        println!("  {:<16} {}   (plans: {})", v.name, op.describe(&v.features), plans.join(", "));
     }
-    println!("kernels ({}), each with GPU configurations num_warps x num_stages = {}:", all.len(), configs.join(" "));
+    println!("kernels ({}), each with GPU configurations {} = {}:", all.len(), launch.join(" x "), configs.join(" "));
     for i in &all {
         println!("  {}", i.id);
     }
+    let keys: Vec<String> = spec.keys.iter().map(|(k, v)| format!("{} {k}", v.len())).collect();
     println!(
-        "{} variants x {} dtypes x {} head dims x {} tilings = {} tile programs; x {} GPU configurations = {} candidates",
+        "{} variants x {} dtypes x {} = {} tile programs; x {} GPU configurations = {} candidates",
         spec.variants.len(),
         spec.dtypes.len(),
-        spec.head_dims.len(),
-        spec.schedule.tilings().len(),
+        if keys.is_empty() { "tilings".to_string() } else { format!("{} x tilings and roles", keys.join(" x ")) },
         all.len(),
         configs.len(),
         all.len() * configs.len()

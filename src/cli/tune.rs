@@ -1,21 +1,22 @@
-//! `ejc tune SPEC --variant V --shape ...`: run the configuration chain with autotuning
-//! for one call, print every candidate's time, the winner, and where it is stored.
+//! `ejc tune SPEC --variant V --size ... [--backend cpu|cuda]`: autotune one call and
+//! store the winner (with every timing) in this machine's tuning cache.
 //!
-//! The candidates are the spec's tilings, compiled in-process for this CPU; the cache
-//! key is the one `ejc_runtime::api` builds for the same call on a build of the same
-//! spec, so a configuration tuned here serves library calls later.
+//! The candidates are the spec's for the call's instance — every plan, every
+//! configuration — compiled here into a temporary build for this CPU or for the GPU at
+//! hand; the call then goes through `ejc_runtime::api::Runtime::call` with autotuning,
+//! exactly as a program's call would, so the cache key is the one the runtime builds
+//! for the same call on a build of the same spec: a configuration tuned here serves
+//! library calls later, without tuning again.
 
 use std::path::PathBuf;
 
-use ejc_codegen::cpu::{compile_object, jit::JitLibrary};
-use ejc_codegen::COMPILER_VERSION;
-use ejc_runtime::api::flash_cache_key;
+use ejc_ir::op::compare_outputs;
+use ejc_ir::spec::Target;
+use ejc_runtime::api::{CallOptions, PlatformChoice, Runtime, RuntimeOptions};
 use ejc_runtime::cache::PersistentCache;
-use ejc_runtime::chain::{Chain, Event, Policy, Source};
-use ejc_runtime::cpu::CpuKernel;
-use ejc_runtime::key::cpu_fingerprint;
-use ejc_runtime::registry::{config_id, CallFeatures, Config};
-use ejc_runtime::tune::{FlashCandidate, FlashTuner};
+use ejc_runtime::call::Call;
+use ejc_runtime::chain::{Policy, Source};
+use ejc_runtime::registry::config_id;
 
 use super::common::{Problem, ProblemFlags};
 use super::Outcome;
@@ -31,15 +32,15 @@ pub struct Request {
 }
 
 pub fn run(req: &Request) -> Outcome {
-    if req.backend != "cpu" {
-        return super::common::unsupported_backend(req.backend).unwrap_or_else(|| {
-            Outcome::Error(match req.backend {
-                "cuda" => "error: `ejc tune` stores CPU choices only: the runtime's configuration chain does not pick \
-CUDA kernels yet; `ejc bench --backend cuda` times every candidate on the GPU and names the fastest"
-                    .into(),
-                _ => "error: tuning runs on the cpu backend (the interpreter is a reference, not a target)".into(),
-            })
-        });
+    match req.backend {
+        "cpu" | "cuda" => {}
+        "interp" | "mlir" => {
+            return Outcome::Error(format!(
+                "error: tuning runs on the cpu or cuda backend ({} is not what the runtime launches)",
+                req.backend
+            ))
+        }
+        other => return Outcome::Error(format!("error: unknown backend `{other}`")),
     }
     let p = match Problem::from_flags(&req.problem) {
         Ok(p) => p,
@@ -54,118 +55,113 @@ CUDA kernels yet; `ejc bench --backend cuda` times every candidate on the GPU an
         ));
     }
     let v = variants[0];
-    let tilings = match p.tiling {
-        Some(t) => vec![t],
-        None => p.spec.schedule.tilings(),
-    };
-    // Compile every candidate into one object, in-process.
-    eprintln!("compiling {} candidates of `{}` for {} ...", tilings.len(), v.name, p.isa);
-    let mut kernels = Vec::new();
-    for t in &tilings {
-        match p.kernel(v, *t) {
-            Ok(k) => kernels.push(k),
-            Err(o) => return o,
+    let (target, platform) = if req.backend == "cuda" {
+        if let Err(o) = super::gpu::precheck(&p, &[v]) {
+            return o;
         }
-    }
-    let obj = match compile_object(&kernels, p.isa) {
-        Ok(o) => o,
+        let cuda = match super::gpu::open() {
+            Ok(c) => c,
+            Err(o) => return o,
+        };
+        let arch = match super::gpu::arch_for(cuda.compute_capability()) {
+            Ok(a) => a,
+            Err(e) => return Outcome::Error(format!("error: {}: {e}", cuda.device_name())),
+        };
+        (Target::Ptx(arch.name().into()), PlatformChoice::Cuda)
+    } else {
+        (Target::Cpu(Some(p.isa.name().into())), PlatformChoice::Cpu)
+    };
+    eprintln!("building the candidates of `{}` ({} {}) ...", v.name, p.dtype, p.dims_text());
+    let built = match super::gpu::build_candidates(&p, &[v], target, true) {
+        Ok(b) => b,
+        Err(o) => return o,
+    };
+    let policy = Policy { allow_heuristics: false, allow_retune: true, ..Policy::default() };
+    let opts = RuntimeOptions {
+        kernels: vec![built.dir.clone()],
+        cache_dir: req.cache_dir.clone(),
+        policy: Some(policy),
+        log: false,
+    };
+    let mut rt = match Runtime::new(opts) {
+        Ok(r) => r,
         Err(e) => return Outcome::Error(format!("error: {e}")),
     };
-    let jit = match JitLibrary::load(&obj.object) {
-        Ok(j) => j,
+    let seed = rand::random::<u64>() >> 11;
+    let (host, _) = match p.call(v, seed) {
+        Ok(c) => c,
+        Err(o) => return o,
+    };
+    let wanted = p.op.wanted(&v.features, &host);
+    let mut call = Call::from_host(&host);
+    let o = CallOptions { platform, config: None, threads: req.threads };
+    // `--force`: this call's entry goes first (the key is known only once the call is
+    // checked, so a first call finds it and a second one tunes).
+    let mut r = match rt.call(p.op.name(), &wanted, &mut call, &o) {
+        Ok(r) => r,
         Err(e) => return Outcome::Error(format!("error: {e}")),
     };
-    let configs: Vec<Config> =
-        tilings.iter().map(|(m, n)| Config::from([("block_m".to_string(), *m), ("block_n".to_string(), *n)])).collect();
-    let mut candidates = Vec::new();
-    for ((k, c), code) in kernels.iter().zip(&configs).zip(&obj.kernels) {
-        let entry = match jit.entry(&k.name) {
-            Ok(e) => e,
+    if req.force && r.source == Source::Persistent {
+        if let Some(c) = rt.chain(&r.device).persistent_mut() {
+            let _ = c.clear(Some(&r.key));
+        }
+        let mut fresh = Runtime::new(RuntimeOptions {
+            kernels: vec![built.dir.clone()],
+            cache_dir: req.cache_dir.clone(),
+            policy: Some(policy),
+            log: false,
+        });
+        r = match fresh.as_mut().map_err(|e| e.to_string()).and_then(|rt| {
+            let mut call = Call::from_host(&host);
+            rt.call(p.op.name(), &wanted, &mut call, &o).map_err(|e| e.to_string())
+        }) {
+            Ok(r) => r,
             Err(e) => return Outcome::Error(format!("error: {e}")),
         };
-        candidates.push(FlashCandidate {
-            config: c,
-            kernel: CpuKernel { entry, scratch_bytes: code.scratch_bytes as usize },
-            block_m: c["block_m"] as usize,
-        });
     }
-    let f = &v.features;
-    let rt = p.runtime(v, rand::random());
-    let call = CallFeatures {
-        causal: f.causal,
-        window: f.sliding_window.map(|_| match f.sliding_window {
-            Some(ejc_ir::spec::Window::Fixed { left, right }) => (left as i64, right as i64),
-            _ => rt.window,
-        }),
-        softcap: f.logits_soft_cap.map(|c| match c {
-            ejc_ir::spec::SoftCap::Fixed(x) => x,
-            ejc_ir::spec::SoftCap::Runtime => rt.softcap,
-        }),
-        sinks: f.sinks,
-        bias: f.bias,
-        mask: f.mask,
-        segment_ids: f.segment_ids,
-        varlen: f.varlen,
-        dropout: f.dropout,
+    // The winner's result on this call, against the reference.
+    let want = match p.op.reference(&v.features, &host) {
+        Ok(w) => w,
+        Err(e) => return Outcome::Error(format!("error: reference: {e}")),
     };
-    let ids: Vec<String> = configs.iter().map(config_id).collect();
-    let key = flash_cache_key(&p.spec.op, p.spec.version, COMPILER_VERSION, &v.name, &ids, &p.shape, p.dtype, &call);
-    let dir = req.cache_dir.clone().unwrap_or_else(PersistentCache::default_dir);
-    let mut cache = PersistentCache::open(&dir, &cpu_fingerprint());
-    for w in cache.warnings() {
-        eprintln!("warning: {w}");
-    }
-    if req.force {
-        let _ = cache.clear(Some(&key.to_string()));
-    }
-    let path = cache.path().to_path_buf();
-    let persistent = cache.is_persistent();
-    let mut chain = Chain::new(Policy { allow_heuristics: false, ..Policy::default() }, Some(cache));
-    chain.observe(Box::new(|e: &Event| {
-        if let Event::Warning(w) = e {
-            eprintln!("warning: {w}");
+    let mut got = host.clone();
+    for n in p.op.outputs(&v.features) {
+        if let Some(t) = call.host_tensor(n) {
+            got.tensors.insert(n.to_string(), t);
         }
-    }));
-    let mut tuner = FlashTuner::new(f.clone(), p.dtype, p.shape.head_dim, p.shape, rt, candidates);
-    tuner.threads = req.threads;
-    tuner.reps = req.reps.max(1);
-    let choice = match chain.choose(&key, None, &tuner) {
-        Ok(c) => c,
-        Err(e) => return Outcome::Error(format!("error: {e}")),
-    };
-    let flops = super::bench::flops(&p, v);
-    println!("call: {}", ejc_runtime::chain::Tunable::describe(&tuner));
-    println!("key:  {key}");
-    let entry = chain.persistent().and_then(|c| c.get(&key.to_string())).cloned();
-    match (choice.source, entry) {
-        (Source::Autotune, _) | (Source::Persistent, _) if chain.persistent().is_some() => {
-            let entry = chain.persistent().and_then(|c| c.get(&key.to_string())).cloned();
-            if let Some(entry) = entry {
-                if choice.source == Source::Persistent {
-                    println!("(cached: tuned before; --force tunes again)");
+    }
+    let errs = compare_outputs(p.op, &v.features, &got, &want);
+    let dir = req.cache_dir.clone().unwrap_or_else(PersistentCache::default_dir);
+    let cache = PersistentCache::open(&dir, &r.device);
+    let entry = cache.get(&r.key).cloned();
+    println!("call: {} {} {} {}", p.op.name(), p.dtype, p.dims_text(), p.op.describe(&wanted));
+    println!("key:  {}", r.key);
+    if let Some(entry) = &entry {
+        if r.source == Source::Persistent {
+            println!("(cached: tuned before; --force tunes again)");
+        }
+        let (sizes_ok, work) = match p.call(v, seed) {
+            Ok((_, sizes)) => (true, p.op.work(&v.features, p.dtype, &sizes)),
+            Err(_) => (false, Default::default()),
+        };
+        let (_, unit) = super::bench::rate(&work, 1.0);
+        println!("{:<44} {:>10} {:>10}  status", "config", "median ms", unit);
+        for t in &entry.timings {
+            match t.median_ms {
+                Some(ms) if sizes_ok => {
+                    let (r, _) = super::bench::rate(&work, ms * 1e-3);
+                    println!("{:<44} {:>10.3} {:>10.1}  {}", t.config_id, ms, r, t.status)
                 }
-                println!("{:<12} {:>10} {:>10}  status", "config", "median ms", "GFLOP/s");
-                for t in &entry.timings {
-                    match t.median_ms {
-                        Some(ms) => println!(
-                            "{:<12} {:>10.3} {:>10.1}  {}",
-                            t.config_id,
-                            ms,
-                            flops / (ms * 1e-3) / 1e9,
-                            t.status
-                        ),
-                        None => println!("{:<12} {:>10} {:>10}  {}", t.config_id, "-", "-", t.status),
-                    }
-                }
+                _ => println!("{:<44} {:>10} {:>10}  {}", t.config_id, "-", "-", t.status),
             }
         }
-        _ => {}
     }
-    println!("winner: {} ({})", config_id(&choice.config), choice.source);
-    if persistent {
-        println!("stored in {}", path.display());
+    let errs_text: Vec<String> = errs.iter().map(|(n, rel, _)| format!("{n} rel_err={rel:.2e}")).collect();
+    println!("winner: {} ({}) plan {}: {}", config_id(&r.config), r.source, r.plan, errs_text.join(" "));
+    if cache.is_persistent() && entry.is_some() {
+        println!("stored in {}", cache.path().display());
     } else {
-        println!("not stored: the cache location {} is not writable (in-memory only)", path.display());
+        println!("not stored: the cache location {} is not writable (in-memory only)", cache.path().display());
     }
     Outcome::Ok
 }

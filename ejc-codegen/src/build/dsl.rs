@@ -28,14 +28,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use ejc_ir::dsl::{registered, KernelDef, Registration};
-use ejc_ir::flash::{build_flash_kernel_with, FlashHooks};
+use ejc_ir::flash::{build_flash_kernel_with, Features, FlashHooks};
 use ejc_ir::ir::Kernel;
-use ejc_ir::manifest::{AbiParamInfo, Artifact, Compiler, Manifest, SpecInfo, FORMAT};
+use ejc_ir::manifest::{AbiParamInfo, Artifact, Compiler, Instance, Launch, Manifest, Plan, SpecInfo, FORMAT};
+use ejc_ir::op::Operation;
 use ejc_ir::passes::{default_pipeline, run_pipeline};
-use ejc_ir::spec::Features;
 use ejc_ir::types::{DType, Type};
 
-use super::{compile_cpu_library, features_json, params_info, sha256_hex, write_atomic, Progress};
+use super::{compile_cpu_library, params_info, sha256_hex, write_atomic, Progress};
 use crate::cpu::Isa;
 use crate::{CodegenError, COMPILER_VERSION};
 
@@ -187,10 +187,12 @@ impl DslBuild {
                         def.name.to_string(),
                         k,
                         Meta {
-                            variant: "kernel".into(),
+                            instance: Instance {
+                                variant: def.name.to_string(),
+                                dtype: "none".into(),
+                                keys: BTreeMap::new(),
+                            },
                             features: BTreeMap::new(),
-                            dtype: "none".into(),
-                            head_dim: 0,
                             config: BTreeMap::new(),
                             params,
                             grid: ["caller".into(), "caller".into(), "caller".into()],
@@ -201,7 +203,7 @@ impl DslBuild {
                     let k =
                         build_flash_kernel_with(name, &f.features, f.dtype, f.head_dim, f.block_m, f.block_n, &f.hooks)
                             .map_err(|e| CodegenError::Kernel { kernel: name.clone(), message: e.to_string() })?;
-                    let mut features = features_json(&f.features);
+                    let mut features = f.features.to_json();
                     if let Some(m) = f.hooks.mask_mod {
                         features.insert("mask_mod".into(), m.name.into());
                     }
@@ -211,17 +213,18 @@ impl DslBuild {
                     let mut config = BTreeMap::new();
                     config.insert("block_m".to_string(), f.block_m as u32);
                     config.insert("block_n".to_string(), f.block_n as u32);
-                    let grid = ejc_ir::flash::abi::grid(&f.features, f.block_m).map(|g| g.to_string());
+                    let grid = k.grid.clone().map(|g| g.to_string());
+                    let op = &ejc_ir::flash::op::FlashAttentionFwd;
+                    let params = params_info(&k, &|n| op.param_doc(n));
+                    let keys = BTreeMap::from([("head_dim".to_string(), f.head_dim as u32)]);
                     (
                         name.clone(),
                         k,
                         Meta {
-                            variant: "flash".into(),
+                            instance: Instance { variant: name.clone(), dtype: f.dtype.to_string(), keys },
                             features,
-                            dtype: f.dtype.to_string(),
-                            head_dim: f.head_dim,
                             config,
-                            params: params_info(&f.features, f.dtype),
+                            params,
                             grid,
                         },
                     )
@@ -248,10 +251,9 @@ impl DslBuild {
                 let target = format!("cpu:{}", isa.name());
                 artifacts.push(Artifact {
                     kernel_id: id.clone(),
-                    variant: m.variant.clone(),
+                    instance: m.instance.clone(),
+                    role: "main".into(),
                     features: m.features.clone(),
-                    dtype: m.dtype.clone(),
-                    head_dim: m.head_dim,
                     config: m.config.clone(),
                     artifact_id: format!("{id}@{target}"),
                     target,
@@ -267,6 +269,18 @@ impl DslBuild {
                 });
             }
         }
+        // Every kernel runs alone: one `single` plan each, like an operation's.
+        let plans = metas
+            .iter()
+            .map(|(_, m)| Plan {
+                name: "single".into(),
+                instance: m.instance.clone(),
+                features: m.features.clone(),
+                temporaries: Vec::new(),
+                launches: vec![Launch { role: "main".into(), bind: BTreeMap::new() }],
+                axes: BTreeMap::new(),
+            })
+            .collect();
         let manifest = Manifest {
             format: FORMAT.into(),
             compiler: Compiler { name: "ejc".into(), version: COMPILER_VERSION.into() },
@@ -277,6 +291,7 @@ impl DslBuild {
                 op: format!("dsl:{}", self.name),
                 version: 1,
             },
+            plans,
             artifacts,
         };
         write_atomic(&dir.join("manifest.json"), manifest.to_json().as_bytes())?;
@@ -289,10 +304,8 @@ impl DslBuild {
 }
 
 struct Meta {
-    variant: String,
+    instance: Instance,
     features: BTreeMap<String, serde_json::Value>,
-    dtype: String,
-    head_dim: usize,
     config: BTreeMap<String, u32>,
     params: Vec<AbiParamInfo>,
     grid: [String; 3],

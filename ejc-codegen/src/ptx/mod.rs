@@ -22,6 +22,7 @@
 //! (strides in elements), for each scalar its value (`f32`, `i32`/`u32`, `i1` as
 //! `i32`). The block is `num_warps × 32` threads; the grid is the manifest's.
 
+pub mod candidates;
 pub mod layout;
 pub mod lower;
 mod nvvm;
@@ -179,11 +180,10 @@ fn llvm_params(ir: &crate::llvm::Ir, kernel: &Kernel) -> Result<Vec<crate::llvm:
 }
 
 /// Whether `kernel`'s dots run as `wgmma` under `cfg`: the Hopper path, warps in whole
-/// warpgroups, and every register tile's `block_m` rows split into 64-row blocks over
-/// them.
+/// warpgroups, and the products' rows split into 64-row blocks over them.
 pub fn wgmma_applies(kernel: &Kernel, cfg: &PtxConfig) -> bool {
-    let bm: usize = kernel.attr("block_m").and_then(|b| b.parse().ok()).unwrap_or(0);
-    cfg.wgmma && cfg.num_warps.is_multiple_of(4) && bm > 0 && bm.is_multiple_of(64 * (cfg.num_warps / 4))
+    let rows = candidates::product_rows(kernel);
+    cfg.wgmma && cfg.num_warps.is_multiple_of(4) && rows > 0 && rows.is_multiple_of(64 * (cfg.num_warps / 4))
 }
 
 /// The producer's warps in a warp-specialised block of `num_warps` consumer warps: a

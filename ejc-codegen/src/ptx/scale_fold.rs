@@ -187,8 +187,7 @@ mod tests {
     fn flash(variant: &str) -> Kernel {
         let spec = ejc_ir::spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
         let v = spec.variant(variant).unwrap();
-        let sched = ejc_ir::spec::Schedule { block_m: 128, block_n: 64, num_warps: 0, num_stages: 0 };
-        let k = ejc_ir::flash::build_kernel(&spec, v, DType::BF16, 64, &sched).unwrap();
+        let k = ejc_ir::flash::main_kernel(&spec, v, DType::BF16, 64, 128, 64).unwrap();
         ejc_ir::passes::run_pipeline(&k, &ejc_ir::passes::default_pipeline()).unwrap()
     }
 

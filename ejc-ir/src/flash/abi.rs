@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use ejc_ir::flash::abi::abi_params;
-//! use ejc_ir::spec::Features;
+//! use ejc_ir::flash::Features;
 //! use ejc_ir::types::DType;
 //! let f = Features { causal: true, dropout: true, ..Default::default() };
 //! let names: Vec<&str> = abi_params(&f, DType::BF16).iter().map(|p| p.name).collect();
@@ -13,9 +13,9 @@
 //! The same order is what back ends emit and what `manifest.json` publishes
 //! (docs/abi.md): tensors first (inputs, outputs, optional inputs), then scalars.
 
+use super::features::{Features, SoftCap, Window};
 use crate::interp::{launch_with_stats, Arg, Stats};
 use crate::ir::{GridExpr, Kernel};
-use crate::spec::{Features, SoftCap, Window};
 use crate::tensor::HostTensor;
 use crate::types::{DType, Type};
 

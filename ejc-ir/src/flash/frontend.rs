@@ -1,11 +1,11 @@
 //! Spec → tile IR for the flash-attention forward family.
 //!
-//! ```no_run
-//! use ejc_ir::{flash, spec, types::DType};
-//! let spec = spec::load_file("specs/flash.yaml").unwrap();
-//! let point = spec.schedule.points()[0];
-//! let k = flash::build_kernel(&spec, spec.variant("gemma2").unwrap(), DType::BF16, 128, &point).unwrap();
-//! assert_eq!(k.name, "flash_gemma2_bf16_d128_m64_n32");
+//! ```
+//! use ejc_ir::flash::{build_flash_kernel, Features};
+//! use ejc_ir::types::DType;
+//! let f = Features { causal: true, ..Default::default() };
+//! let k = build_flash_kernel("flash_causal_bf16_d128_m64_n32", &f, DType::BF16, 128, 64, 32).unwrap();
+//! assert_eq!(k.params[0].name, "q");
 //! ```
 //!
 //! One kernel computes a `[block_m, head_dim]` block of the output for one query
@@ -21,48 +21,14 @@
 
 use std::f64::consts::LOG2_E;
 
+use super::features::{Features, SoftCap, Window};
 use crate::builder::{Axis, KernelBuilder};
 use crate::dsl::{Dsl, MaskMod, ScoreMod};
 use crate::ir::{CmpPred, Kernel, MaskTerm, UnOp, Value};
-use crate::spec::{Features, Schedule, SoftCap, Spec, Variant, Window};
 use crate::types::DType;
 use crate::verify::VerifyError;
 
 use super::abi::{abi_params, grid};
-
-/// The kernel id: `<spec>_<variant>_<dtype>_d<head_dim>_m<block_m>_n<block_n>`. It is
-/// also the entry symbol, so it is a C identifier.
-pub fn kernel_id(spec_name: &str, variant: &str, dtype: DType, head_dim: usize, block_m: u32, block_n: u32) -> String {
-    format!("{spec_name}_{variant}_{dtype}_d{head_dim}_m{block_m}_n{block_n}")
-}
-
-/// Build the tile IR of one kernel of a spec.
-pub fn build_kernel(
-    spec: &Spec,
-    variant: &Variant,
-    dtype: DType,
-    head_dim: usize,
-    schedule: &Schedule,
-) -> Result<Kernel, VerifyError> {
-    let name = kernel_id(&spec.name, &variant.name, dtype, head_dim, schedule.block_m, schedule.block_n);
-    let mut k = build_flash_kernel(
-        &name,
-        &variant.features,
-        dtype,
-        head_dim,
-        schedule.block_m as usize,
-        schedule.block_n as usize,
-    )?;
-    k.attrs = vec![
-        ("op".into(), spec.op.clone()),
-        ("variant".into(), variant.name.clone()),
-        ("dtype".into(), dtype.to_string()),
-        ("head_dim".into(), head_dim.to_string()),
-        ("block_m".into(), schedule.block_m.to_string()),
-        ("block_n".into(), schedule.block_n.to_string()),
-    ];
-    Ok(k)
-}
 
 /// User hooks compiled into the kernel (from `#[ej_kernel(mask_mod)]` and
 /// `#[ej_kernel(score_mod)]`).
@@ -373,40 +339,33 @@ pub fn build_flash_kernel_with(
     b.finish()
 }
 
-/// One tile program a spec expands to: variant × dtype × head_dim × (block_m, block_n).
-/// `num_warps` / `num_stages` do not change the tile program; they multiply it into
-/// candidate configurations for the back ends that use them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KernelInstance<'s> {
-    pub id: String,
-    pub variant: &'s Variant,
-    pub dtype: DType,
-    pub head_dim: usize,
-    pub block_m: u32,
-    pub block_n: u32,
+// MERGE-PLACEHOLDER: the split-KV kernels arrive with the `split` branch.
+pub fn build_flash_partial_kernel(
+    name: &str,
+    _f: &Features,
+    _dtype: DType,
+    _head_dim: usize,
+    _block_m: usize,
+    _block_n: usize,
+) -> Result<Kernel, VerifyError> {
+    Err(VerifyError {
+        kernel: name.into(),
+        location: String::new(),
+        message: "split-KV kernels are not merged yet".into(),
+    })
 }
 
-impl KernelInstance<'_> {
-    /// Build (and verify) this instance's tile IR, before any pass.
-    pub fn build(&self, spec: &Spec) -> Result<Kernel, VerifyError> {
-        let schedule = Schedule { block_m: self.block_m, block_n: self.block_n, num_warps: 0, num_stages: 0 };
-        build_kernel(spec, self.variant, self.dtype, self.head_dim, &schedule)
-    }
-}
-
-/// Every tile program of a spec, in the order variants, dtypes, head dims, block_m,
-/// block_n (the file's order within each).
-pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
-    let mut out = Vec::new();
-    for variant in &spec.variants {
-        for &dtype in &spec.dtypes {
-            for &head_dim in &spec.head_dims {
-                for (block_m, block_n) in spec.schedule.tilings() {
-                    let id = kernel_id(&spec.name, &variant.name, dtype, head_dim, block_m, block_n);
-                    out.push(KernelInstance { id, variant, dtype, head_dim, block_m, block_n });
-                }
-            }
-        }
-    }
-    out
+// MERGE-PLACEHOLDER
+pub fn build_flash_combine_kernel(
+    name: &str,
+    _f: &Features,
+    _dtype: DType,
+    _head_dim: usize,
+    _block_m: usize,
+) -> Result<Kernel, VerifyError> {
+    Err(VerifyError {
+        kernel: name.into(),
+        location: String::new(),
+        message: "split-KV kernels are not merged yet".into(),
+    })
 }

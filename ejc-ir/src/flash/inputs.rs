@@ -2,7 +2,7 @@
 //!
 //! ```
 //! use ejc_ir::flash::{inputs, FlashShape};
-//! use ejc_ir::spec::Features;
+//! use ejc_ir::flash::Features;
 //! use ejc_ir::types::DType;
 //!
 //! let features = Features { bias: true, mask: true, ..Features::default() };
@@ -26,8 +26,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 
+use super::features::{Features, SoftCap, Window};
 use crate::flash::problem::{FlashInputs, FlashRuntime, FlashShape};
-use crate::spec::{Features, SoftCap, Window};
 use crate::tensor::HostTensor;
 use crate::types::DType;
 

@@ -1,9 +1,10 @@
-//! The flash-attention forward family: the spec front end (spec → tile IR), the
-//! kernel ABI, the reference semantics and random inputs.
+//! The flash-attention forward: its operation ([`op::FlashAttentionFwd`]), features,
+//! front end (tile IR of each kernel), kernel ABI, reference semantics and random
+//! inputs. Everything flash-specific lives here; the spine reaches it only through
+//! [`crate::op::Operation`].
 //!
 //! ```no_run
-//! use ejc_ir::flash::{self, FlashShape};
-//! use ejc_ir::spec::Features;
+//! use ejc_ir::flash::{self, FlashShape, Features};
 //! use ejc_ir::types::DType;
 //! let f = Features { causal: true, ..Default::default() };
 //! let kernel = flash::build_flash_kernel("causal", &f, DType::F32, 64, 16, 16).unwrap();
@@ -17,12 +18,14 @@
 //! ```
 
 pub mod abi;
+pub mod features;
 pub mod frontend;
 pub mod inputs;
+pub mod op;
 pub mod problem;
 pub mod reference;
 
-pub use frontend::{
-    build_flash_kernel, build_flash_kernel_with, build_kernel, instances, kernel_id, FlashHooks, KernelInstance,
-};
+pub use features::{CallFeatures, Features, SoftCap, Window};
+pub use frontend::{build_flash_kernel, build_flash_kernel_with, FlashHooks};
+pub use op::main_kernel;
 pub use problem::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};

@@ -2,7 +2,7 @@
 //!
 //! ```
 //! use ejc_ir::flash::{inputs, reference::reference, FlashShape};
-//! use ejc_ir::spec::Features;
+//! use ejc_ir::flash::Features;
 //! use ejc_ir::types::DType;
 //!
 //! let features = Features { causal: true, sinks: true, ..Features::default() };
@@ -24,9 +24,9 @@
 //! Every check on the inputs returns `Err` with a message naming the tensor or scalar
 //! at fault; nothing that depends on the inputs panics.
 
+use super::features::{Features, SoftCap, Window};
 use crate::flash::problem::{FlashInputs, FlashOutputs, FlashRuntime};
 use crate::philox::dropout_uniform;
-use crate::spec::{Features, SoftCap, Window};
 use crate::tensor::HostTensor;
 use crate::types::DType;
 

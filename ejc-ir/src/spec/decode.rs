@@ -13,10 +13,7 @@
 //! let spec = ejc_ir::spec::load_str("tiny.yaml", text).unwrap();
 //! let causal = spec.variant("causal").unwrap();
 //! // A single window size on a causal variant looks back only.
-//! assert_eq!(
-//!     causal.features.sliding_window,
-//!     Some(ejc_ir::spec::Window::Fixed { left: 128, right: 0 })
-//! );
+//! assert_eq!(causal.features["sliding_window"], serde_json::json!([128, 0]));
 //! assert_eq!(spec.targets, vec![ejc_ir::spec::Target::Ir]);
 //! ```
 //!
@@ -31,7 +28,8 @@ use sha2::{Digest, Sha256};
 
 use super::diag::{suggest, Diagnostic, Source, SpecError, ROOT};
 use super::yaml::{self, join, Node, NodeKind, Style};
-use super::{Features, Layout, ScheduleSpace, SoftCap, Spec, Target, Variant, Window};
+use super::{ScheduleSpace, Spec, Target, Variant};
+use crate::op::{AxisDecl, Features, Operation};
 use crate::types::DType;
 
 /// Load and validate a spec file. Diagnostics name the file as `path.display()`.
@@ -104,23 +102,9 @@ fn decode(file: &str, text: &str, hash: String) -> Result<Spec, SpecError> {
 
 // ---- the format --------------------------------------------------------------------
 
+/// The fields every spec has; an operation adds its own ([`Operation::fields`]).
 const TOP_FIELDS: &[&str] =
-    &["name", "op", "version", "description", "layout", "dtypes", "head_dims", "variants", "schedule", "targets"];
-const VARIANT_FIELDS: &[&str] = &[
-    "description",
-    "causal",
-    "sliding_window",
-    "logits_soft_cap",
-    "sinks",
-    "bias",
-    "mask",
-    "segment_ids",
-    "varlen",
-    "dropout",
-];
-const SCHEDULE_FIELDS: &[&str] = &["block_m", "block_n", "num_warps", "num_stages"];
-const OPS: &[&str] = &["flash_attention_fwd"];
-const DTYPES: &[&str] = &["bf16", "f16", "f32"];
+    &["name", "op", "version", "description", "dtypes", "variants", "schedule", "plans", "targets"];
 pub(crate) const TARGETS: &[&str] = &[
     "ir",
     "cpu",
@@ -136,14 +120,10 @@ pub(crate) const TARGETS: &[&str] = &[
     "mlir:cpu",
     "mlir:gpu",
 ];
-const WARPS: &[i64] = &[1, 2, 4, 8, 16];
-/// Features whose dense per-row tensors a packed (`varlen`) batch cannot have.
-const DENSE_FEATURES: &[&str] = &["bias", "mask", "segment_ids"];
-
-const IDENTIFIER: &str = "an identifier (a lowercase letter, then lowercase letters, digits or `_`)";
+pub const IDENTIFIER: &str = "an identifier (a lowercase letter, then lowercase letters, digits or `_`)";
 
 /// Spellings from other frameworks, answered with the spec's name for the dtype.
-const DTYPE_ALIASES: &[(&str, &str)] = &[
+pub const DTYPE_ALIASES: &[(&str, &str)] = &[
     ("bfloat16", "bf16"),
     ("fp16", "f16"),
     ("half", "f16"),
@@ -157,7 +137,7 @@ const DTYPE_ALIASES: &[(&str, &str)] = &[
 
 /// What a scalar means under the (JSON-like) subset of the YAML core schema a spec uses.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Value<'n> {
+pub enum Value<'n> {
     Null,
     Bool(bool),
     /// Saturated to the i64 range: every integer field has a much smaller bound, so a
@@ -168,7 +148,7 @@ enum Value<'n> {
     Collection,
 }
 
-fn value(node: &Node) -> Value<'_> {
+pub fn value(node: &Node) -> Value<'_> {
     match &node.kind {
         NodeKind::Null => Value::Null,
         NodeKind::Map(_) | NodeKind::Seq(_) => Value::Collection,
@@ -177,7 +157,7 @@ fn value(node: &Node) -> Value<'_> {
     }
 }
 
-fn plain_value(text: &str) -> Value<'_> {
+pub fn plain_value(text: &str) -> Value<'_> {
     match text {
         "true" => return Value::Bool(true),
         "false" => return Value::Bool(false),
@@ -224,7 +204,7 @@ fn is_decimal_float(text: &str) -> bool {
 }
 
 /// What a node is, in YAML terms, for `found:` lines.
-fn describe(node: &Node) -> String {
+pub fn describe(node: &Node) -> String {
     match &node.kind {
         NodeKind::Null => "nothing (null)".to_string(),
         NodeKind::Map(entries) if entries.is_empty() => "an empty mapping `{}`".to_string(),
@@ -240,7 +220,7 @@ fn describe(node: &Node) -> String {
 }
 
 /// `"text"`, escaped, shortened when long (a stray paragraph helps nobody).
-fn quote(text: &str) -> String {
+pub fn quote(text: &str) -> String {
     const MAX: usize = 60;
     if text.chars().count() > MAX {
         let head: String = text.chars().take(MAX - 3).collect();
@@ -250,13 +230,22 @@ fn quote(text: &str) -> String {
     }
 }
 
-fn is_identifier(s: &str) -> bool {
+pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_ascii_lowercase())
         && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
-fn or_list(items: &[&str]) -> String {
+/// `a, b and c`.
+pub fn and_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+pub fn or_list(items: &[&str]) -> String {
     match items {
         [] => String::new(),
         [one] => (*one).to_string(),
@@ -266,29 +255,29 @@ fn or_list(items: &[&str]) -> String {
 
 // ---- the decoder -------------------------------------------------------------------
 
-struct Decoder<'s> {
+pub struct Decoder<'s> {
     src: &'s Source<'s>,
     diags: Vec<Diagnostic>,
 }
 
 /// The entries of a mapping whose keys have been checked against the known fields.
-struct Fields<'n> {
-    node: &'n Node,
-    path: String,
+pub struct Fields<'n> {
+    pub node: &'n Node,
+    pub path: String,
     entries: Vec<(&'n str, &'n Node, &'n Node)>,
 }
 
 impl<'n> Fields<'n> {
     /// `(key, value)` of a field, if present.
-    fn get(&self, name: &str) -> Option<(&'n Node, &'n Node)> {
+    pub fn get(&self, name: &str) -> Option<(&'n Node, &'n Node)> {
         self.entries.iter().find(|(k, _, _)| *k == name).map(|&(_, k, v)| (k, v))
     }
 
-    fn value(&self, name: &str) -> Option<&'n Node> {
+    pub fn value(&self, name: &str) -> Option<&'n Node> {
         self.get(name).map(|(_, v)| v)
     }
 
-    fn path(&self, name: &str) -> String {
+    pub fn path(&self, name: &str) -> String {
         if self.path == ROOT {
             name.to_string()
         } else {
@@ -298,14 +287,14 @@ impl<'n> Fields<'n> {
 }
 
 impl Decoder<'_> {
-    fn error(&mut self, node: &Node, path: &str, message: impl Into<String>) -> &mut Diagnostic {
+    pub fn error(&mut self, node: &Node, path: &str, message: impl Into<String>) -> &mut Diagnostic {
         self.diags.push(self.src.diag(node.line, node.col, path, message));
         let last = self.diags.len() - 1;
         &mut self.diags[last]
     }
 
     /// Report a value of the wrong kind or outside its domain.
-    fn invalid(&mut self, node: &Node, path: &str, message: impl Into<String>, allowed: impl Into<String>) {
+    pub fn invalid(&mut self, node: &Node, path: &str, message: impl Into<String>, allowed: impl Into<String>) {
         let found = describe(node);
         let d = self.error(node, path, message);
         d.found = Some(found);
@@ -316,7 +305,7 @@ impl Decoder<'_> {
 
     /// A mapping's entries, reporting non-string keys and keys not in `known`
     /// (described as a `what`, e.g. "variant field").
-    fn fields<'n>(
+    pub fn fields<'n>(
         &mut self,
         node: &'n Node,
         path: &str,
@@ -349,7 +338,7 @@ impl Decoder<'_> {
     }
 
     /// A field that must be present; reported at the mapping when it is not.
-    fn required<'n>(&mut self, fields: &Fields<'n>, name: &str, allowed: &str) -> Option<&'n Node> {
+    pub fn required<'n>(&mut self, fields: &Fields<'n>, name: &str, allowed: &str) -> Option<&'n Node> {
         let value = fields.value(name);
         if value.is_none() {
             let d = self.error(fields.node, &fields.path, format!("missing required field `{name}`"));
@@ -359,7 +348,7 @@ impl Decoder<'_> {
     }
 
     /// The items of a non-empty list. A lone scalar gets a hint on how to make it a list.
-    fn list<'n>(&mut self, node: &'n Node, path: &str, allowed: &str) -> Option<&'n [Node]> {
+    pub fn list<'n>(&mut self, node: &'n Node, path: &str, allowed: &str) -> Option<&'n [Node]> {
         match &node.kind {
             NodeKind::Seq(items) if !items.is_empty() => Some(items),
             NodeKind::Seq(_) => {
@@ -380,7 +369,7 @@ impl Decoder<'_> {
 
     /// A non-empty list whose items each decode with `item`; a repeated item is an
     /// error at its second occurrence. Items that fail are left out.
-    fn unique_list<T: PartialEq>(
+    pub fn unique_list<T: PartialEq>(
         &mut self,
         node: &Node,
         path: &str,
@@ -414,7 +403,7 @@ impl Decoder<'_> {
 
     // -- scalars --
 
-    fn string<'n>(&mut self, node: &'n Node, path: &str, allowed: &str) -> Option<&'n str> {
+    pub fn string<'n>(&mut self, node: &'n Node, path: &str, allowed: &str) -> Option<&'n str> {
         match value(node) {
             Value::Str(s) => Some(s),
             _ => {
@@ -424,7 +413,7 @@ impl Decoder<'_> {
         }
     }
 
-    fn bool(&mut self, node: &Node, path: &str) -> Option<bool> {
+    pub fn bool(&mut self, node: &Node, path: &str) -> Option<bool> {
         match value(node) {
             Value::Bool(b) => Some(b),
             // YAML 1.1 read these as booleans and many files still use them: say why
@@ -452,7 +441,7 @@ impl Decoder<'_> {
 
     /// An integer in `domain`, which also phrases the rule: `check` gives the message
     /// for a value out of the domain, or `None` when the value is fine.
-    fn int(
+    pub fn int(
         &mut self,
         node: &Node,
         path: &str,
@@ -480,7 +469,7 @@ impl Decoder<'_> {
     }
 
     /// A string naming one of `choices`, with a typo suggestion.
-    fn choice<'c>(&mut self, node: &Node, path: &str, noun: &str, choices: &[&'c str]) -> Option<&'c str> {
+    pub fn choice<'c>(&mut self, node: &Node, path: &str, noun: &str, choices: &[&'c str]) -> Option<&'c str> {
         let s = self.string(node, path, &or_list(choices))?;
         if let Some(c) = choices.iter().find(|c| **c == s) {
             return Some(c);
@@ -503,27 +492,45 @@ impl Decoder<'_> {
             op: String::new(),
             version: 1,
             description: None,
-            layout: Layout::Bshd,
             dtypes: Vec::new(),
-            head_dims: Vec::new(),
+            keys: Vec::new(),
             variants: Vec::new(),
-            schedule: ScheduleSpace {
-                block_m: Vec::new(),
-                block_n: Vec::new(),
-                num_warps: Vec::new(),
-                num_stages: Vec::new(),
-            },
+            schedule: ScheduleSpace::default(),
+            plans: Vec::new(),
             targets: vec![Target::Ir],
         };
-        let top_allowed = "a mapping of the spec's fields (name, op, dtypes, head_dims, variants, schedule, ...)";
-        let Some(f) = self.fields(root, ROOT, TOP_FIELDS, "top-level field", top_allowed) else {
+        let top_allowed = "a mapping of the spec's fields (name, op, dtypes, variants, schedule, ...)";
+        // The operation decides which other fields exist, so it is read first. Without
+        // a known operation every operation's fields are accepted (no field is reported
+        // unknown for the wrong reason), and nothing that depends on it is decoded.
+        let op = match &root.kind {
+            NodeKind::Map(entries) => entries
+                .iter()
+                .find(|(k, _)| matches!(&k.kind, NodeKind::Scalar { text, .. } if text == "op"))
+                .and_then(|(_, v)| match value(v) {
+                    Value::Str(s) => crate::ops::get(s),
+                    _ => None,
+                }),
+            _ => None,
+        };
+        let mut known: Vec<&str> = TOP_FIELDS.to_vec();
+        match op {
+            Some(op) => known.extend(op.fields()),
+            None => {
+                for o in crate::ops::all() {
+                    known.extend(o.fields().iter().filter(|f| !known.contains(f)).collect::<Vec<_>>());
+                }
+            }
+        }
+        let Some(f) = self.fields(root, ROOT, &known, "top-level field", top_allowed) else {
             return spec;
         };
 
         if let Some(v) = self.required(&f, "name", IDENTIFIER) {
             spec.name = self.identifier(v, "name", "name").unwrap_or_default();
         }
-        if let Some(v) = self.required(&f, "op", &or_list(OPS)) {
+        let op_names: Vec<&str> = crate::ops::all().iter().map(|o| o.name()).collect();
+        if let Some(v) = self.required(&f, "op", &or_list(&op_names)) {
             spec.op = self.op(v).unwrap_or_default();
         }
         if let Some(v) = f.value("version") {
@@ -535,28 +542,39 @@ impl Decoder<'_> {
         if let Some(v) = f.value("description") {
             spec.description = self.string(v, "description", "a string").map(str::to_string);
         }
-        if let Some(v) = f.value("layout") {
-            self.choice(v, "layout", "layout", &["bshd"]);
-        }
-        if let Some(v) = self.required(&f, "dtypes", "a non-empty list of bf16, f16, f32") {
-            spec.dtypes = self.dtypes(v);
-        }
-        if let Some(v) = self.required(&f, "head_dims", "a non-empty list of multiples of 16 from 16 to 256") {
-            spec.head_dims = self.head_dims(v);
-        }
-        if let Some(v) = self.required(&f, "variants", "a mapping from variant names to their features") {
-            spec.variants = self.variants(v);
-        }
-        if let Some(v) = self.required(&f, "schedule", "a mapping with block_m, block_n, num_warps and num_stages") {
-            spec.schedule = self.schedule(v);
-        }
         if let Some(v) = f.value("targets") {
             spec.targets = self.targets(v);
+        }
+        let Some(op) = op else {
+            return spec;
+        };
+        let dtype_names: Vec<String> = op.dtypes().iter().map(|d| d.to_string()).collect();
+        let dtype_names: Vec<&str> = dtype_names.iter().map(String::as_str).collect();
+        let dtypes_allowed = format!("a non-empty list of {}", dtype_names.join(", "));
+        if let Some(v) = self.required(&f, "dtypes", &dtypes_allowed) {
+            spec.dtypes = self.dtypes(v, op, &dtype_names, &dtypes_allowed);
+        }
+        op.decode_fields(self, &f, &mut spec.keys);
+        if let Some(v) = self.required(&f, "variants", "a mapping from variant names to their features") {
+            spec.variants = self.variants(v, op);
+        }
+        let axes = op.axes();
+        let required: Vec<&str> = axes.iter().filter(|a| a.required).map(|a| a.name).collect();
+        let schedule_allowed = format!("a mapping with {}", and_list(&required));
+        if let Some(v) = self.required(&f, "schedule", &schedule_allowed) {
+            spec.schedule = self.schedule(v, axes, &required);
+        }
+        if let Some(v) = f.value("plans") {
+            let names = op.plan_names();
+            let allowed = format!("a non-empty list of {}", or_list(names));
+            spec.plans = self.unique_list(v, "plans", "plan", &allowed, |d, node, path| {
+                d.choice(node, path, "plan", names).map(str::to_string)
+            });
         }
         spec
     }
 
-    fn identifier(&mut self, node: &Node, path: &str, noun: &str) -> Option<String> {
+    pub fn identifier(&mut self, node: &Node, path: &str, noun: &str) -> Option<String> {
         let s = self.string(node, path, IDENTIFIER)?;
         if is_identifier(s) {
             Some(s.to_string())
@@ -567,33 +585,33 @@ impl Decoder<'_> {
     }
 
     fn op(&mut self, node: &Node) -> Option<String> {
-        let s = self.string(node, "op", &or_list(OPS))?;
-        if OPS.contains(&s) {
+        let names: Vec<&str> = crate::ops::all().iter().map(|o| o.name()).collect();
+        let s = self.string(node, "op", &or_list(&names))?;
+        if names.contains(&s) {
             return Some(s.to_string());
         }
         // No typo suggestion: `flash_attention_bwd` is one letter from the forward op
         // but is a different operation, not a misspelling of it.
-        self.invalid(node, "op", format!("unknown op `{s}`"), format!("{} (the only op today)", or_list(OPS)));
+        self.invalid(node, "op", format!("unknown op `{s}`"), or_list(&names));
         None
     }
 
-    fn dtypes(&mut self, node: &Node) -> Vec<DType> {
-        let list_allowed = "a non-empty list of bf16, f16, f32";
-        self.unique_list(node, "dtypes", "dtype", list_allowed, Self::dtype)
+    fn dtypes(&mut self, node: &Node, op: &dyn Operation, names: &[&str], list_allowed: &str) -> Vec<DType> {
+        self.unique_list(node, "dtypes", "dtype", list_allowed, |d, node, path| d.dtype(node, path, op, names))
     }
 
-    fn dtype(&mut self, node: &Node, path: &str) -> Option<DType> {
-        let allowed = or_list(DTYPES);
+    fn dtype(&mut self, node: &Node, path: &str, op: &dyn Operation, names: &[&str]) -> Option<DType> {
+        let allowed = or_list(names);
         let s = self.string(node, path, &allowed)?;
         let parsed = s.parse::<DType>().ok();
         let message = match parsed {
-            Some(t) if DTYPES.contains(&s) => return Some(t),
-            // The IR's other element types are real dtypes, just not ones attention
-            // takes its inputs in: a "did you mean" would only mislead.
-            Some(_) => format!("dtype `{s}` cannot be an attention input"),
+            Some(t) if names.contains(&s) => return Some(t),
+            // The IR's other element types are real dtypes, just not ones this
+            // operation takes its inputs in: a "did you mean" would only mislead.
+            Some(_) => format!("dtype `{s}` {}", op.dtype_refusal()),
             None => {
                 let alias = DTYPE_ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(s));
-                match (alias, suggest(s, DTYPES)) {
+                match (alias, suggest(s, names)) {
                     (Some((_, name)), _) => {
                         format!("unknown dtype `{s}`; the spec calls it `{name}`")
                     }
@@ -606,24 +624,7 @@ impl Decoder<'_> {
         None
     }
 
-    fn head_dims(&mut self, node: &Node) -> Vec<usize> {
-        let allowed = "a multiple of 16 from 16 to 256";
-        let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
-        self.unique_list(node, "head_dims", "head dimension", list_allowed, |d, node, path| {
-            let v = d.int(node, path, allowed, |v| {
-                if v % 16 != 0 {
-                    Some("head dimension is not a multiple of 16")
-                } else if !(16..=256).contains(&v) {
-                    Some("head dimension is out of range")
-                } else {
-                    None
-                }
-            })?;
-            usize::try_from(v).ok()
-        })
-    }
-
-    fn variants(&mut self, node: &Node) -> Vec<Variant> {
+    fn variants(&mut self, node: &Node, op: &dyn Operation) -> Vec<Variant> {
         let allowed = "a mapping from variant names to their features, e.g. `causal: { causal: true }`";
         let NodeKind::Map(entries) = &node.kind else {
             self.invalid(node, "variants", "expected a mapping", allowed);
@@ -633,201 +634,44 @@ impl Decoder<'_> {
             self.invalid(node, "variants", "at least one variant is required", allowed);
             return Vec::new();
         }
+        let mut known = vec!["description"];
+        known.extend(op.variant_fields());
+        let field_allowed = op.variant_allowed();
         let mut out = Vec::new();
         for (key, value) in entries {
             let path = join("variants", key);
             let name = self.identifier(key, &path, "variant name").unwrap_or_default();
-            if let Some(features) = self.features(value, &path) {
-                let (description, features) = features;
-                out.push(Variant { name, description, features });
-            }
+            let Some(f) = self.fields(value, &path, &known, "variant field", field_allowed) else {
+                continue;
+            };
+            let description = f.value("description").and_then(|v| {
+                let path = f.path("description");
+                self.string(v, &path, "a string").map(str::to_string)
+            });
+            let features: Features = op.decode_variant(self, &f);
+            out.push(Variant { name, description, features });
         }
         out
     }
 
-    fn features(&mut self, node: &Node, path: &str) -> Option<(Option<String>, Features)> {
-        let allowed = "a mapping of features such as `causal: true`; `{}` for plain full attention";
-        let f = self.fields(node, path, VARIANT_FIELDS, "variant field", allowed)?;
-        let mut features = Features::default();
-        let flag = |d: &mut Self, name: &str| match f.value(name) {
-            Some(v) => d.bool(v, &f.path(name)).unwrap_or(false),
-            None => false,
-        };
-        features.causal = flag(self, "causal");
-        features.sinks = flag(self, "sinks");
-        features.bias = flag(self, "bias");
-        features.mask = flag(self, "mask");
-        features.segment_ids = flag(self, "segment_ids");
-        features.varlen = flag(self, "varlen");
-        features.dropout = flag(self, "dropout");
-        let description = f.value("description").and_then(|v| {
-            let path = f.path("description");
-            self.string(v, &path, "a string").map(str::to_string)
-        });
-        if let Some(v) = f.value("sliding_window") {
-            features.sliding_window = self.window(v, &f.path("sliding_window"), features.causal);
-        }
-        if let Some(v) = f.value("logits_soft_cap") {
-            features.logits_soft_cap = self.soft_cap(v, &f.path("logits_soft_cap"));
-        }
-        if features.varlen {
-            self.check_varlen(&f, &features);
-        }
-        Some((description, features))
-    }
-
-    /// `varlen` packs sequences back to back; bias, mask and segment ids are shaped for
-    /// a padded batch, so a kernel taking both could not say what they mean.
-    fn check_varlen(&mut self, f: &Fields<'_>, features: &Features) {
-        let on = [features.bias, features.mask, features.segment_ids];
-        let conflicts: Vec<(&str, usize)> = DENSE_FEATURES
-            .iter()
-            .zip(on)
-            .filter(|&(_, on)| on)
-            .filter_map(|(name, _)| f.get(name).map(|(key, _)| (*name, key.line)))
-            .collect();
-        let Some(varlen) = f.value("varlen") else {
-            return;
-        };
-        if conflicts.is_empty() {
-            return;
-        }
-        let named: Vec<String> = conflicts.iter().map(|(n, line)| format!("`{n}` (line {line})")).collect();
-        let shapes = if conflicts.iter().all(|(n, _)| *n == "segment_ids") {
-            "dense `[B, S]` segment ids have"
-        } else {
-            "dense `[B, H, Sq, Sk]` tensors have"
-        };
-        let message =
-            format!("`varlen` cannot be combined with {}: {shapes} no meaning for a packed batch", named.join(" and "));
-        let d = self.error(varlen, &f.path("varlen"), message);
-        d.found = Some(format!(
-            "varlen: true with {}",
-            conflicts.iter().map(|(n, _)| format!("{n}: true")).collect::<Vec<_>>().join(", ")
-        ));
-        d.allowed = Some("varlen with causal, sliding_window, logits_soft_cap, sinks or dropout".into());
-    }
-
-    fn window(&mut self, node: &Node, path: &str, causal: bool) -> Option<Window> {
-        let allowed = "`runtime`, a size `w` (`[w, 0]` if causal, else `[w, w]`), \
-                       or `[left, right]` with sizes >= 0";
-        let size_allowed = "a non-negative integer";
-        let size_check = |v: i64| match v {
-            v if v < 0 => Some("a window size cannot be negative"),
-            v if u32::try_from(v).is_err() => Some("the window size is too large"),
-            _ => None,
-        };
-        match (&node.kind, value(node)) {
-            (_, Value::Str("runtime")) => Some(Window::Runtime),
-            (_, Value::Int(_)) => {
-                let w = self.int(node, path, size_allowed, size_check)?;
-                let w = u32::try_from(w).ok()?;
-                Some(Window::Fixed { left: w, right: if causal { 0 } else { w } })
-            }
-            (NodeKind::Seq(items), _) if items.len() == 2 => {
-                let left = self.int(&items[0], &format!("{path}[0]"), size_allowed, size_check);
-                let right = self.int(&items[1], &format!("{path}[1]"), size_allowed, size_check);
-                let (left, right) = (u32::try_from(left?).ok()?, u32::try_from(right?).ok()?);
-                Some(Window::Fixed { left, right })
-            }
-            (NodeKind::Seq(_), _) => {
-                self.invalid(node, path, "a window is `[left, right]`: exactly two sizes", allowed);
-                None
-            }
-            (_, Value::Str(s)) => {
-                let mut message = format!("unknown window `{s}`");
-                if suggest(s, &["runtime"]).is_some() {
-                    message.push_str("; did you mean `runtime`?");
-                }
-                self.invalid(node, path, message, allowed);
-                None
-            }
-            _ => {
-                self.invalid(node, path, "expected a window", allowed);
-                None
-            }
-        }
-    }
-
-    fn soft_cap(&mut self, node: &Node, path: &str) -> Option<SoftCap> {
-        let allowed = "`runtime` or a positive number such as 50.0";
-        let cap = match value(node) {
-            Value::Str("runtime") => return Some(SoftCap::Runtime),
-            Value::Int(v) => v as f64,
-            Value::Float(v) => v,
-            Value::Str(s) => {
-                let mut message = format!("unknown soft cap `{s}`");
-                if suggest(s, &["runtime"]).is_some() {
-                    message.push_str("; did you mean `runtime`?");
-                } else if node_is_quoted(node) && matches!(plain_value(s), Value::Int(_) | Value::Float(_)) {
-                    message = format!("expected a number; quotes make this a string (write {s} without them)");
-                }
-                self.invalid(node, path, message, allowed);
-                return None;
-            }
-            _ => {
-                self.invalid(node, path, "expected a soft cap", allowed);
-                return None;
-            }
-        };
-        let problem = if cap.is_nan() {
-            Some("the soft cap is not a number")
-        } else if cap <= 0.0 {
-            Some("the soft cap must be positive")
-        } else if cap.is_infinite() {
-            Some("the soft cap must be finite (leave the field out for no cap)")
-        } else {
-            None
-        };
-        match problem {
-            Some(message) => {
-                self.invalid(node, path, message, allowed);
-                None
-            }
-            None => Some(SoftCap::Fixed(cap)),
-        }
-    }
-
-    fn schedule(&mut self, node: &Node) -> ScheduleSpace {
-        let mut space =
-            ScheduleSpace { block_m: Vec::new(), block_n: Vec::new(), num_warps: Vec::new(), num_stages: Vec::new() };
-        let allowed = "a mapping with block_m, block_n, num_warps and num_stages, each a list";
-        let Some(f) = self.fields(node, "schedule", SCHEDULE_FIELDS, "schedule field", allowed) else {
+    fn schedule(&mut self, node: &Node, axes: &[AxisDecl], required: &[&str]) -> ScheduleSpace {
+        let mut space = ScheduleSpace::default();
+        let allowed = format!("a mapping with {}, each a list", and_list(required));
+        let names: Vec<&str> = axes.iter().map(|a| a.name).collect();
+        let Some(f) = self.fields(node, "schedule", &names, "schedule field", &allowed) else {
             return space;
         };
-        let block = "a power of two from 16 to 256";
-        let block_list = "a non-empty list of powers of two from 16 to 256";
-        let block_check = |v: i64| {
-            if v <= 0 || v & (v - 1) != 0 {
-                Some("block size is not a power of two")
-            } else if !(16..=256).contains(&v) {
-                Some("block size is out of range")
-            } else {
-                None
+        for a in axes {
+            let v = if a.required { self.required(&f, a.name, a.list_allowed) } else { f.value(a.name) };
+            if let Some(v) = v {
+                let values = self.u32_list(v, &f.path(a.name), a.noun, a.list_allowed, a.allowed, a.check);
+                space.axes.push((a.name.to_string(), values));
             }
-        };
-        if let Some(v) = self.required(&f, "block_m", block_list) {
-            space.block_m = self.u32_list(v, &f.path("block_m"), "block size", block_list, block, block_check);
-        }
-        if let Some(v) = self.required(&f, "block_n", block_list) {
-            space.block_n = self.u32_list(v, &f.path("block_n"), "block size", block_list, block, block_check);
-        }
-        let warps = or_list(&["1", "2", "4", "8", "16"]);
-        let warps_list = format!("a non-empty list of warp counts from {warps}");
-        if let Some(v) = self.required(&f, "num_warps", &warps_list) {
-            let check = |v: i64| (!WARPS.contains(&v)).then_some("unsupported warp count");
-            space.num_warps = self.u32_list(v, &f.path("num_warps"), "warp count", &warps_list, &warps, check);
-        }
-        let stages = "an integer from 1 to 8";
-        let stages_list = "a non-empty list of stage counts from 1 to 8";
-        if let Some(v) = self.required(&f, "num_stages", stages_list) {
-            let check = |v: i64| (!(1..=8).contains(&v)).then_some("pipeline stage count is out of range");
-            space.num_stages = self.u32_list(v, &f.path("num_stages"), "stage count", stages_list, stages, check);
         }
         space
     }
 
-    fn u32_list(
+    pub fn u32_list(
         &mut self,
         node: &Node,
         path: &str,
@@ -875,12 +719,12 @@ pub(crate) fn parse_target(s: &str) -> Option<Target> {
     })
 }
 
-fn node_is_quoted(node: &Node) -> bool {
+pub fn node_is_quoted(node: &Node) -> bool {
     matches!(node.kind, NodeKind::Scalar { style: Style::Quoted, .. })
 }
 
 /// A scalar as written (without quotes), in backticks, for messages.
-fn source_text(node: &Node) -> String {
+pub fn source_text(node: &Node) -> String {
     match &node.kind {
         NodeKind::Scalar { text, .. } => format!("`{text}`"),
         _ => describe(node),
@@ -890,6 +734,7 @@ fn source_text(node: &Node) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flash::{SoftCap, Window};
 
     const MINI: &str = "\
 name: mini
@@ -923,20 +768,21 @@ schedule:
         }
     }
 
-    fn features(body: &str) -> Features {
+    fn features(body: &str) -> crate::flash::Features {
         let spec = load_str("t.yaml", &with_variant(body)).unwrap_or_else(|e| panic!("{e}"));
-        spec.variants[0].features.clone()
+        crate::flash::Features::from_json(&spec.variants[0].features).unwrap()
     }
 
     #[test]
     fn defaults_fill_the_optional_fields() {
         let spec = load_str("t.yaml", MINI).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(spec.version, 1);
-        assert_eq!(spec.layout, Layout::Bshd);
         assert_eq!(spec.description, None);
         assert_eq!(spec.targets, vec![Target::Ir]);
         assert_eq!(spec.file, "t.yaml");
-        assert_eq!(spec.variants[0].features, Features::default());
+        assert_eq!(spec.keys, vec![("head_dim".to_string(), vec![64])]);
+        assert!(spec.plans.is_empty());
+        assert_eq!(features("{}"), crate::flash::Features::default());
     }
 
     #[test]

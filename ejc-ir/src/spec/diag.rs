@@ -62,7 +62,7 @@ pub struct SpecError {
 }
 
 /// The path of the top-level mapping.
-pub(crate) const ROOT: &str = "<root>";
+pub const ROOT: &str = "<root>";
 
 impl Diagnostic {
     /// A diagnostic with no `found`/`allowed` and no source line.
@@ -223,7 +223,7 @@ fn split_lines(text: &str) -> Vec<&str> {
 /// The candidate closest to `word` (case-insensitive optimal string alignment distance,
 /// so a swapped pair of letters counts once), if it is close enough to be a typo:
 /// at most one edit per three characters, and at least one.
-pub(crate) fn suggest<'c>(word: &str, candidates: &[&'c str]) -> Option<&'c str> {
+pub fn suggest<'c>(word: &str, candidates: &[&'c str]) -> Option<&'c str> {
     let word = word.to_lowercase();
     let limit = (word.chars().count() / 3).max(1);
     candidates

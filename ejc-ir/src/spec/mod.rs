@@ -3,22 +3,28 @@
 //! ```no_run
 //! let spec = ejc_ir::spec::load_file("specs/flash.yaml").unwrap();
 //! for v in &spec.variants {
-//!     println!("{}: causal={}", v.name, v.features.causal);
+//!     println!("{}: {:?}", v.name, v.features);
 //! }
 //! ```
+//!
+//! A spec names an operation (`op:`); the fields every spec has (name, op, version,
+//! description, dtypes, variants, schedule, plans, targets) are decoded here, and the
+//! operation ([`crate::op::Operation`]) decodes its own: its top-level fields (flash's
+//! `head_dims`, `layout`), each variant's features, and the rules of its schedule axes.
 //!
 //! Loading never panics: a spec that is not YAML, has unknown fields, wrong types or
 //! impossible values gives [`SpecError`], a list of [`Diagnostic`]s, each with
 //! `file:line:column`, the field path, what was found and what is allowed.
 //! `docs/spec.md` documents the format.
 
-mod decode;
+pub mod decode;
 mod diag;
-mod yaml;
+pub mod yaml;
 
-pub use decode::{load_file, load_str};
-pub use diag::{Diagnostic, SpecError};
+pub use decode::{load_file, load_str, Decoder, Fields};
+pub use diag::{suggest, Diagnostic, SpecError, ROOT};
 
+use crate::op::{Features, Keys};
 use crate::types::DType;
 
 /// A validated spec file.
@@ -35,124 +41,97 @@ pub struct Spec {
     /// Operation version (goes into cache keys as `op@version`).
     pub version: u32,
     pub description: Option<String>,
-    /// Tensor layout of q/k/v/out. Only `bshd` exists today.
-    pub layout: Layout,
     /// Input dtypes, in file order (deduplicated).
     pub dtypes: Vec<DType>,
-    /// Head dimensions, in file order (deduplicated).
-    pub head_dims: Vec<usize>,
+    /// The operation's compile-time keys and the values the spec builds, in the op's
+    /// order (flash: `head_dim` from `head_dims`).
+    pub keys: Vec<(String, Vec<u32>)>,
     /// Named variants, in file order.
     pub variants: Vec<Variant>,
     pub schedule: ScheduleSpace,
+    /// The plans to build (empty: every plan of the operation that the schedule allows).
+    pub plans: Vec<String>,
     pub targets: Vec<Target>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Layout {
-    Bshd,
-}
-
-/// One named variant: a combination of attention features.
+/// One named variant: a combination of the operation's features.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Variant {
     pub name: String,
     pub description: Option<String>,
+    /// The features in the spec's vocabulary (the operation reads them back typed).
     pub features: Features,
 }
 
-/// Attention features of one variant. Every combination is accepted except
-/// `varlen` with `bias`, `mask` or `segment_ids` (the spec loader rejects those).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Features {
-    /// Bottom-right aligned causal mask: query i sees key j iff j <= i + (s_k - s_q).
-    pub causal: bool,
-    /// Sliding window `(left, right)`, inclusive, after the causal shift.
-    pub sliding_window: Option<Window>,
-    /// Logit soft cap `c`: s <- c * tanh(s / c), after scale and bias, before masking.
-    pub logits_soft_cap: Option<SoftCap>,
-    /// Per-head attention sinks (extra logits in the softmax denominator, once).
-    pub sinks: bool,
-    /// Additive bias `[B|1, H|1, s_q, s_k]`.
-    pub bias: bool,
-    /// Boolean mask `[B|1, H|1, s_q, s_k]`, true = attend.
-    pub mask: bool,
-    /// Query / key segment ids `[B, s]`: equal ids attend, -1 = padding.
-    pub segment_ids: bool,
-    /// Packed variable-length batch through `cu_seqlens_q/k`.
-    pub varlen: bool,
-    /// Dropout on the attention probabilities (Philox 4x32-10).
-    pub dropout: bool,
-}
-
-/// A sliding window whose sizes are either kernel parameters or baked in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Window {
-    /// `window_left` / `window_right` are run-time kernel parameters.
-    Runtime,
-    /// Compile-time window sizes (both >= 0).
-    Fixed { left: u32, right: u32 },
-}
-
-/// A logit soft cap that is either a kernel parameter or baked in.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum SoftCap {
-    /// `logits_soft_cap` is a run-time kernel parameter.
-    Runtime,
-    /// A compile-time cap (> 0, finite).
-    Fixed(f64),
-}
-
-/// The schedule space: what the autotuner searches. `block_m`/`block_n` change the tile
-/// program; `num_warps`/`num_stages` are launch and code-generation choices.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The schedule space: what the autotuner searches. Named axes, declared by the
+/// operation, each with the values the spec lists, in the operation's axis order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScheduleSpace {
-    pub block_m: Vec<u32>,
-    pub block_n: Vec<u32>,
-    pub num_warps: Vec<u32>,
-    pub num_stages: Vec<u32>,
-}
-
-/// One point of the schedule space.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Schedule {
-    pub block_m: u32,
-    pub block_n: u32,
-    pub num_warps: u32,
-    pub num_stages: u32,
-}
-
-impl Schedule {
-    /// `m64_n32_w4_s2`.
-    pub fn id(&self) -> String {
-        format!("m{}_n{}_w{}_s{}", self.block_m, self.block_n, self.num_warps, self.num_stages)
-    }
+    pub axes: Vec<(String, Vec<u32>)>,
 }
 
 impl ScheduleSpace {
-    /// Every point, in the order block_m, block_n, num_warps, num_stages (outermost first).
-    pub fn points(&self) -> Vec<Schedule> {
-        let mut out = Vec::new();
-        for &block_m in &self.block_m {
-            for &block_n in &self.block_n {
-                for &num_warps in &self.num_warps {
-                    for &num_stages in &self.num_stages {
-                        out.push(Schedule { block_m, block_n, num_warps, num_stages });
-                    }
-                }
+    /// The values of axis `name` (empty when the spec does not list it).
+    pub fn values(&self, name: &str) -> &[u32] {
+        self.axes.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// Every combination of the given axes' values (outermost first); axes the spec does
+    /// not list are left out. One empty combination when `names` is empty.
+    pub fn points(&self, names: &[&str]) -> Vec<crate::op::Config> {
+        let mut out = vec![crate::op::Config::new()];
+        for n in names {
+            let vals = self.values(n);
+            if vals.is_empty() {
+                continue;
             }
+            out = out
+                .into_iter()
+                .flat_map(|c| {
+                    vals.iter().map(move |v| {
+                        let mut c = c.clone();
+                        c.insert(n.to_string(), *v);
+                        c
+                    })
+                })
+                .collect();
+        }
+        out
+    }
+}
+
+impl Spec {
+    pub fn variant(&self, name: &str) -> Option<&Variant> {
+        self.variants.iter().find(|v| v.name == name)
+    }
+
+    /// The values of compile-time key `name`.
+    pub fn key_values(&self, name: &str) -> &[u32] {
+        self.keys.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// Every combination of the spec's compile-time keys (one empty one when the
+    /// operation has none).
+    pub fn key_points(&self) -> Vec<Keys> {
+        let mut out = vec![Keys::new()];
+        for (n, vals) in &self.keys {
+            out = out
+                .into_iter()
+                .flat_map(|k| {
+                    vals.iter().map(move |v| {
+                        let mut k = k.clone();
+                        k.insert(n.clone(), *v);
+                        k
+                    })
+                })
+                .collect();
         }
         out
     }
 
-    /// The distinct (block_m, block_n) tilings: each is one tile program.
-    pub fn tilings(&self) -> Vec<(u32, u32)> {
-        let mut out = Vec::new();
-        for &m in &self.block_m {
-            for &n in &self.block_n {
-                out.push((m, n));
-            }
-        }
-        out
+    /// The operation this spec declares (the loader only returns specs whose op exists).
+    pub fn operation(&self) -> &'static dyn crate::op::Operation {
+        crate::ops::get(&self.op).expect("a loaded spec names a known operation")
     }
 }
 
@@ -190,12 +169,6 @@ impl std::fmt::Display for Target {
             Target::Ptx(a) => write!(f, "ptx:{a}"),
             Target::Mlir(k) => write!(f, "mlir:{k}"),
         }
-    }
-}
-
-impl Spec {
-    pub fn variant(&self, name: &str) -> Option<&Variant> {
-        self.variants.iter().find(|v| v.name == name)
     }
 }
 

@@ -27,14 +27,14 @@ use super::diag::{Diagnostic, Source, ROOT};
 
 /// One YAML node and its 1-based position.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Node {
+pub struct Node {
     pub kind: NodeKind,
     pub line: usize,
     pub col: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum NodeKind {
+pub enum NodeKind {
     /// Entries in file order; a later duplicate key is reported and dropped.
     Map(Vec<(Node, Node)>),
     Seq(Vec<Node>),
@@ -49,7 +49,7 @@ pub(crate) enum NodeKind {
 /// How a scalar was written: a plain scalar may be a number or a boolean, a quoted (or
 /// block) scalar is always a string.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Style {
+pub enum Style {
     Plain,
     Quoted,
 }
@@ -405,7 +405,7 @@ fn last_word_with(text: &str, sigil: char) -> Option<(usize, String)> {
 }
 
 /// The path of the value under `key` in the mapping at `parent`.
-pub(crate) fn join(parent: &str, key: &Node) -> String {
+pub fn join(parent: &str, key: &Node) -> String {
     let key = match &key.kind {
         NodeKind::Scalar { text, .. } => text.as_str(),
         _ => "?",

@@ -1,39 +1,47 @@
-//! `ejc-gpu`: run PTX artifacts of a build on the GPU, without LLVM (this binary is
-//! what travels to a GPU machine; `ejc build --target ptx:...` writes the artifacts, and
+//! `ejc-gpu`: run the GPU artifacts of a build without LLVM (this binary is what travels
+//! to a GPU machine; `ejc build --target ptx:...` writes the artifacts, and
 //! `ejc build --target mlir:gpu` the PTX of MLIR's gpu form, which `check` runs too).
+//! It works for any operation: the build's manifest names it.
 //!
 //! ```text
 //! ejc-gpu info
-//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]   every artifact vs the reference, awkward shapes
-//! ejc-gpu bench DIR --variant V --dtype D --head-dim N --shape B,SQ,SK,HQ,HKV,D [--reps N] [--json FILE]
+//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]
+//! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--json FILE]
+//! ejc-gpu tune  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR] [--force]
+//! ejc-gpu call  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR]
 //! ```
 //!
-//! `check` exits 1 when any artifact is outside DESIGN.md's tolerance (bf16 1e-2,
-//! f16 5e-3 by ‖out − ref‖/‖ref‖; NaN never passes); `bench` times every candidate
-//! configuration of the kernel with CUDA events (median of `--reps` after warm-up)
-//! and reports the fastest, as the autotuner would pick it. Without a driver both
-//! say so and exit 0.
+//! `check` runs every plan of every instance on the operation's awkward cases against
+//! its reference, each artifact at least once (every artifact of a role, with the first
+//! artifact of the plan's other roles and the largest value of its run-time axes); both
+//! entries of PTX artifacts that have an aligned one. It exits 1 when a result is
+//! outside DESIGN.md's tolerance (bf16 1e-2, f16 5e-3, f32 1e-5 by ‖out − ref‖/‖ref‖;
+//! NaN never passes). `bench` times every candidate of the instance (each plan, each
+//! configuration, each run-time value) with CUDA events and reports the fastest, as the
+//! autotuner would pick it. `tune` runs the configuration chain with autotuning and
+//! stores the winner in this GPU's tuning cache; `call` runs one call through the
+//! runtime (`ejc_runtime::api::Runtime::call`), which takes the cached choice. Without a
+//! driver every command says so and exits 0.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use ejc_ir::flash::inputs::{default_runtime, random_inputs};
-use ejc_ir::flash::reference::reference;
-use ejc_ir::flash::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};
-use ejc_ir::manifest::Artifact;
-use ejc_ir::spec::Features;
-use ejc_ir::tensor::compare;
+use ejc_ir::op::{
+    compare_outputs, parse_dims, parse_shape, tolerance, with_defaults, Features, HostCall, Operation, Sizes,
+};
 use ejc_ir::types::DType;
-use ejc_runtime::cuda::{entry_for, load_entry, median_ms, runs_on, Cuda, CudaError, CudaKernel, FlashDevice};
-use ejc_runtime::flash::FlashBuffers;
-use ejc_runtime::manifest::{load, Loaded};
-use ejc_runtime::registry::features_from_json;
+use ejc_runtime::call::Call;
+use ejc_runtime::cuda::{download_into, runs_on, upload_call, Cuda, CudaError, CudaPlan};
+use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]\n  ejc-gpu bench DIR --variant V --dtype D \
-         --head-dim N --shape B,SQ,SK,HQ,HKV,D [--reps N] [--json FILE]"
+        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]\n  ejc-gpu bench DIR --variant V \
+         --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--json FILE]\n  ejc-gpu tune DIR --variant V \
+         --dtype D (--size ... | --shape ...) [--cache-dir DIR] [--force]\n  ejc-gpu call DIR --variant V --dtype D (--size ... | \
+         --shape ...) [--cache-dir DIR]"
     );
     ExitCode::from(2)
 }
@@ -42,9 +50,9 @@ fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
 }
 
-fn cuda_or_skip() -> Result<Cuda, ExitCode> {
+fn cuda_or_skip() -> Result<Arc<Cuda>, ExitCode> {
     match Cuda::new() {
-        Ok(c) => Ok(c),
+        Ok(c) => Ok(Arc::new(c)),
         Err(CudaError::NoDriver) => {
             println!("skipped: no CUDA driver on this machine");
             Err(ExitCode::SUCCESS)
@@ -56,82 +64,88 @@ fn cuda_or_skip() -> Result<Cuda, ExitCode> {
     }
 }
 
-struct Art<'a> {
-    a: &'a Artifact,
-    features: Features,
-    dtype: DType,
+fn fail(m: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {m}");
+    ExitCode::FAILURE
 }
 
-fn artifacts<'a>(m: &'a Loaded, cc: u32) -> Result<Vec<Art<'a>>, String> {
-    let mut out = Vec::new();
-    for a in &m.manifest.artifacts {
-        if !runs_on(&a.target, cc) {
-            continue;
-        }
-        let features = features_from_json(&a.features)?;
-        let dtype: DType = a.dtype.parse()?;
-        out.push(Art { a, features, dtype });
-    }
-    Ok(out)
+/// The build's operation and registry (its GPU artifacts).
+fn open(dir: &str) -> Result<(&'static dyn Operation, Registry), String> {
+    let loaded = ejc_runtime::manifest::load(PathBuf::from(dir)).map_err(|e| e.to_string())?;
+    let op = ejc_ir::ops::get(&loaded.manifest.spec.op)
+        .ok_or_else(|| format!("{dir}: operation `{}` is not one this ejc-gpu knows", loaded.manifest.spec.op))?;
+    let mut reg = Registry::new();
+    reg.load_manifest(dir).map_err(|e| e.to_string())?;
+    reg.check_signatures().map_err(|e| e.to_string())?;
+    Ok((op, reg))
 }
 
-/// Load `entry` of artifact `a` (its `entry`, or its aligned entry).
-fn kernel(cuda: &Cuda, m: &Loaded, a: &Artifact, entry: &str) -> Result<CudaKernel, String> {
-    load_entry(cuda, m, a, entry).map_err(|e| e.to_string())
-}
-
-fn tol(d: DType) -> f64 {
-    match d {
-        DType::F32 => 1e-5,
-        DType::F16 => 5e-3,
-        _ => 1e-2,
-    }
-}
-
-/// Inputs, run-time arguments and reference outputs of one case, shared by every
-/// artifact (and entry) of the same features, dtype and shape: the f64 reference is
-/// what a check spends most of its time on.
-type Case = std::rc::Rc<(FlashInputs, FlashRuntime, FlashOutputs)>;
-
-fn case(cache: &mut HashMap<String, Case>, art: &Art, shape: &FlashShape, seed: u64) -> Result<Case, String> {
-    let key = format!("{:?} {} {shape} {seed}", art.features, art.dtype);
-    if let Some(c) = cache.get(&key) {
-        return Ok(c.clone());
-    }
-    let f = &art.features;
-    let inputs = random_inputs(f, art.dtype, shape, seed);
-    let rt = default_runtime(f, shape, seed);
-    let want = reference(f, &rt, &inputs)?;
-    let c: Case = std::rc::Rc::new((inputs, rt, want));
-    cache.insert(key, c.clone());
-    Ok(c)
-}
-
-/// Run one artifact on one case; returns (rel_err out, rel_err lse).
-fn run_one(cuda: &Cuda, k: &CudaKernel, art: &Art, case: &Case) -> Result<(f64, f64), String> {
-    let f = &art.features;
-    let (inputs, rt, want) = (&case.0, &case.1, &case.2);
-    let mut call = FlashBuffers::from_inputs(inputs);
-    let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
-    let dev = FlashDevice::new(cuda, f, art.dtype, art.a.head_dim, bm, rt, &mut call).map_err(|e| e.to_string())?;
-    if let Some(al) = art.a.aligned.as_ref().filter(|al| al.entry == k.entry) {
-        if !dev.meets(al) {
-            return Err(format!("the inputs do not meet the aligned entry's condition ({})", al.tensors.join(", ")));
-        }
-    }
-    dev.launch(cuda, k).map_err(|e| e.to_string())?;
+/// Run a candidate on a host call (uploaded, run, outputs downloaded); its outputs.
+fn run_on_gpu(
+    cuda: &Arc<Cuda>,
+    op: &dyn Operation,
+    f: &Features,
+    cand: &Candidate,
+    host: &HostCall,
+    sizes: &Sizes,
+) -> Result<(HostCall, bool), String> {
+    let dev = upload_call(cuda, &Call::from_host(host)).map_err(|e| e.to_string())?;
+    let plan = CudaPlan::for_candidate(cuda, cand, &dev, sizes).map_err(|e| e.to_string())?;
+    plan.launch(cuda).map_err(|e| e.to_string())?;
     cuda.synchronize().map_err(|e| e.to_string())?;
-    dev.read_outputs(cuda, &mut call).map_err(|e| e.to_string())?;
-    let got = call.outputs();
-    let (ro, _) = compare(&got.out.to_vec(), &want.out.to_vec());
-    let (rl, _) = compare(&got.lse.to_vec(), &want.lse.to_vec());
-    Ok((ro, rl))
+    let mut back = Call::default();
+    let outs = op.outputs(f);
+    download_into(cuda, &dev, &outs, &mut back).map_err(|e| e.to_string())?;
+    let mut got = host.clone();
+    for n in outs {
+        if let Some(t) = back.host_tensor(n) {
+            got.tensors.insert(n.to_string(), t);
+        }
+    }
+    Ok((got, plan.aligned.iter().any(|a| *a)))
 }
+
+/// Every family of the build that runs on this GPU.
+fn gpu_families<'r>(reg: &'r Registry, op: &dyn Operation, cc: u32) -> Vec<Family<'r>> {
+    reg.families(&Query::new(op.name()).platform(Platform::Cuda))
+        .map(|fs| fs.into_iter().filter(|f| runs_on(&f.backend, cc)).collect())
+        .unwrap_or_default()
+}
+
+/// The candidates `check` runs: each artifact of each role at least once.
+fn check_candidates<'r>(fam: &Family<'r>) -> Vec<Candidate<'r>> {
+    let all = fam.candidates();
+    let mut out: Vec<Candidate<'r>> = Vec::new();
+    for plan in &fam.plans {
+        let of_plan: Vec<&Candidate> = all.iter().filter(|c| std::ptr::eq(c.plan, *plan)).collect();
+        // The largest run-time values exercise the most of a plan (empty splits).
+        let top = |c: &&Candidate| plan.plan.axes.keys().map(|a| c.config.get(a).copied().unwrap_or(0)).sum::<u32>();
+        let max_top = of_plan.iter().map(top).max().unwrap_or(0);
+        for (i, launch) in plan.plan.launches.iter().enumerate() {
+            let mut seen = Vec::new();
+            for c in of_plan.iter().filter(|c| top(c) == max_top) {
+                let e = c.launches[i];
+                if seen.contains(&e.artifact_id) {
+                    continue;
+                }
+                seen.push(e.artifact_id.clone());
+                if !out.iter().any(|o| o.config == c.config) {
+                    out.push((*c).clone());
+                }
+            }
+            let _ = launch;
+        }
+    }
+    out
+}
+
+/// A check case: inputs, their sizes and the reference outputs.
+type Case = std::rc::Rc<(HostCall, Sizes, std::collections::BTreeMap<String, ejc_ir::tensor::HostTensor>)>;
 
 fn check(args: &[String]) -> ExitCode {
     let Some(dir) = args.first() else { return usage() };
     let filter = flag(args, "--filter");
-    // --shard I/N: every N-th artifact from the I-th, so N processes check a build in
+    // --shard I/N: every N-th candidate from the I-th, so N processes check a build in
     // parallel (loading PTX is the driver's JIT compile: CPU-bound, one core each).
     let shard = match flag(args, "--shard")
         .map(|s| s.split_once('/').and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?))))
@@ -150,189 +164,296 @@ fn check(args: &[String]) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let m = match load(PathBuf::from(dir)) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
+    let (op, reg) = match open(dir) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
     };
-    println!("device: {}   seed: {seed} (--seed {seed} replays)", cuda.device_name());
-    let arts = match artifacts(&m, cuda.compute_capability()) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let (mut pass, mut fail) = (0, 0);
-    let mut cases = HashMap::new();
-    let selected = arts.iter().filter(|a| filter.as_ref().is_none_or(|f| a.a.artifact_id.contains(f.as_str())));
-    for art in selected.skip(shard.0).step_by(shard.1) {
-        let d = art.a.head_dim;
-        // s_q ≠ s_k both ways, lengths off the block size, GQA 2:1 and 4:1, MQA, one query row.
-        let shapes = [
-            format!("2,77,93,4,2,{d}"),
-            format!("1,45,21,2,1,{d}"),
-            format!("1,19,140,8,2,{d}"),
-            format!("2,129,129,4,1,{d}"),
-            format!("1,1,23,2,2,{d}"),
-        ];
-        // Both entries of an artifact: the general one and the aligned one (the
-        // inputs here are contiguous, so they meet its condition).
-        let mut entries = vec![(art.a.entry.clone(), art.a.artifact_id.clone())];
-        if let Some(al) = &art.a.aligned {
-            entries.push((al.entry.clone(), format!("{} [aligned]", art.a.artifact_id)));
-        }
-        for (entry, id) in entries {
-            let k = match kernel(&cuda, &m, art.a, &entry) {
-                Ok(k) => k,
-                Err(e) => {
-                    println!("FAIL {id}: {e}");
-                    fail += 1;
-                    continue;
-                }
+    println!("device: {}   op: {}   seed: {seed} (--seed {seed} replays)", cuda.device_name(), op.name());
+    let cc = cuda.compute_capability();
+    let (mut pass, mut fail_n) = (0, 0);
+    // Inputs and reference outputs per (instance, case): the f64 reference is what a
+    // check spends most of its time on.
+    let mut cases: HashMap<String, Case> = HashMap::new();
+    let mut work = Vec::new();
+    for fam in gpu_families(&reg, op, cc) {
+        for c in check_candidates(&fam) {
+            let label = c.launches.iter().map(|e| e.artifact_id.as_str()).collect::<Vec<_>>().join(" + ");
+            let label = match c.config.iter().find(|(k, _)| fam.plans.iter().any(|p| p.plan.axes.contains_key(*k))) {
+                Some((k, v)) => format!("{label} [{k}={v}]"),
+                None => label,
             };
-            let mut worst = (0.0f64, 0.0f64);
-            let mut err = None;
-            for (i, s) in shapes.iter().enumerate() {
-                let shape = match FlashShape::parse(s) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        err = Some(e);
-                        break;
-                    }
-                };
-                let ran = case(&mut cases, art, &shape, seed.wrapping_add(i as u64))
-                    .and_then(|c| run_one(&cuda, &k, art, &c));
-                match ran {
-                    Ok((o, l)) => {
-                        let ok = |x: f64| x <= tol(art.dtype);
-                        if !ok(o) || !ok(l) {
-                            err = Some(format!("shape {s}: rel_err out {o:.2e}, lse {l:.2e}"));
-                        }
-                        worst = (worst.0.max(if o.is_nan() { f64::INFINITY } else { o }), worst.1.max(l));
-                    }
-                    Err(e) => {
-                        err = Some(format!("shape {s}: {e}"));
-                    }
-                }
-                if err.is_some() {
-                    break;
-                }
-            }
-            match err {
-                None => {
-                    pass += 1;
-                    println!("ok   {id}  worst rel_err out {:.2e} lse {:.2e}", worst.0, worst.1);
-                }
-                Some(e) => {
-                    fail += 1;
-                    println!("FAIL {id}: {e}");
-                }
+            if filter.as_ref().is_none_or(|f| label.contains(f.as_str())) {
+                work.push((fam.clone(), c, label));
             }
         }
     }
-    println!("{pass} passed, {fail} failed");
-    if fail > 0 {
+    for (fam, cand, label) in work.into_iter().skip(shard.0).step_by(shard.1) {
+        let dtype: DType = match fam.instance.dtype.parse() {
+            Ok(d) => d,
+            Err(e) => return fail(e),
+        };
+        let tol = tolerance(dtype);
+        let mut worst: Vec<(String, f64)> = Vec::new();
+        let mut err = None;
+        let mut aligned_ran = false;
+        for (i, dims) in op.check_dims(&fam.instance.keys).iter().enumerate() {
+            let key = format!("{:?} {i}", fam.instance);
+            let case = match cases.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    let made =
+                        op.random_call(&fam.features, dtype, dims, seed.wrapping_add(i as u64)).and_then(|call| {
+                            let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, &call)?;
+                            let want = op.reference(&fam.features, &call)?;
+                            Ok((call, sizes, want))
+                        });
+                    match made {
+                        Ok(c) => {
+                            let c = std::rc::Rc::new(c);
+                            cases.insert(key, c.clone());
+                            c
+                        }
+                        Err(e) => {
+                            err = Some(format!("case {i}: {e}"));
+                            break;
+                        }
+                    }
+                }
+            };
+            let (call, sizes, want) = (&case.0, &case.1, &case.2);
+            match run_on_gpu(&cuda, op, &fam.features, &cand, call, sizes) {
+                Ok((got, aligned)) => {
+                    aligned_ran |= aligned;
+                    for (name, rel, _) in compare_outputs(op, &fam.features, &got, want) {
+                        let r = if rel.is_nan() { f64::INFINITY } else { rel };
+                        match worst.iter_mut().find(|(n, _)| *n == name) {
+                            Some(w) => w.1 = w.1.max(r),
+                            None => worst.push((name.clone(), r)),
+                        }
+                        // NaN never passes.
+                        if rel.is_nan() || rel > tol {
+                            err = Some(format!("case {}: {name} rel_err {rel:.2e}", ejc_ir::op::dims_text(op, dims)));
+                        }
+                    }
+                }
+                Err(e) => err = Some(format!("case {}: {e}", ejc_ir::op::dims_text(op, dims))),
+            }
+            if err.is_some() {
+                break;
+            }
+        }
+        let entry = if aligned_ran { " [aligned]" } else { "" };
+        match err {
+            None => {
+                pass += 1;
+                let w: Vec<String> = worst.iter().map(|(n, r)| format!("{n} {r:.2e}")).collect();
+                println!("ok   {label}{entry}  worst rel_err {}", w.join(" "));
+            }
+            Some(e) => {
+                fail_n += 1;
+                println!("FAIL {label}{entry}: {e}");
+            }
+        }
+    }
+    println!("{pass} passed, {fail_n} failed");
+    if fail_n > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     }
 }
 
+/// The instance a bench/tune/call names: `--variant`, `--dtype`, and sizes.
+struct Target<'r> {
+    fam: Family<'r>,
+    dtype: DType,
+    dims: Sizes,
+}
+
+fn target<'r>(args: &[String], op: &'static dyn Operation, reg: &'r Registry, cc: u32) -> Result<Target<'r>, String> {
+    let variant = flag(args, "--variant").ok_or("--variant is required")?;
+    let dtype: DType = flag(args, "--dtype").ok_or("--dtype is required")?.parse()?;
+    let mut dims = match flag(args, "--shape") {
+        Some(s) => parse_shape(op, &s).map_err(|e| format!("--shape: {e}"))?,
+        None => Sizes::new(),
+    };
+    if let Some(s) = flag(args, "--size") {
+        parse_dims(op, &s, &mut dims).map_err(|e| format!("--size: {e}"))?;
+    }
+    let dims = with_defaults(op, &dims);
+    let keys = op.keys_of(&dims);
+    let fams = reg
+        .families(&Query::new(op.name()).platform(Platform::Cuda).variant(&variant).dtype(dtype).keys(&keys))
+        .map_err(|e| e.to_string())?;
+    let fam = fams.into_iter().find(|f| runs_on(&f.backend, cc)).ok_or_else(|| {
+        format!("no artifact of variant {variant}, {dtype}, {keys:?} runs on this GPU (compute capability {cc})")
+    })?;
+    Ok(Target { fam, dtype, dims })
+}
+
 fn bench(args: &[String]) -> ExitCode {
     let Some(dir) = args.first() else { return usage() };
-    let (Some(variant), Some(dtype), Some(hd), Some(shape)) =
-        (flag(args, "--variant"), flag(args, "--dtype"), flag(args, "--head-dim"), flag(args, "--shape"))
-    else {
-        return usage();
-    };
     let reps: usize = flag(args, "--reps").and_then(|s| s.parse().ok()).unwrap_or(20);
+    let only = flag(args, "--only");
     let cuda = match cuda_or_skip() {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let m = match load(PathBuf::from(dir)) {
-        Ok(m) => m,
+    let (op, reg) = match open(dir) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
+    };
+    let t = match target(args, op, &reg, cuda.compute_capability()) {
+        Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let shape = match FlashShape::parse(&shape) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: --shape: {e}");
             return ExitCode::from(2);
         }
     };
-    let arts = match artifacts(&m, cuda.compute_capability()) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
+    let host = match op.random_call(&t.fam.features, t.dtype, &t.dims, 7) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
     };
-    let cands: Vec<&Art> = arts
-        .iter()
-        .filter(|a| a.a.variant == variant && a.a.dtype == dtype && a.a.head_dim.to_string() == hd)
-        .collect();
-    if cands.is_empty() {
-        eprintln!("error: no artifact for variant {variant}, dtype {dtype}, head_dim {hd} that runs on this GPU");
-        return ExitCode::FAILURE;
-    }
-    let f = &cands[0].features;
-    let s = &shape;
-    let mut flops = 4.0 * (s.batch * s.heads_q) as f64 * s.seq_q as f64 * s.seq_k as f64 * s.head_dim as f64;
-    if f.causal {
-        flops /= 2.0;
-    }
-    let inputs = random_inputs(f, cands[0].dtype, s, 7);
-    let rt = default_runtime(f, s, 7);
-    println!("device: {}   shape {shape}   {variant} {dtype} d={hd}", cuda.device_name());
+    let sizes = match op.validate(&t.fam.features, t.dtype, &t.fam.instance.keys, &host) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let work = op.work(&t.fam.features, t.dtype, &sizes);
+    let dev = match upload_call(&cuda, &Call::from_host(&host)) {
+        Ok(d) => d,
+        Err(e) => return fail(e),
+    };
+    println!(
+        "device: {}   {} {} {} {}   {}",
+        cuda.device_name(),
+        op.name(),
+        t.fam.instance.describe(),
+        ejc_ir::op::dims_text(op, &t.dims),
+        t.fam.backend,
+        op.describe(&t.fam.features)
+    );
     let mut rows = Vec::new();
-    for art in &cands {
-        let mut call = FlashBuffers::from_inputs(&inputs);
-        let bm = art.a.config.get("block_m").copied().unwrap_or(64) as usize;
-        let dev = match FlashDevice::new(&cuda, f, art.dtype, art.a.head_dim, bm, &rt, &mut call) {
-            Ok(d) => d,
-            Err(e) => {
-                println!("  {:<60} {e}", art.a.artifact_id);
-                continue;
-            }
-        };
-        // The aligned entry where the tensors allow it (what a launcher does).
-        let entry = entry_for(art.a, &dev).to_string();
-        let k = match kernel(&cuda, &m, art.a, &entry) {
-            Ok(k) => k,
-            Err(e) => {
-                println!("  {:<60} failed to load: {e}", art.a.artifact_id);
-                continue;
-            }
-        };
-        match median_ms(&cuda, &dev, &k, 3, reps) {
+    for c in t.fam.candidates() {
+        let id = format!(
+            "{}{}",
+            c.launches.iter().map(|e| e.artifact_id.as_str()).collect::<Vec<_>>().join(" + "),
+            c.plan.plan.axes.keys().filter_map(|a| c.config.get(a).map(|v| format!(" [{a}={v}]"))).collect::<String>()
+        );
+        if only.as_ref().is_some_and(|o| !id.contains(o.as_str())) {
+            continue;
+        }
+        match CudaPlan::for_candidate(&cuda, &c, &dev, &sizes).and_then(|p| p.median_ms(&cuda, 3, reps)) {
             Ok(ms) => {
-                let tf = flops / (ms * 1e-3) / 1e12;
-                println!("  {:<60} {ms:8.3} ms  {tf:7.1} TFLOP/s", art.a.artifact_id);
-                rows.push((art.a.artifact_id.clone(), ms, tf));
+                let tf = work.flops / (ms * 1e-3) / 1e12;
+                let gbs = work.bytes / (ms * 1e-3) / 1e9;
+                println!("  {id:<96} {ms:8.4} ms  {tf:7.1} TFLOP/s  {gbs:7.0} GB/s");
+                rows.push((id, c.id(), ms, tf, gbs));
             }
-            Err(e) => println!("  {:<60} {e}", art.a.artifact_id),
+            Err(e) => println!("  {id:<96} {e}"),
         }
     }
-    rows.sort_by(|a, b| a.1.total_cmp(&b.1));
+    rows.sort_by(|a, b| a.2.total_cmp(&b.2));
     if let Some(best) = rows.first() {
-        println!("best: {} {:.3} ms {:.1} TFLOP/s", best.0, best.1, best.2);
+        println!("best: {} {:.4} ms {:.1} TFLOP/s {:.0} GB/s", best.0, best.2, best.3, best.4);
     }
     if let Some(path) = flag(args, "--json") {
         let j = serde_json::json!({
-            "device": cuda.device_name(), "shape": shape.to_string(), "variant": variant, "dtype": dtype,
-            "head_dim": hd, "flops": flops,
-            "candidates": rows.iter().map(|r| serde_json::json!({"artifact": r.0, "ms": r.1, "tflops": r.2})).collect::<Vec<_>>(),
+            "device": cuda.device_name(), "op": op.name(), "instance": t.fam.instance, "dims": t.dims,
+            "flops": work.flops, "bytes": work.bytes,
+            "candidates": rows.iter().map(|r| serde_json::json!({"artifact": r.0, "config": r.1, "ms": r.2, "tflops": r.3, "gbs": r.4})).collect::<Vec<_>>(),
         });
         let _ = std::fs::write(path, serde_json::to_string_pretty(&j).unwrap_or_default());
     }
     ExitCode::SUCCESS
+}
+
+/// `tune` and `call`: one call through the runtime (with the given cache directory).
+fn through_runtime(args: &[String], tune: bool) -> ExitCode {
+    use ejc_runtime::api::{CallOptions, PlatformChoice, Runtime, RuntimeOptions};
+    use ejc_runtime::chain::Policy;
+    let Some(dir) = args.first() else { return usage() };
+    let cuda = match cuda_or_skip() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let (op, reg) = match open(dir) {
+        Ok(x) => x,
+        Err(e) => return fail(e),
+    };
+    let t = match target(args, op, &reg, cuda.compute_capability()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let policy = if tune {
+        Policy { allow_heuristics: false, ..Policy::default() }
+    } else {
+        // A call takes what the cache has; it does not tune.
+        Policy { allow_autotune: false, ..Policy::default() }
+    };
+    let opts = RuntimeOptions {
+        kernels: vec![PathBuf::from(dir)],
+        cache_dir: flag(args, "--cache-dir").map(PathBuf::from),
+        policy: Some(policy),
+        log: true,
+    };
+    let mut rt = match Runtime::new(opts) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let host = match op.random_call(&t.fam.features, t.dtype, &t.dims, 11) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    // The call asks for the variant's features with the call's own values.
+    let wanted = op.wanted(&t.fam.features, &host);
+    if tune && args.iter().any(|a| a == "--force") {
+        if let Some(c) = rt.chain(&cuda.fingerprint()).persistent_mut() {
+            let _ = c.clear(None);
+        }
+    }
+    let mut call = Call::from_host(&host);
+    let o = CallOptions { platform: PlatformChoice::Cuda, ..Default::default() };
+    let started = std::time::Instant::now();
+    match rt.call(op.name(), &wanted, &mut call, &o) {
+        Ok(r) => {
+            println!(
+                "{} {} on {}: plan {} {:?} from the {} ({:.2}s)",
+                op.name(),
+                r.instance.describe(),
+                cuda.device_name(),
+                r.plan,
+                r.config,
+                r.source,
+                started.elapsed().as_secs_f64()
+            );
+            // The call's own outputs against the reference.
+            let want = match op.reference(&t.fam.features, &host) {
+                Ok(w) => w,
+                Err(e) => return fail(e),
+            };
+            let mut got = host.clone();
+            for n in op.outputs(&t.fam.features) {
+                if let Some(x) = call.host_tensor(n) {
+                    got.tensors.insert(n.to_string(), x);
+                }
+            }
+            let tol = tolerance(t.dtype);
+            let mut ok = true;
+            for (n, rel, _) in compare_outputs(op, &t.fam.features, &got, &want) {
+                println!("  {n}: rel_err {rel:.2e} (tolerance {tol:e})");
+                ok &= rel <= tol;
+            }
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => fail(e),
+    }
 }
 
 fn main() -> ExitCode {
@@ -347,6 +468,8 @@ fn main() -> ExitCode {
         },
         Some("check") => check(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("tune") => through_runtime(&args[1..], true),
+        Some("call") => through_runtime(&args[1..], false),
         _ => usage(),
     }
 }

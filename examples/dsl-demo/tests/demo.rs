@@ -6,13 +6,13 @@ use ejc_dsl_demo::kernels::{alibi, causal_window, prefix_lm, scaled_matmul, soft
 use ejc_dsl_demo::library;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference_with_mods, Mods};
+use ejc_ir::flash::Features;
 use ejc_ir::flash::FlashShape;
 use ejc_ir::ir::MaskTerm;
-use ejc_ir::spec::Features;
 use ejc_ir::tensor::{compare, HostTensor};
 use ejc_ir::types::DType;
+use ejc_runtime::call::Call;
 use ejc_runtime::cpu::HostBuffer;
-use ejc_runtime::flash::FlashBuffers;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -157,9 +157,9 @@ fn flash_with_prefix_lm_and_alibi_matches_plain_rust() {
         let shape = FlashShape::parse(shape).unwrap();
         let inputs = random_inputs(&f, DType::F32, &shape, seed);
         let rt = default_runtime(&f, &shape, seed);
-        let mut call = FlashBuffers::from_inputs(&inputs);
-        library().run_flash("flash_prefix_lm_alibi", &rt, &mut call, 2).unwrap();
-        let got = call.outputs().out.to_vec();
+        let mut call = Call::from_host(&ejc_ir::flash::op::host_call(&f, &rt, &inputs));
+        library().run_flash("flash_prefix_lm_alibi", &mut call, 2).unwrap();
+        let got = call.host_tensor("out").unwrap().to_vec();
         let want = attention_ref(
             &inputs.q,
             &inputs.k,
@@ -182,13 +182,13 @@ fn flash_with_affine_mask_mod_matches_the_reference() {
     let shape = FlashShape::parse("2,150,150,4,2,64").unwrap();
     let inputs = random_inputs(&f, DType::F32, &shape, seed);
     let rt = default_runtime(&f, &shape, seed);
-    let mut call = FlashBuffers::from_inputs(&inputs);
-    library().run_flash("flash_causal_window", &rt, &mut call, 2).unwrap();
+    let mut call = Call::from_host(&ejc_ir::flash::op::host_call(&f, &rt, &inputs));
+    library().run_flash("flash_causal_window", &mut call, 2).unwrap();
     let mask = |b: i64, h: i64, i: i64, j: i64| causal_window(b as i32, h as i32, i as i32, j as i32);
     let want = reference_with_mods(&f, &rt, &inputs, &Mods { mask: Some(&mask), score: None }).unwrap();
-    let got = call.outputs();
-    assert_close(&got.out.to_vec(), &want.out.to_vec(), &format!("flash + causal_window out seed={seed}"));
-    assert_close(&got.lse.to_vec(), &want.lse.to_vec(), &format!("flash + causal_window lse seed={seed}"));
+    let (out, lse) = (call.host_tensor("out").unwrap(), call.host_tensor("lse").unwrap());
+    assert_close(&out.to_vec(), &want.out.to_vec(), &format!("flash + causal_window out seed={seed}"));
+    assert_close(&lse.to_vec(), &want.lse.to_vec(), &format!("flash + causal_window lse seed={seed}"));
 }
 
 #[test]

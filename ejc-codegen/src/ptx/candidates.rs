@@ -1,0 +1,201 @@
+//! The PTX target's candidate policy: which code paths and launch configurations a
+//! kernel is compiled in, decided from the kernel itself (its tiles and products), not
+//! from what operation it belongs to.
+//!
+//! ```no_run
+//! # fn demo(kernel: &ejc_ir::ir::Kernel) {
+//! use ejc_codegen::ptx::{candidates::candidates, Arch};
+//! match candidates(kernel, Arch::Sm90a, &[4, 8], &[2, 3], &[]) {
+//!     Ok(c) => c.iter().for_each(|c| println!("{}", c.suffix)), // w4_s2, w4_s2_wgmma, w4_s2_wgmma_ws, ...
+//!     Err(skip) => println!("not for PTX: {skip}"),
+//! }
+//! # }
+//! ```
+//!
+//! For each warp count and stage count of the schedule:
+//!
+//! - the kernel's register tiles must split over the warps (rows a multiple of 16 ×
+//!   warps), else that warp count is left out;
+//! - stage counts only matter to kernels with products (their operand tiles are
+//!   pipelined through shared memory): a kernel without any gets the smallest only;
+//! - `mma.sync` always; on `sm_90a` also `wgmma` (warps in whole warpgroups, product rows
+//!   in 64-row blocks per warpgroup), and warp specialisation where [`super::ws_applies`];
+//! - the softmax sunk into the masks' branch (`sink`) only where the loop-carried
+//!   accumulator is at most 64 columns wide: it keeps more registers live, which the H100
+//!   measurements show pays at 64 columns and costs at 128 (docs/perf.md).
+
+use std::collections::BTreeMap;
+
+use ejc_ir::ir::{walk_ops, Kernel, Op, OpKind};
+use ejc_ir::types::{DType, Type};
+
+use super::{Arch, PtxConfig};
+
+/// One candidate: a code-generation configuration, its file-name suffix and the values
+/// the manifest records in the artifact's `config`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub cfg: PtxConfig,
+    /// `w4_s2`, `w8_s2_wgmma_ws_sink`.
+    pub suffix: String,
+    pub config: BTreeMap<String, u32>,
+}
+
+impl Candidate {
+    /// The code path, as `ejc build --path` names it: `mma`, `wgmma` or `ws`.
+    pub fn path(&self) -> &'static str {
+        if self.cfg.ws {
+            "ws"
+        } else if self.cfg.wgmma {
+            "wgmma"
+        } else {
+            "mma"
+        }
+    }
+}
+
+/// Why a kernel has no PTX candidate at all.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// Products of f32 operands: tensor cores take 16-bit operands (tf32 would miss
+    /// f32's 1e-5 tolerance), so f32 kernels with products run on the CPU targets.
+    F32Products,
+    /// No warp count of the schedule splits the register tiles (rows).
+    NoWarpCount { rows: Vec<usize> },
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::F32Products => f.write_str("f32 products (tensor cores take bf16/f16)"),
+            Skip::NoWarpCount { rows } => {
+                write!(f, "no warp count of the schedule splits its register tiles' rows {rows:?} (16 per warp)")
+            }
+        }
+    }
+}
+
+fn dots(kernel: &Kernel) -> Vec<&Op> {
+    let mut out = Vec::new();
+    walk_ops(&kernel.body, &mut |op: &Op| {
+        if matches!(op.kind, OpKind::Dot { .. }) {
+            out.push(op);
+        }
+    });
+    out
+}
+
+/// The rows of every tile the kernel keeps in registers (2-D tiles other than the
+/// products' shared-memory operands), deduplicated.
+pub fn register_rows(kernel: &Kernel) -> Vec<usize> {
+    let smem = super::layout::plan(kernel).map(|p| p.smem_loads).unwrap_or_default();
+    let mut rows = Vec::new();
+    walk_ops(&kernel.body, &mut |op: &Op| {
+        for r in &op.results {
+            if let Type::Tile(_, shape) = kernel.ty(*r) {
+                if shape.len() == 2 && shape[0] > 1 && !smem.contains(r) && !rows.contains(&shape[0]) {
+                    rows.push(shape[0]);
+                }
+            }
+        }
+    });
+    rows.sort();
+    rows
+}
+
+/// The rows of the products' results (the `M` of every `tile.dot`), their greatest
+/// common divisor; 0 without products.
+pub fn product_rows(kernel: &Kernel) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    dots(kernel)
+        .iter()
+        .filter_map(|op| op.results.first().map(|r| kernel.ty(*r).shape().first().copied().unwrap_or(0)))
+        .fold(0, gcd)
+}
+
+/// The widest loop-carried accumulator of a product (`acc = dot(a, b, acc)` where acc
+/// is not a fresh zero tile): its columns; 0 when there is none.
+pub fn accumulator_cols(kernel: &Kernel) -> usize {
+    let mut zero_fills = std::collections::HashSet::new();
+    walk_ops(&kernel.body, &mut |op: &Op| {
+        if matches!(op.kind, OpKind::Splat { .. }) {
+            zero_fills.insert(op.results[0]);
+        }
+    });
+    dots(kernel)
+        .iter()
+        .filter(|op| !zero_fills.contains(&op.operands[2]))
+        .map(|op| kernel.ty(op.results[0]).shape().get(1).copied().unwrap_or(0))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every candidate of `kernel` for `arch` over the schedule's `warps` × `stages`,
+/// keeping only the code paths in `paths` (`mma`, `wgmma`, `ws`; empty = all).
+pub fn candidates(
+    kernel: &Kernel,
+    arch: Arch,
+    warps: &[u32],
+    stages: &[u32],
+    paths: &[String],
+) -> Result<Vec<Candidate>, Skip> {
+    let products = dots(kernel);
+    if products.iter().any(|op| kernel.ty(op.operands[0]).dtype() == DType::F32) {
+        return Err(Skip::F32Products);
+    }
+    let rows = register_rows(kernel);
+    let fits = |w: u32| rows.iter().all(|r| r.is_multiple_of(16 * w as usize));
+    let warps: Vec<u32> = warps.iter().copied().filter(|w| fits(*w)).collect();
+    if warps.is_empty() {
+        return Err(Skip::NoWarpCount { rows });
+    }
+    let stages: Vec<u32> =
+        if products.is_empty() { stages.iter().copied().min().into_iter().collect() } else { stages.to_vec() };
+    let sink_pays = accumulator_cols(kernel) <= 64;
+    let mut out = Vec::new();
+    for &w in &warps {
+        for &s in &stages {
+            let base =
+                PtxConfig { arch, num_warps: w as usize, num_stages: s as usize, wgmma: false, ws: false, sink: false };
+            let mut cfgs = vec![base];
+            if arch == Arch::Sm90a && w % 4 == 0 && !products.is_empty() {
+                let wg = PtxConfig { wgmma: true, ..base };
+                if super::wgmma_applies(kernel, &wg) {
+                    cfgs.push(wg);
+                    let ws = PtxConfig { ws: true, ..wg };
+                    if super::ws_applies(kernel, &ws).is_ok() {
+                        cfgs.push(ws);
+                        if sink_pays {
+                            cfgs.push(PtxConfig { sink: true, ..ws });
+                        }
+                    }
+                }
+            }
+            for cfg in cfgs {
+                let suffix = format!(
+                    "w{w}_s{s}{}{}{}",
+                    if cfg.wgmma { "_wgmma" } else { "" },
+                    if cfg.ws { "_ws" } else { "" },
+                    if cfg.sink { "_sink" } else { "" }
+                );
+                let mut config = BTreeMap::from([("num_warps".to_string(), w), ("num_stages".to_string(), s)]);
+                for (flag, on) in [("wgmma", cfg.wgmma), ("ws", cfg.ws), ("sink", cfg.sink)] {
+                    if on {
+                        config.insert(flag.to_string(), 1);
+                    }
+                }
+                let c = Candidate { cfg, suffix, config };
+                if paths.is_empty() || paths.iter().any(|p| p == c.path()) {
+                    out.push(c);
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,641 @@
+//! The operation seam: everything the spine (spec front end, build driver, manifest,
+//! registry, configuration chain, tuner, command line, GPU runner) needs to know about an
+//! operation, behind one trait, [`Operation`]. The spine names no operation; each
+//! operation lives in one module of [`crate::ops`].
+//!
+//! ```
+//! let op = ejc_ir::ops::get("mean_pooling").unwrap();
+//! assert_eq!(op.name(), "mean_pooling");
+//! let dims: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
+//! assert!(dims.contains(&"chunk_size"));
+//! ```
+//!
+//! Vocabulary (docs/architecture.md has the picture):
+//!
+//! - **features**: what a variant computes, in the spec's vocabulary (a JSON map; the
+//!   operation reads it back typed). A call is matched to the variant whose features it
+//!   asks for ([`Operation::matches`]).
+//! - **instance**: variant × dtype × the operation's compile-time **keys** (flash:
+//!   `head_dim`): what a call must match exactly ([`crate::manifest::Instance`]).
+//! - **dims**: the sizes a user states for a call (`batch`, `seq_q`, ...; `--size` on the
+//!   command line); **sizes**: every named size of a validated call, dims and derived
+//!   ones (`num_seqs`, `max_seqlen_q`, ...), which grid formulas, temporaries and cache
+//!   keys read.
+//! - **schedule axes**: named, declared by the operation ([`AxisDecl`]): *tile* axes
+//!   change the tile program (`block_m`), *launch* axes are code-generation choices of
+//!   GPU targets (`num_warps`), *run-time* axes are values a plan reads at run time and
+//!   the autotuner chooses (`num_splits`).
+//! - **plan**: how a call runs: one launch or several, with temporaries between them
+//!   ([`PlanDecl`]); each launch runs the kernel of a **role** (`main`, `partial`,
+//!   `combine`).
+//! - **config**: the values of a candidate's axes; a plan other than the operation's
+//!   first carries the marker `plan:<name>` = 1 (see [`plan_of`]).
+
+use std::collections::BTreeMap;
+
+use crate::interp::Arg;
+use crate::ir::{GridExpr, Kernel};
+use crate::manifest::{Instance, Launch, Temporary};
+use crate::spec::{Decoder, Fields, Spec, Variant};
+use crate::tensor::HostTensor;
+use crate::types::{DType, Type};
+
+/// A variant's features in the spec's vocabulary.
+pub type Features = BTreeMap<String, serde_json::Value>;
+/// An operation's compile-time keys (`head_dim` = 128).
+pub type Keys = BTreeMap<String, u32>;
+/// A candidate configuration: schedule values, code-path flags, plan marker.
+pub type Config = BTreeMap<String, u32>;
+/// Named sizes of a call.
+pub type Sizes = BTreeMap<String, i64>;
+/// Named run-time scalars of a call (`softmax_scale`, `chunk_size`, ...).
+pub type Scalars = BTreeMap<String, f64>;
+
+/// The key of a configuration that selects plan `name` (absent for the operation's first
+/// plan, so single-kernel configurations read as they always have).
+pub fn plan_marker(name: &str) -> String {
+    format!("plan:{name}")
+}
+
+/// The plan a configuration selects, given the instance's plan names (first = default).
+pub fn plan_of<'p>(config: &Config, plans: &[&'p str]) -> Option<&'p str> {
+    plans.iter().skip(1).find(|p| config.contains_key(&plan_marker(p))).or(plans.first()).copied()
+}
+
+/// `m64_n32` (block sizes) or `key=value` pairs for other configurations.
+pub fn config_id(c: &Config) -> String {
+    match (c.get("block_m"), c.get("block_n")) {
+        (Some(m), Some(n)) if c.len() == 2 => format!("m{m}_n{n}"),
+        _ => c.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
+    }
+}
+
+/// What kind of choice a schedule axis is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AxisKind {
+    /// Changes the tile program: one kernel per value (`block_m`).
+    Tile,
+    /// A code-generation choice of GPU targets (`num_warps`, `num_stages`).
+    Launch,
+    /// Read by a plan at run time; no kernel is compiled per value (`num_splits`).
+    Runtime,
+}
+
+/// A schedule axis an operation declares, with the spec's rules for its values.
+#[derive(Clone, Copy, Debug)]
+pub struct AxisDecl {
+    pub name: &'static str,
+    pub kind: AxisKind,
+    /// A spec must list it.
+    pub required: bool,
+    /// `block size`: what one value is called in messages.
+    pub noun: &'static str,
+    /// What one value may be, and what the list may be (for messages).
+    pub allowed: &'static str,
+    pub list_allowed: &'static str,
+    /// Why a value is refused, or None when it is fine.
+    pub check: fn(i64) -> Option<&'static str>,
+}
+
+/// A size a user states for a call.
+#[derive(Clone, Copy, Debug)]
+pub struct DimDecl {
+    pub name: &'static str,
+    /// Used by `ejc run` when the user gives no value.
+    pub default: i64,
+    pub doc: &'static str,
+}
+
+/// A run-time scalar of an operation's calls.
+#[derive(Clone, Copy, Debug)]
+pub struct ScalarDecl {
+    pub name: &'static str,
+    pub doc: &'static str,
+}
+
+/// One role of a plan: the kernel it launches is compiled for every combination of
+/// `tile_axes` of the spec's schedule; `fixed` sets axes to one value for this role
+/// (e.g. the combine kernel of split-KV uses one tiling and warp count).
+#[derive(Clone, Debug)]
+pub struct RoleDecl {
+    pub name: &'static str,
+    pub tile_axes: Vec<&'static str>,
+    pub fixed: Config,
+}
+
+/// How one call of an instance runs: roles (kernels), temporaries, launches in order,
+/// and the run-time axes the autotuner chooses among.
+#[derive(Clone, Debug)]
+pub struct PlanDecl {
+    pub name: &'static str,
+    pub roles: Vec<RoleDecl>,
+    pub temporaries: Vec<Temporary>,
+    pub launches: Vec<Launch>,
+    pub runtime_axes: Vec<&'static str>,
+}
+
+impl PlanDecl {
+    /// The one-kernel plan `single`: role `main` compiled for every combination of
+    /// `tile_axes`, launched on the call's tensors.
+    pub fn single(tile_axes: &[&'static str]) -> PlanDecl {
+        PlanDecl {
+            name: "single",
+            roles: vec![RoleDecl { name: "main", tile_axes: tile_axes.to_vec(), fixed: Config::new() }],
+            temporaries: Vec::new(),
+            launches: vec![Launch { role: "main".into(), bind: BTreeMap::new() }],
+            runtime_axes: Vec::new(),
+        }
+    }
+}
+
+/// One tile program a spec expands to: an instance, a role, and the values of the
+/// role's tile axes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelInstance<'s> {
+    /// The kernel id (also its entry symbol: a C identifier).
+    pub id: String,
+    pub variant: &'s Variant,
+    pub dtype: DType,
+    pub keys: Keys,
+    pub role: &'static str,
+    /// The role's tile-axis values (and its fixed values).
+    pub tile: Config,
+}
+
+impl KernelInstance<'_> {
+    pub fn instance(&self) -> Instance {
+        Instance { variant: self.variant.name.clone(), dtype: self.dtype.to_string(), keys: self.keys.clone() }
+    }
+}
+
+/// How much work a call is, for benchmarks (GFLOP/s, GB/s).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    pub flops: f64,
+    /// Bytes every kernel must move at least (inputs read once, outputs written once).
+    pub bytes: f64,
+}
+
+/// The metadata of one tensor of a call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub strides: Vec<isize>,
+}
+
+/// A call as an operation validates it: named tensors (wherever they live) and scalars.
+pub trait CallView {
+    fn tensor(&self, name: &str) -> Option<TensorInfo>;
+    /// The elements of a small integer tensor (prefix sums), copied to the host.
+    fn int_values(&self, name: &str) -> Result<Vec<i64>, String>;
+    fn scalar(&self, name: &str) -> Option<f64>;
+}
+
+/// A call on the host: named tensors (inputs and outputs) and scalars.
+#[derive(Clone, Debug, Default)]
+pub struct HostCall {
+    pub tensors: BTreeMap<String, HostTensor>,
+    pub scalars: Scalars,
+}
+
+impl CallView for HostCall {
+    fn tensor(&self, name: &str) -> Option<TensorInfo> {
+        self.tensors.get(name).map(|t| TensorInfo {
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            strides: t.strides.clone(),
+        })
+    }
+    fn int_values(&self, name: &str) -> Result<Vec<i64>, String> {
+        let t = self.tensors.get(name).ok_or_else(|| format!("the call has no `{name}`"))?;
+        Ok(t.to_vec().into_iter().map(|x| x as i64).collect())
+    }
+    fn scalar(&self, name: &str) -> Option<f64> {
+        self.scalars.get(name).copied()
+    }
+}
+
+/// DESIGN.md's tolerance on ‖out − ref‖ / ‖ref‖.
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F32 => 1e-5,
+        DType::F16 => 5e-3,
+        _ => 1e-2,
+    }
+}
+
+/// An operation: one module of [`crate::ops`] implements this, and nothing else in the
+/// spine knows what the operation computes.
+pub trait Operation: Sync {
+    /// The registry key, e.g. `flash_attention_fwd`.
+    fn name(&self) -> &'static str;
+    /// One line: what it computes.
+    fn summary(&self) -> &'static str;
+
+    // ---- the spec ----------------------------------------------------------------
+
+    /// The input dtypes a spec may list.
+    fn dtypes(&self) -> &'static [DType];
+    /// Why another IR dtype is refused: "cannot be an attention input".
+    fn dtype_refusal(&self) -> &'static str;
+    /// The operation's own top-level spec fields (flash: `layout`, `head_dims`).
+    fn fields(&self) -> &'static [&'static str];
+    /// Decode them (reporting problems through `d`), adding the compile-time keys.
+    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>);
+    /// The fields a variant may have (besides `description`).
+    fn variant_fields(&self) -> &'static [&'static str];
+    /// What a variant is, for messages: "a mapping of features such as `causal: true`".
+    fn variant_allowed(&self) -> &'static str;
+    /// One variant's features (problems reported through `d`).
+    fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> Features;
+    /// A short description of features: `causal + sliding_window=runtime`.
+    fn describe(&self, f: &Features) -> String;
+    /// The schedule axes, in order.
+    fn axes(&self) -> &'static [AxisDecl];
+    /// Every plan the operation has (the first is the default).
+    fn plan_names(&self) -> &'static [&'static str];
+
+    // ---- kernels -------------------------------------------------------------------
+
+    /// The plans of a variant that the spec's schedule allows, first the default.
+    fn plans(&self, spec: &Spec, features: &Features) -> Vec<PlanDecl>;
+    /// The kernel id of a tile program: a C identifier, unique within a build.
+    fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String;
+    /// The tile IR of one kernel, before any pass.
+    fn build(&self, spec: &Spec, k: &KernelInstance) -> Result<Kernel, String>;
+    /// What a kernel parameter is, for the manifest (`input: queries [B, Sq, Hq, D]`).
+    fn param_doc(&self, name: &str) -> &'static str;
+
+    // ---- calls ---------------------------------------------------------------------
+
+    /// The sizes a user states, in the order of the positional shorthand (`--shape`).
+    fn dims(&self) -> &'static [DimDecl];
+    /// The call's dtype (an input's: flash's `q`), or an error naming the argument.
+    fn call_dtype(&self, call: &dyn CallView) -> Result<DType, String>;
+    /// The compile-time keys a call of these dims needs (flash: `head_dim`).
+    fn keys_of(&self, dims: &Sizes) -> Keys;
+    /// The compile-time keys a call needs, read from its tensors (an error names the
+    /// argument that is missing or malformed).
+    fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String>;
+    /// The dims of a validated call (what [`Operation::random_call`] takes to make a
+    /// call like it).
+    fn dims_of(&self, sizes: &Sizes) -> Sizes;
+    /// The run-time scalars of a variant's calls.
+    fn scalars(&self, f: &Features) -> Vec<ScalarDecl>;
+    /// Check a call (shapes against each other and against the instance's keys,
+    /// dtypes, scalar ranges): every named size, or an error naming the argument.
+    fn validate(&self, f: &Features, dtype: DType, keys: &Keys, call: &dyn CallView) -> Result<Sizes, String>;
+    /// Whether a variant with features `variant` computes what a call asks for
+    /// (`wanted`: the features with the call's values, e.g. a concrete window).
+    fn matches(&self, variant: &Features, wanted: &Features) -> bool {
+        variant == wanted
+    }
+    /// The features a call of a variant asks for, with the call's values (flash: a
+    /// run-time window becomes the call's `[left, right]`); what a generic caller (a
+    /// test, a runner) passes to the runtime for a call made by [`Operation::random_call`].
+    fn wanted(&self, f: &Features, _call: &dyn CallView) -> Features {
+        f.clone()
+    }
+    /// The call part of a cache key: sizes bucketed as the operation tunes them,
+    /// dtype, features; never array values.
+    fn cache_desc(&self, wanted: &Features, dtype: DType, sizes: &Sizes) -> serde_json::Value;
+
+    // ---- reference, test data, work ------------------------------------------------
+
+    /// Fresh random inputs (never zeros), outputs filled with NaN, default scalars.
+    fn random_call(&self, f: &Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String>;
+    /// The reference outputs of a call (by output name), from the definition.
+    fn reference(&self, f: &Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String>;
+    /// The output tensors' names.
+    fn outputs(&self, f: &Features) -> Vec<&'static str>;
+    /// A small case of a call (the autotuner checks each candidate on it first).
+    fn small_dims(&self, sizes: &Sizes) -> Sizes;
+    /// Awkward cases for correctness runs of an instance (lengths off the block sizes,
+    /// degenerate extents).
+    fn check_dims(&self, keys: &Keys) -> Vec<Sizes>;
+    fn work(&self, f: &Features, dtype: DType, sizes: &Sizes) -> Work;
+    /// A configuration to use without measuring, among `configs` (an index).
+    fn heuristic(&self, configs: &[Config]) -> Option<usize> {
+        (!configs.is_empty()).then_some(0)
+    }
+}
+
+// ---- plans: what every executor shares ---------------------------------------------
+
+/// Every value a plan's formulas may name: the call's sizes and the configuration.
+pub fn symbols(sizes: &Sizes, config: &Config) -> Sizes {
+    let mut s = sizes.clone();
+    for (k, v) in config {
+        s.entry(k.clone()).or_insert(*v as i64);
+    }
+    s
+}
+
+/// A temporary's dtype and shape for a call.
+pub fn temporary_shape(t: &Temporary, symbols: &Sizes) -> Result<(DType, Vec<usize>), String> {
+    let dtype: DType = t.dtype.parse()?;
+    let mut shape = Vec::new();
+    for e in &t.shape {
+        let n = GridExpr::parse(e)?.eval_in(symbols).map_err(|m| format!("temporary `{}`: {m}", t.name))?;
+        shape.push(usize::try_from(n).map_err(|_| format!("temporary `{}`: extent {e} = {n} is negative", t.name))?);
+    }
+    let mut total: usize = 1;
+    for d in &shape {
+        total = total.checked_mul(*d).ok_or_else(|| format!("temporary `{}`: {shape:?} overflows", t.name))?;
+    }
+    Ok((dtype, shape))
+}
+
+/// What a kernel parameter is bound to in one launch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Bound {
+    /// A tensor of the call or a temporary, by name.
+    Tensor(String),
+    Scalar(f64),
+}
+
+/// One parameter of a kernel, as a launcher sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParamSig {
+    pub name: String,
+    /// Tensors: dtype and rank; scalars: dtype.
+    pub ty: Type,
+}
+
+impl ParamSig {
+    pub fn of_kernel(k: &Kernel) -> Vec<ParamSig> {
+        k.params.iter().map(|p| ParamSig { name: p.name.clone(), ty: p.ty.clone() }).collect()
+    }
+}
+
+/// Bind a kernel's parameters for one launch: a tensor to the temporary or call tensor
+/// the launch names (by default the call's tensor of the same name); a scalar to the
+/// launch's formula, else the call's scalar, else a size or configuration value of that
+/// name (e.g. `num_splits`).
+pub fn bind(
+    params: &[ParamSig],
+    launch: &Launch,
+    temporaries: &[Temporary],
+    tensors: &dyn Fn(&str) -> Option<TensorInfo>,
+    scalars: &Scalars,
+    symbols: &Sizes,
+) -> Result<Vec<Bound>, String> {
+    let mut out = Vec::with_capacity(params.len());
+    for p in params {
+        let to = launch.bind.get(&p.name);
+        match &p.ty {
+            Type::Tensor(dtype, rank) => {
+                let name = to.cloned().unwrap_or_else(|| p.name.clone());
+                if let Some(t) = temporaries.iter().find(|t| t.name == name) {
+                    if t.dtype != dtype.to_string() || t.shape.len() != *rank {
+                        return Err(format!(
+                            "`{}` takes a {dtype} tensor of rank {rank}, temporary `{name}` is {} of rank {}",
+                            p.name,
+                            t.dtype,
+                            t.shape.len()
+                        ));
+                    }
+                } else {
+                    let t = tensors(&name).ok_or_else(|| {
+                        format!("argument `{name}` is missing: the kernel's parameter `{}` needs it", p.name)
+                    })?;
+                    if t.dtype != *dtype {
+                        return Err(format!("argument `{name}` has dtype {}, the kernel takes {dtype}", t.dtype));
+                    }
+                    if t.shape.len() != *rank || t.strides.len() != *rank {
+                        return Err(format!(
+                            "argument `{name}` has rank {}, the kernel takes rank {rank}",
+                            t.shape.len()
+                        ));
+                    }
+                }
+                out.push(Bound::Tensor(name));
+            }
+            _ => {
+                let v = match to {
+                    Some(formula) => GridExpr::parse(formula)?.eval_in(symbols)? as f64,
+                    None => match scalars.get(&p.name) {
+                        Some(v) => *v,
+                        None => {
+                            *symbols.get(&p.name).ok_or_else(|| format!("scalar argument `{}` is missing", p.name))?
+                                as f64
+                        }
+                    },
+                };
+                out.push(Bound::Scalar(v));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A kernel's launch grid for a call.
+pub fn grid_of(grid: &[GridExpr; 3], symbols: &Sizes) -> Result<[i64; 3], String> {
+    let mut g = [0i64; 3];
+    for (i, e) in grid.iter().enumerate() {
+        g[i] = e.eval_in(symbols)?;
+        if g[i] < 0 {
+            return Err(format!("grid extent `{e}` is {} (negative)", g[i]));
+        }
+    }
+    Ok(g)
+}
+
+/// Run a plan on the interpreter: temporaries allocated (NaN-filled, so an element the
+/// plan reads before writing shows), kernels launched in order on `call`'s tensors.
+pub fn run_plan_interp(
+    plan: &PlanDecl,
+    kernels: &BTreeMap<String, Kernel>,
+    call: &mut HostCall,
+    sizes: &Sizes,
+    config: &Config,
+) -> Result<(), String> {
+    let syms = symbols(sizes, config);
+    let mut temps: BTreeMap<String, HostTensor> = BTreeMap::new();
+    for t in &plan.temporaries {
+        let (dtype, shape) = temporary_shape(t, &syms)?;
+        let fill = if t.fill == "zero" { 0.0 } else { f64::NAN };
+        temps.insert(t.name.clone(), HostTensor::full(dtype, &shape, fill));
+    }
+    for launch in &plan.launches {
+        let k = kernels.get(&launch.role).ok_or_else(|| format!("no kernel for role `{}`", launch.role))?;
+        let params = ParamSig::of_kernel(k);
+        let lookup = |n: &str| {
+            call.tensors.get(n).map(|t| TensorInfo {
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                strides: t.strides.clone(),
+            })
+        };
+        let bound = bind(&params, launch, &plan.temporaries, &lookup, &call.scalars, &syms)?;
+        let grid = grid_of(&k.grid, &syms)?;
+        let mut args = Vec::new();
+        for b in &bound {
+            args.push(match b {
+                Bound::Tensor(n) => Arg::Tensor(match temps.get(n) {
+                    Some(t) => t.clone(),
+                    None => call.tensors[n].clone(),
+                }),
+                Bound::Scalar(v) => Arg::Scalar(*v),
+            });
+        }
+        let g = grid.map(|x| x as usize);
+        crate::interp::launch(k, &mut args, g).map_err(|e| format!("interpreter ({}): {e}", launch.role))?;
+        for (b, a) in bound.iter().zip(args) {
+            if let (Bound::Tensor(n), Arg::Tensor(t)) = (b, a) {
+                match temps.get_mut(n) {
+                    Some(slot) => *slot = t,
+                    None => {
+                        call.tensors.insert(n.clone(), t);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Compare a call's outputs with the reference: `(name, rel_err, max_abs_err)` each;
+/// NaN never passes (`rel_err` is NaN then).
+pub fn compare_outputs(
+    op: &dyn Operation,
+    f: &Features,
+    got: &HostCall,
+    want: &BTreeMap<String, HostTensor>,
+) -> Vec<(String, f64, f64)> {
+    op.outputs(f)
+        .into_iter()
+        .map(|name| match (got.tensors.get(name), want.get(name)) {
+            (Some(g), Some(w)) => {
+                let (rel, abs) = crate::tensor::compare(&g.to_vec(), &w.to_vec());
+                (name.to_string(), rel, abs)
+            }
+            _ => (name.to_string(), f64::NAN, f64::NAN),
+        })
+        .collect()
+}
+
+/// Parse `name=value,name=value` (or `name=value` repeated) into dims; each name must
+/// be one of the operation's dims.
+pub fn parse_dims(op: &dyn Operation, text: &str, into: &mut Sizes) -> Result<(), String> {
+    let names: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("`{part}` is not NAME=VALUE (sizes of {}: {})", op.name(), names.join(", ")))?;
+        let (k, v) = (k.trim(), v.trim());
+        if !names.contains(&k) {
+            return Err(format!("`{k}` is not a size of {} (its sizes: {})", op.name(), names.join(", ")));
+        }
+        let n: i64 = v
+            .parse()
+            .ok()
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| format!("size `{k}` (`{v}`) is not a non-negative integer"))?;
+        into.insert(k.to_string(), n);
+    }
+    Ok(())
+}
+
+/// Parse the positional shorthand (`2,77,93,4,2,64`): the operation's dims in order.
+pub fn parse_shape(op: &dyn Operation, text: &str) -> Result<Sizes, String> {
+    let names: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    if parts.len() != names.len() {
+        return Err(format!(
+            "shape `{text}` has {} fields; expected {}: {}",
+            parts.len(),
+            names.len(),
+            names.join(",")
+        ));
+    }
+    let mut out = Sizes::new();
+    for (i, (n, p)) in names.iter().zip(&parts).enumerate() {
+        let v: i64 = p
+            .parse()
+            .ok()
+            .filter(|v| *v >= 0)
+            .ok_or_else(|| format!("shape field {} (`{p}`) is not a non-negative integer", i + 1))?;
+        out.insert(n.to_string(), v);
+    }
+    Ok(out)
+}
+
+/// The dims with the operation's defaults for those not given.
+pub fn with_defaults(op: &dyn Operation, given: &Sizes) -> Sizes {
+    let mut out = given.clone();
+    for d in op.dims() {
+        out.entry(d.name.to_string()).or_insert(d.default);
+    }
+    out
+}
+
+/// `batch=2,seq_q=77,...` in the operation's order.
+pub fn dims_text(op: &dyn Operation, dims: &Sizes) -> String {
+    op.dims().iter().filter_map(|d| dims.get(d.name).map(|v| format!("{}={v}", d.name))).collect::<Vec<_>>().join(",")
+}
+
+/// Every tile program a spec expands to: variants × dtypes × keys × plans × roles ×
+/// tile-axis values, each once (a kernel shared by two plans is listed once).
+pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
+    let op = spec.operation();
+    let mut out: Vec<KernelInstance> = Vec::new();
+    for variant in &spec.variants {
+        let plans = spec_plans(spec, variant);
+        for &dtype in &spec.dtypes {
+            for keys in spec.key_points() {
+                for plan in &plans {
+                    for role in &plan.roles {
+                        for mut tile in spec.schedule.points(&role.tile_axes) {
+                            tile.extend(role.fixed.clone());
+                            let mut k = KernelInstance {
+                                id: String::new(),
+                                variant,
+                                dtype,
+                                keys: keys.clone(),
+                                role: role.name,
+                                tile,
+                            };
+                            k.id = op.kernel_id(&spec.name, &k);
+                            if !out.iter().any(|o| o.id == k.id) {
+                                out.push(k);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The plans of a spec's variant that the spec asks for (`plans:`; all by default).
+pub fn spec_plans(spec: &Spec, variant: &Variant) -> Vec<PlanDecl> {
+    spec.operation()
+        .plans(spec, &variant.features)
+        .into_iter()
+        .filter(|p| spec.plans.is_empty() || spec.plans.iter().any(|n| n == p.name))
+        .collect()
+}
+
+/// The kernel instances of one plan's roles for an instance (one per tile point).
+pub fn plan_kernels<'s>(
+    spec: &'s Spec,
+    variant: &'s Variant,
+    dtype: DType,
+    keys: &Keys,
+    plan: &PlanDecl,
+) -> Vec<KernelInstance<'s>> {
+    let op = spec.operation();
+    let mut out = Vec::new();
+    for role in &plan.roles {
+        for mut tile in spec.schedule.points(&role.tile_axes) {
+            tile.extend(role.fixed.clone());
+            let mut k = KernelInstance { id: String::new(), variant, dtype, keys: keys.clone(), role: role.name, tile };
+            k.id = op.kernel_id(&spec.name, &k);
+            out.push(k);
+        }
+    }
+    out
+}

@@ -1,0 +1,19 @@
+//! The operations ejc compiles, one module each, and the list the spine looks them up
+//! in. Adding an operation: docs/adding-an-operation.md.
+//!
+//! ```
+//! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
+//! assert!(names.contains(&"flash_attention_fwd"));
+//! ```
+
+use crate::op::Operation;
+
+/// Every operation, in the order `ejc` lists them.
+pub fn all() -> &'static [&'static dyn Operation] {
+    &[&crate::flash::op::FlashAttentionFwd]
+}
+
+/// The operation named `name`.
+pub fn get(name: &str) -> Option<&'static dyn Operation> {
+    all().iter().copied().find(|o| o.name() == name)
+}
