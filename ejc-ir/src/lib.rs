@@ -25,6 +25,7 @@ pub mod infer;
 pub mod interp;
 pub mod ir;
 pub mod manifest;
+pub mod ops;
 pub mod parse;
 pub mod passes;
 pub mod philox;
