@@ -319,3 +319,25 @@ fn compiled_code_is_cached_on_disk() {
     check(&again, v, DType::F32, 64, 64, "1,70,90,4,2,64", seed());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Mean pooling (forward and backward × dense and varlen × f32 / bf16) through MLIR's
+/// CPU path, against the reference on awkward shapes.
+#[test]
+fn mean_pooling_cpu_form_matches_the_reference() {
+    use common::{pool_kernel, pool_kernels, pool_name, PoolCall, POOL_SHAPES};
+    let seed = seed();
+    println!("seed {seed} (EJC_TEST_SEED replays)");
+    for k in pool_kernels(&[DType::F32, DType::BF16], 64, 16) {
+        let kernel = pool_kernel(&k);
+        let name = pool_name(&k);
+        let ck = CpuKernel::compile(&kernel).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (j, &shape) in POOL_SHAPES.iter().enumerate() {
+            let s = seed + j as u64;
+            let mut call = PoolCall::new(&kernel, &k, shape, s);
+            let tensors = call.tensors();
+            // Safety: the tensors are the kernel's parameters, in order, inside their buffers.
+            unsafe { ck.launch(&tensors, &call.scalars, call.grid, 2) }.unwrap_or_else(|e| panic!("{name}: {e}"));
+            call.check(&format!("{name} (mlir cpu) seed={s}"));
+        }
+    }
+}
