@@ -42,7 +42,7 @@
 //! `n_s`. A varlen program whose chunk is past its sequence's end does nothing.
 
 use crate::builder::{Axis, KernelBuilder};
-use crate::ir::{CmpPred, GridExpr, Kernel, Value};
+use crate::ir::{BinOp, CmpPred, GridExpr, Kernel, Value};
 use crate::types::{DType, Type};
 use crate::verify::VerifyError;
 
@@ -110,7 +110,6 @@ pub fn build(name: &str, k: &PoolKernel) -> Result<Kernel, VerifyError> {
     let chunk = b.max(chunk_size, c1);
     let block_h_c = b.const_i32(bh as i64);
     let h0 = b.mul(head_block, block_h_c);
-    let heads = b.dim(src, 2);
 
     // The rows of the token tensor (x or dx) this program's sequence owns,
     // [seq_start, seq_start + seq_len), and the row of its first chunk in the chunk
@@ -119,7 +118,7 @@ pub fn build(name: &str, k: &PoolKernel) -> Result<Kernel, VerifyError> {
     let (tensor_batch, seq_start, seq_len, chunk_base, heads_live) = match cu_seqlens {
         None => {
             let seq_len = b.dim(tokens, 1);
-            (batch, c0, seq_len, c0, heads)
+            (batch, c0, seq_len, c0, None)
         }
         Some(cu) => {
             let next = b.add(batch, c1);
@@ -129,25 +128,23 @@ pub fn build(name: &str, k: &PoolKernel) -> Result<Kernel, VerifyError> {
             // Chunks of the sequences before this one: the offset of ours in the
             // packed chunk tensor. A loop over at most num_seqs sequences, cheaper than
             // a second launch for a prefix sum.
-            let cm1 = b.sub(chunk, c1);
             let chunk_base = b.for_loop(c0, batch, c1, &[c0], |b, s, carried| {
                 let s_next = b.add(s, c1);
                 let lo = b.load(cu, vec![Axis::Index(s)], 0.0);
                 let hi = b.load(cu, vec![Axis::Index(s_next)], 0.0);
                 let len = b.sub(hi, lo);
-                let padded = b.add(len, cm1);
-                let n_chunks = b.div(padded, chunk);
+                let n_chunks = chunks_of(b, len, chunk);
                 vec![b.add(carried[0], n_chunks)]
             })[0];
             // The grid covers the longest sequence; a chunk past this sequence's last
             // one has nothing to do. Bounding the head range by 0 there turns its
             // loads and stores off without a branch (stores inside `scf.if` are not
             // something every back end handles alike).
-            let padded = b.add(seq_len, cm1);
-            let n_chunks = b.div(padded, chunk);
+            let n_chunks = chunks_of(&mut b, seq_len, chunk);
             let live = b.cmp(CmpPred::Lt, chunk_idx, n_chunks);
+            let heads = b.dim(src, 2);
             let heads_live = b.select(live, heads, c0);
-            (c0, seq_start, seq_len, chunk_base, heads_live)
+            (c0, seq_start, seq_len, chunk_base, Some(heads_live))
         }
     };
 
@@ -164,12 +161,13 @@ pub fn build(name: &str, k: &PoolKernel) -> Result<Kernel, VerifyError> {
     let count_f = b.cast(count, DType::F32);
     let chunk_row = b.add(chunk_base, chunk_idx);
 
-    // The `[block_h, D]` tile of rows `row` of a tensor: heads from h0, the whole head dim.
+    // The `[block_h, D]` tile of rows `row` of a tensor: heads from h0 (bounded by the
+    // tensor's head extent, and by `heads_live` for varlen), the whole head dim.
     let tile_at = |row: Value| {
         vec![
             Axis::Index(tensor_batch),
             Axis::Index(row),
-            Axis::Range { start: h0, size: bh, limit: Some(heads_live) },
+            Axis::Range { start: h0, size: bh, limit: heads_live },
             Axis::Range { start: c0, size: d, limit: None },
         ]
     };
@@ -197,4 +195,14 @@ pub fn build(name: &str, k: &PoolKernel) -> Result<Kernel, VerifyError> {
         b.store(dst, tile_at(chunk_row), out_tile);
     }
     b.finish()
+}
+
+/// ceil(len / chunk) for len >= 0 and chunk >= 1, as `len / chunk + min(len % chunk, 1)`:
+/// `(len + chunk - 1) / chunk` would overflow i32 for a chunk near its maximum.
+fn chunks_of(b: &mut KernelBuilder, len: Value, chunk: Value) -> Value {
+    let whole = b.div(len, chunk);
+    let rest = b.binary(BinOp::Rem, len, chunk);
+    let c1 = b.const_i32(1);
+    let partial = b.min(rest, c1);
+    b.add(whole, partial)
 }
