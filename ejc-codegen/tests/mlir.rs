@@ -341,3 +341,27 @@ fn mean_pooling_cpu_form_matches_the_reference() {
         }
     }
 }
+
+/// Mean pooling's gpu form: PTX that ptxas accepts, for sm_80 and sm_90a.
+#[test]
+fn mean_pooling_gpu_form_passes_ptxas() {
+    use common::{pool_kernel, pool_kernels, pool_name};
+    let Some(tool) = ejc_codegen::ptx::find_ptxas() else {
+        eprintln!("skipped: no ptxas (run scripts/setup.sh or set EJC_PTXAS)");
+        return;
+    };
+    if mlir::find_libdevice().is_none() {
+        eprintln!("skipped: no libdevice.10.bc beside ptxas (run scripts/setup.sh or set EJC_LIBDEVICE)");
+        return;
+    }
+    for k in pool_kernels(&[DType::BF16, DType::F32], 64, 16) {
+        let kernel = pool_kernel(&k);
+        let name = pool_name(&k);
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let p = mlir::compile_gpu(&kernel, GpuOptions { chip: arch.name().into(), threads: 128 })
+                .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
+            assert!(p.ptx.contains(".visible .entry entry("), "{name}: no entry");
+            ptxas(&tool, &p.ptx, arch).unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
+        }
+    }
+}

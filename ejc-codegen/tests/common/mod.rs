@@ -44,10 +44,18 @@ pub fn kernel(spec: &Spec, v: &Variant, dtype: DType, head_dim: usize, bm: u32, 
 // ---- mean pooling (ejc_ir::ops::mean_pooling) ----
 
 /// (batch, seq, heads, head_dim, chunk): T not a multiple of C, C = 1, C > T, H not a
-/// multiple of the head block (and H = 1), several head blocks; varlen reads `batch`
-/// as the number of sequences (from 3 on, one of them is empty).
-pub const POOL_SHAPES: &[(usize, usize, usize, usize, usize)] =
-    &[(2, 13, 5, 64, 4), (2, 7, 3, 64, 1), (3, 5, 2, 64, 8), (1, 20, 1, 64, 6), (5, 9, 20, 64, 4), (4, 30, 17, 64, 7)];
+/// multiple of the head block (and H = 1), several head blocks, a chunk size near
+/// i32's maximum; varlen reads `batch` as the number of sequences (from 3 on, one of
+/// them is empty).
+pub const POOL_SHAPES: &[(usize, usize, usize, usize, usize)] = &[
+    (2, 13, 5, 64, 4),
+    (2, 7, 3, 64, 1),
+    (3, 5, 2, 64, 8),
+    (1, 20, 1, 64, 6),
+    (5, 9, 20, 64, 4),
+    (4, 30, 17, 64, 7),
+    (3, 6, 2, 64, 2_000_000_000),
+];
 
 /// A mean-pooling kernel's name: its id as a C identifier.
 pub fn pool_name(k: &PoolKernel) -> String {
