@@ -160,6 +160,32 @@ fn ahead_of_time_library_through_the_manifest() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Mean pooling (forward and backward × dense and varlen × f32 / bf16 / f16) compiled by
+/// the CPU back end for the host ISA, against the reference on awkward shapes.
+#[test]
+fn mean_pooling_matches_the_reference() {
+    use common::{pool_kernel, pool_kernels, pool_name, PoolCall, POOL_SHAPES};
+    let seed = seed();
+    eprintln!("seed = {seed}");
+    let isa = Isa::host();
+    let cases = pool_kernels(&[DType::F32, DType::BF16, DType::F16], 64, 16);
+    let kernels: Vec<_> = cases.iter().map(pool_kernel).collect();
+    let obj = compile_object(&kernels, isa).unwrap();
+    let jit = JitLibrary::load(&obj.object).unwrap();
+    for (i, (k, kernel)) in cases.iter().zip(&kernels).enumerate() {
+        let name = pool_name(k);
+        let ck = CpuKernel { entry: jit.entry(&name).unwrap(), scratch_bytes: obj.kernels[i].scratch_bytes as usize };
+        for (j, &shape) in POOL_SHAPES.iter().enumerate() {
+            let s = seed + j as u64;
+            let mut call = PoolCall::new(kernel, k, shape, s);
+            let tensors = call.tensors();
+            // Safety: the tensors are the kernel's parameters, in order, inside their buffers.
+            unsafe { ck.launch(&tensors, &call.scalars, call.grid, 2) }.unwrap_or_else(|e| panic!("{name}: {e}"));
+            call.check(&format!("{name} ({isa}) seed={s}"));
+        }
+    }
+}
+
 /// A flash variant's features, typed.
 #[allow(dead_code)]
 fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {

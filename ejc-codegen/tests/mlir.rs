@@ -327,6 +327,52 @@ fn compiled_code_is_cached_on_disk() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Mean pooling (forward and backward × dense and varlen × f32 / bf16) through MLIR's
+/// CPU path, against the reference on awkward shapes.
+#[test]
+fn mean_pooling_cpu_form_matches_the_reference() {
+    use common::{pool_kernel, pool_kernels, pool_name, PoolCall, POOL_SHAPES};
+    let seed = seed();
+    println!("seed {seed} (EJC_TEST_SEED replays)");
+    for k in pool_kernels(&[DType::F32, DType::BF16], 64, 16) {
+        let kernel = pool_kernel(&k);
+        let name = pool_name(&k);
+        let ck = CpuKernel::compile(&kernel).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (j, &shape) in POOL_SHAPES.iter().enumerate() {
+            let s = seed + j as u64;
+            let mut call = PoolCall::new(&kernel, &k, shape, s);
+            let tensors = call.tensors();
+            // Safety: the tensors are the kernel's parameters, in order, inside their buffers.
+            unsafe { ck.launch(&tensors, &call.scalars, call.grid, 2) }.unwrap_or_else(|e| panic!("{name}: {e}"));
+            call.check(&format!("{name} (mlir cpu) seed={s}"));
+        }
+    }
+}
+
+/// Mean pooling's gpu form: PTX that ptxas accepts, for sm_80 and sm_90a.
+#[test]
+fn mean_pooling_gpu_form_passes_ptxas() {
+    use common::{pool_kernel, pool_kernels, pool_name};
+    let Some(tool) = ejc_codegen::ptx::find_ptxas() else {
+        eprintln!("skipped: no ptxas (run scripts/setup.sh or set EJC_PTXAS)");
+        return;
+    };
+    if mlir::find_libdevice().is_none() {
+        eprintln!("skipped: no libdevice.10.bc beside ptxas (run scripts/setup.sh or set EJC_LIBDEVICE)");
+        return;
+    }
+    for k in pool_kernels(&[DType::BF16, DType::F32], 64, 16) {
+        let kernel = pool_kernel(&k);
+        let name = pool_name(&k);
+        for arch in [Arch::Sm80, Arch::Sm90a] {
+            let p = mlir::compile_gpu(&kernel, GpuOptions { chip: arch.name().into(), threads: 128 })
+                .unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
+            assert!(p.ptx.contains(".visible .entry entry("), "{name}: no entry");
+            ptxas(&tool, &p.ptx, arch).unwrap_or_else(|e| panic!("{name} ({arch}): {e}"));
+        }
+    }
+}
+
 /// A flash variant's features, typed.
 #[allow(dead_code)]
 fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {

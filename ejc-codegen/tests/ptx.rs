@@ -186,6 +186,52 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
     eprintln!("{checked} warp-specialised kernels assembled by ptxas, none spilling");
 }
 
+/// Mean pooling (forward and backward × dense and varlen × bf16 / f16 / f32, head dims
+/// 64 and 128) compiles for sm_80 and sm_90a — `block_h` 16 on one warp and 64 on four,
+/// the register tiles' rows being 16 per warp — and ptxas accepts it without spills.
+/// Its loads and stores are register tiles (no dot, so no shared memory).
+#[test]
+fn mean_pooling_compiles_and_passes_ptxas_without_spills() {
+    use common::{pool_kernel, pool_kernels, pool_name};
+    use ejc_codegen::ptx::wgmma_applies;
+    let tool = find_ptxas();
+    if tool.is_none() {
+        eprintln!("skipped the ptxas half: no ptxas (run scripts/setup.sh or set EJC_PTXAS); PTX is still generated");
+    }
+    let (mut checked, mut most_registers) = (0, 0);
+    for (block_h, num_warps) in [(16, 1), (64, 4)] {
+        for d in [64, 128] {
+            for k in pool_kernels(&[DType::BF16, DType::F16, DType::F32], d, block_h) {
+                let kernel = pool_kernel(&k);
+                let name = pool_name(&k);
+                for (arch, wgmma) in [(Arch::Sm80, false), (Arch::Sm90a, false), (Arch::Sm90a, true)] {
+                    let cfg = PtxConfig { arch, num_warps, num_stages: 2, wgmma, ws: false, sink: false };
+                    // No dot: wgmma has nothing to run here, and `wgmma_applies` (which
+                    // reads a flash kernel's `block_m` attribute) says so.
+                    if wgmma && !wgmma_applies(&kernel, &cfg) {
+                        continue;
+                    }
+                    let p = compile(&kernel, &cfg).unwrap_or_else(|e| panic!("{name} ({cfg:?}): {e}"));
+                    assert!(p.ptx.contains(&format!(".entry {name}(")), "{name}: no entry");
+                    assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{name}");
+                    assert_eq!((p.code.threads, p.code.smem_bytes), (num_warps * 32, 0), "{name}");
+                    if let Some(t) = &tool {
+                        let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{name} ({cfg:?}): {e}"));
+                        assert_eq!(
+                            r.spill_stores + r.spill_loads,
+                            0,
+                            "{name} ({arch}, {num_warps} warps) spills: {r:?}"
+                        );
+                        most_registers = most_registers.max(r.registers);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{checked} mean-pooling kernels assembled by ptxas, none spilling, at most {most_registers} registers");
+}
+
 /// A flash variant's features, typed.
 #[allow(dead_code)]
 fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {

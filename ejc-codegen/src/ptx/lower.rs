@@ -5,6 +5,10 @@
 //!   [`super::layout`]): each thread holds a small grid of elements, one SSA value
 //!   each; element-wise ops are computed element by element, broadcasting along
 //!   extent-1 axes; `scf.for` / `scf.if` carry them as phis.
+//! * **Register tiles at a moving window** — loaded or stored in a loop where only
+//!   their fixed indices move (a token loop over `x[b, t, h0.., :]`) — are addressed
+//!   from one pointer per row slot plus constant column offsets when the column axis
+//!   has unit stride, so that the loop holds no per-element offsets or flags.
 //! * **Shared-memory tiles** are the dot operands loaded from global memory with
 //!   `cp.async` (16-byte chunks, zero-filled out of bounds) when the tensor's last
 //!   axis is contiguous and aligned, element by element otherwise (the choice is made
@@ -229,6 +233,10 @@ pub struct Lowering<'k> {
     stages: usize,
     /// Loop nesting depth at the op being lowered.
     depth: usize,
+    /// The values defined inside each enclosing loop (region arguments included),
+    /// innermost last: what a register tile's access window may not depend on to be
+    /// addressed as a moving window (see [`Self::window_moves`]).
+    loop_values: Vec<HashSet<Value>>,
     /// Loads of the loop being lowered that are prefetched, by op address.
     prefetch: HashMap<usize, Prefetch<'k>>,
     /// Shared-memory regions by the op (and operand) that owns them, so that an op in
@@ -280,6 +288,10 @@ pub struct Lowering<'k> {
     /// iteration (i1). See [`Self::for_op`].
     pingpong: Option<(usize, usize, V)>,
 }
+
+/// What [`Lowering::window_access`] does with element `i` at address `ptr` (i1 `ok`:
+/// in bounds): a load's value, or nothing.
+type WindowElem<'a, 'k> = dyn FnMut(&mut Lowering<'k>, usize, V, V) -> R<Option<V>> + 'a;
 
 /// An epilogue load's tile in a loop's ring: the tile, whether the loop took the
 /// `cp.async` path (i1), and for a producer-copied stream its full mbarrier and parity.
@@ -351,6 +363,7 @@ impl<'k> Lowering<'k> {
             smem_peak: 0,
             stages: stages.max(1),
             depth: 0,
+            loop_values: Vec::new(),
             prefetch: HashMap::new(),
             regions: HashMap::new(),
             wgmma,
@@ -1206,12 +1219,19 @@ impl<'k> Lowering<'k> {
         let dtype = self.tensors[t].dtype;
         let st = self.storage_ty(dtype);
         let data = self.tensors[t].data;
+        self.load_guarded(dtype, ok, pad, &|ir| ir.gep(st, data, idx))
+    }
+
+    /// Load a `dtype` element from the address `addr` builds (in the guarded block) if
+    /// `ok`, else `pad`.
+    fn load_guarded(&mut self, dtype: DType, ok: V, pad: V, addr: &dyn Fn(&Ir) -> V) -> V {
+        let st = self.storage_ty(dtype);
         let pre = self.ir.current();
         let lb = self.ir.block("ld");
         let j = self.ir.block("ld.join");
         self.ir.cond_br(ok, lb, j);
         self.ir.at_end(lb);
-        let raw = self.ir.load(st, self.ir.gep(st, data, idx), dtype.size_bytes() as u32);
+        let raw = self.ir.load(st, addr(&self.ir), dtype.size_bytes() as u32);
         let x = if dtype == DType::I1 { self.ir.icmp(LLVMIntNE, raw, self.ir.cint(self.ir.i8(), 0)) } else { raw };
         let lend = self.ir.current();
         self.ir.br(j);
@@ -1240,6 +1260,13 @@ impl<'k> Lowering<'k> {
         }
         // Straight into registers.
         let (rows, cols) = self.axes_of(r)?;
+        if self.window_moves(axes, &op.operands[1..]) {
+            let e = self.window_access(t, &acc, rows, cols, &mut |cg, _, p, ok| {
+                Ok(Some(cg.load_guarded(dtype, ok, padv, &|_| p)))
+            })?;
+            self.set(r, GV::Dist(Dist { rows, cols, e }));
+            return Ok(());
+        }
         let (rcs, ccs) = (self.row_coords(rows), self.col_coords(cols));
         let mut e = Vec::new();
         for rc in &rcs {
@@ -1764,6 +1791,18 @@ impl<'k> Lowering<'k> {
             owner = ir.and(owner, ir.icmp(LLVMIntULT, self.lane, ir.ci32(4)));
             owner = ir.and(owner, ir.icmp(LLVMIntEQ, self.warp, ir.ci32(0)));
         }
+        if self.window_moves(axes, &op.operands[1..n - 1]) {
+            let xs: Vec<V> = d.e.iter().map(|x| self.to_storage(*x, vd, dtype)).collect();
+            self.window_access(t, &acc, rows, cols, &mut |cg, i, p, ok| {
+                let ok = cg.ir.and(ok, owner);
+                cg.if_then(ok, &mut |cg| {
+                    cg.ir.store(xs[i], p, esize);
+                    Ok(())
+                })?;
+                Ok(None)
+            })?;
+            return Ok(());
+        }
         let (rcs, ccs) = (self.row_coords(rows), self.col_coords(cols));
         // 16-bit outputs whose columns are contiguous and 4-byte aligned are written two
         // columns at a time (the pair a thread holds), rounded pairwise from f32 when the
@@ -1887,6 +1926,136 @@ impl<'k> Lowering<'k> {
             }
         }
         (idx, ok)
+    }
+
+    /// Whether a register tile's access (`axes`, `operands`: the index operands) is a
+    /// *moving window* of the innermost loop: inside a loop, with every range start and
+    /// limit defined outside it, so that only its fixed indices change per iteration
+    /// (mean pooling's `x[b, t, h0.., :]` for each token `t`).
+    ///
+    /// Addressed element by element like other accesses, its per-element offsets and
+    /// bounds are loop invariants, and LLVM's LICM hoists each of them out of the loop
+    /// — one 64-bit offset and one flag per element held over the whole loop, which
+    /// spills a `[16, 128]` tile on one warp. [`Self::window_access`] addresses it
+    /// from one pointer per row slot instead.
+    fn window_moves(&self, axes: &[AxisIndex], operands: &[Value]) -> bool {
+        let Some(inside) = self.loop_values.last() else { return false };
+        let mut it = operands.iter();
+        for a in axes {
+            let n = a.operand_count();
+            let ops: Vec<&Value> = it.by_ref().take(n).collect();
+            if matches!(a, AxisIndex::Range { .. }) && ops.iter().any(|v| inside.contains(v)) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Emit `elem(cg, i, ptr, ok)` for each of the thread's elements `i` (row slot
+    /// major) of a register tile in layout (`rows`, `cols`) accessed through `acc` at a
+    /// moving window; the values it returns (loads) are merged over the two paths.
+    ///
+    /// * When the column axis has unit stride and the thread's columns are all inside
+    ///   it (uniform in practice: tiles span the head dim), every element is its row's
+    ///   pointer plus a constant, which folds into the instruction: the loop holds one
+    ///   offset and one flag per row slot.
+    /// * Otherwise the column start and stride go through [`nvvm::opaque_i64`] in the
+    ///   loop body, so the per-element offsets and flags are computed where they are used
+    ///   rather than hoisted out of the loop and held (LICM hoists invariants out of
+    ///   branches too).
+    fn window_access(
+        &mut self,
+        t: usize,
+        acc: &Access,
+        rows: Ax,
+        cols: Ax,
+        elem: &mut WindowElem<'_, 'k>,
+    ) -> R<Vec<V>> {
+        let (row_rng, col_rng) = match acc.ranges.len() {
+            2 => (Some(acc.ranges[0]), Some(acc.ranges[1])),
+            _ if rows == Ax::One => (None, Some(acc.ranges[0])),
+            _ => (Some(acc.ranges[0]), None),
+        };
+        let st = self.storage_ty(self.tensors[t].dtype);
+        let data = self.tensors[t].data;
+        // Per row slot: the element offset of its column 0 and its flag.
+        let mut row_parts = Vec::new();
+        for rc in self.row_coords(rows) {
+            let ir = &self.ir;
+            let (mut idx, mut ok) = (acc.off, acc.valid);
+            if let Some(g) = row_rng {
+                let x = ir.add(g.start, ir.sext(rc, ir.i64()));
+                ok = ir.and(ok, self.in_range(t, g.axis, x, g.limit));
+                idx = ir.add(idx, ir.mul(x, self.tensors[t].strides[g.axis]));
+            }
+            row_parts.push((idx, ok));
+        }
+        let Some(g) = col_rng else {
+            // No column axis in memory: one element per row slot.
+            let mut out = Vec::new();
+            for (i, (idx, ok)) in row_parts.into_iter().enumerate() {
+                let p = self.ir.gep(st, data, idx);
+                out.extend(elem(self, i, p, ok)?);
+            }
+            return Ok(out);
+        };
+        // Column slots: the thread's first column `c0` plus constant offsets (see
+        // `col_coords`).
+        let ir = &self.ir;
+        let (c0, ks): (V, Vec<i64>) = match cols {
+            Ax::One => (ir.ci32(0), vec![0]),
+            Ax::Mma(c) => (
+                ir.shl(ir.and(self.lane, ir.ci32(3)), ir.ci32(1)),
+                (0..c / 8).flat_map(|nf| [(nf * 8) as i64, (nf * 8 + 1) as i64]).collect(),
+            ),
+        };
+        let stride = self.tensors[t].strides[g.axis];
+        let x0 = ir.add(g.start, ir.sext(c0, ir.i64()));
+        let mut cend = self.tensors[t].shape[g.axis];
+        if let Some(l) = g.limit {
+            cend = ir.select(ir.icmp(LLVMIntSLT, l, cend), l, cend);
+        }
+        let last = ks.last().copied().unwrap_or(0);
+        let inside = ir.and(ir.icmp(LLVMIntSGE, x0, ir.ci64(0)), ir.icmp(LLVMIntSLT, ir.add(x0, ir.ci64(last)), cend));
+        let fast = ir.and(inside, ir.icmp(LLVMIntEQ, stride, ir.ci64(1)));
+        let fb = ir.block("win.fast");
+        let sb = ir.block("win.general");
+        let jb = ir.block("win.done");
+        ir.cond_br(fast, fb, sb);
+        let mut arms: Vec<(B, Vec<V>)> = Vec::new();
+        for general in [false, true] {
+            self.ir.at_end(if general { sb } else { fb });
+            let ir = &self.ir;
+            let (x0, stride) =
+                if general { (nvvm::opaque_i64(ir, x0), nvvm::opaque_i64(ir, stride)) } else { (x0, ir.ci64(1)) };
+            let mut vals = Vec::new();
+            for (ri, (idx, ok)) in row_parts.iter().enumerate() {
+                let ir = &self.ir;
+                let row = ir.gep(st, data, ir.add(*idx, ir.mul(x0, stride)));
+                for (ci, k) in ks.iter().enumerate() {
+                    let ir = &self.ir;
+                    let (p, ok) = if general {
+                        let col_ok = self.in_range(t, g.axis, ir.add(x0, ir.ci64(*k)), g.limit);
+                        (ir.gep(st, row, ir.mul(ir.ci64(*k), stride)), self.ir.and(*ok, col_ok))
+                    } else {
+                        (ir.gep_const(st, row, *k), *ok)
+                    };
+                    vals.extend(elem(self, ri * ks.len() + ci, p, ok)?);
+                }
+            }
+            arms.push((self.ir.current(), vals));
+            self.ir.br(jb);
+        }
+        self.ir.at_end(jb);
+        let mut out = Vec::with_capacity(arms[0].1.len());
+        for i in 0..arms[0].1.len() {
+            let phi = self.ir.phi(self.ir.type_of(arms[0].1[i]));
+            for (bb, vals) in &arms {
+                self.ir.add_incoming(phi, vals[i], *bb);
+            }
+            out.push(phi);
+        }
+        Ok(out)
     }
 
     fn to_storage(&self, x: V, from: DType, to: DType) -> V {
@@ -2796,7 +2965,11 @@ impl<'k> Lowering<'k> {
             // at the end of the loop's entry block).
             self.covered = true;
         }
+        let mut inside: HashSet<Value> = region.args.iter().copied().collect();
+        ejc_ir::ir::walk_ops(region, &mut |o: &Op| inside.extend(o.results.iter().copied()));
+        self.loop_values.push(inside);
         let r = self.block(region);
+        self.loop_values.pop();
         self.pingpong = saved_pingpong;
         self.covered = covered;
         self.depth -= 1;

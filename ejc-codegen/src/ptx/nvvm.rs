@@ -118,6 +118,13 @@ fn tied(ir: &Ir, asm: &str, regs: &[V], extra: &[V], extra_constraints: &[&str])
     (0..regs.len() as u32).map(|i| ir.extract_value(r, i)).collect()
 }
 
+/// `x` (i64) through an empty `mov`: a value LLVM cannot see through, so nothing
+/// computed from it is hoisted out of the loop it sits in (see
+/// `Lowering::window_access`, whose general path addresses a tile from it).
+pub fn opaque_i64(ir: &Ir, x: V) -> V {
+    ir.inline_asm(ir.i64(), &[x], "mov.b64 $0, $1;", "=l,l")
+}
+
 /// `fence.proxy.async.shared::cta`: makes this thread's ordinary writes to shared
 /// memory visible to the async proxy (what `wgmma` reads through); put it before the
 /// barrier that publishes a tile.

@@ -1,12 +1,18 @@
-//! What the back-end test files share: the flash spec, the seed, DESIGN.md's tolerances
-//! and a kernel after the pass pipeline.
+//! What the back-end test files share: the flash spec, the seed, DESIGN.md's tolerances,
+//! a kernel after the pass pipeline, and mean-pooling kernels with their calls.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use ejc_ir::flash::main_kernel;
 use ejc_ir::ir::Kernel;
+use ejc_ir::ops::mean_pooling::kernels::{build as build_pool, PoolKernel};
+use ejc_ir::ops::mean_pooling::reference::{
+    grid_symbols, random_inputs, reference_bwd, reference_fwd, PoolInputs, PoolShape,
+};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{self, Spec, Variant};
+use ejc_ir::tensor::{compare, HostTensor};
 use ejc_ir::types::DType;
+use ejc_runtime::cpu::{scalar_slot, HostBuffer};
 
 pub fn spec() -> Spec {
     spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap()
@@ -34,12 +40,110 @@ pub fn kernel(spec: &Spec, v: &Variant, dtype: DType, head_dim: usize, bm: u32, 
     run_pipeline(&k, &default_pipeline()).unwrap()
 }
 
-/// The spec's (block_m, block_n) tilings.
-pub fn tilings(spec: &Spec) -> Vec<(u32, u32)> {
+// ---- mean pooling (ejc_ir::ops::mean_pooling) ----
+
+/// (batch, seq, heads, head_dim, chunk): T not a multiple of C, C = 1, C > T, H not a
+/// multiple of the head block (and H = 1), several head blocks, a chunk size near
+/// i32's maximum; varlen reads `batch` as the number of sequences (from 3 on, one of
+/// them is empty).
+pub const POOL_SHAPES: &[(usize, usize, usize, usize, usize)] = &[
+    (2, 13, 5, 64, 4),
+    (2, 7, 3, 64, 1),
+    (3, 5, 2, 64, 8),
+    (1, 20, 1, 64, 6),
+    (5, 9, 20, 64, 4),
+    (4, 30, 17, 64, 7),
+    (3, 6, 2, 64, 2_000_000_000),
+];
+
+/// A mean-pooling kernel's name: its id as a C identifier.
+pub fn pool_name(k: &PoolKernel) -> String {
+    format!(
+        "mean_pooling_{}{}_{}_d{}_h{}",
+        if k.backward { "bwd" } else { "fwd" },
+        if k.varlen { "_varlen" } else { "" },
+        k.dtype,
+        k.head_dim,
+        k.block_h
+    )
+}
+
+/// The tile IR of a mean-pooling kernel after the pass pipeline.
+pub fn pool_kernel(k: &PoolKernel) -> Kernel {
+    let name = pool_name(k);
+    let built = build_pool(&name, k).unwrap_or_else(|e| panic!("{name}: {e}"));
+    run_pipeline(&built, &default_pipeline()).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// One mean-pooling call in the CPU ABI's form: fresh random inputs (seed `seed`), the
+/// output buffer filled with NaN (an element no program writes fails), the scalar
+/// `chunk_size`, the grid, and the reference output.
+pub struct PoolCall {
+    pub inputs: PoolInputs,
+    pub input: HostBuffer,
+    pub output: HostBuffer,
+    pub cu_seqlens: Option<HostBuffer>,
+    pub scalars: Vec<u64>,
+    pub grid: [i64; 3],
+    pub want: HostTensor,
+}
+
+impl PoolCall {
+    pub fn new(kernel: &Kernel, k: &PoolKernel, shape: (usize, usize, usize, usize, usize), seed: u64) -> PoolCall {
+        let (batch, seq, heads, head_dim, chunk) = shape;
+        let shape = PoolShape { batch, seq, heads, head_dim, chunk };
+        let inputs = random_inputs(k.backward, k.varlen, k.dtype, &shape, seed);
+        let cu = inputs.cu_seqlens.as_ref();
+        let (tokens, want) = if k.backward {
+            (inputs.out_shape.clone(), reference_bwd(&inputs.input, cu, chunk, &inputs.out_shape).unwrap())
+        } else {
+            (inputs.input.shape.clone(), reference_fwd(&inputs.input, cu, chunk).unwrap())
+        };
+        let syms = grid_symbols(&tokens, cu, chunk);
+        let lookup = |s: &str| syms.iter().find(|(n, _)| *n == s).map(|(_, v)| *v);
+        let mut grid = [0i64; 3];
+        for (i, e) in kernel.grid.iter().enumerate() {
+            grid[i] = e.eval(&lookup).unwrap();
+        }
+        PoolCall {
+            input: HostBuffer::from_host(&inputs.input),
+            output: HostBuffer::from_host(&HostTensor::full(k.dtype, &inputs.out_shape, f64::NAN)),
+            cu_seqlens: inputs.cu_seqlens.as_ref().map(HostBuffer::from_host),
+            scalars: vec![scalar_slot(DType::I32, chunk as f64)],
+            grid,
+            want,
+            inputs,
+        }
+    }
+
+    /// The tensor arguments in ABI order (the pointers live as long as `self`).
+    pub fn tensors(&mut self) -> Vec<ejc_ir::cpu_abi::EjcTensor> {
+        let mut t = vec![self.input.abi(), self.output.abi()];
+        t.extend(self.cu_seqlens.as_mut().map(|c| c.abi()));
+        t
+    }
+
+    /// The output against the reference, with DESIGN.md's tolerance.
+    pub fn check(&self, label: &str) {
+        let got = self.output.to_host().to_vec();
+        let (rel, max_abs) = compare(&got, &self.want.to_vec());
+        let cu = self.inputs.cu_seqlens.as_ref().map(|c| c.to_vec());
+        assert!(
+            rel <= tol(self.want.dtype),
+            "{label}: input {:?} cu_seqlens {cu:?}: rel_err={rel:e} max_abs_err={max_abs:e}",
+            self.inputs.input.shape
+        );
+    }
+}
+
+/// Every mean-pooling kernel: forward and backward × dense and varlen × `dtypes`.
+pub fn pool_kernels(dtypes: &[DType], head_dim: usize, block_h: usize) -> Vec<PoolKernel> {
     let mut out = Vec::new();
-    for &m in spec.schedule.values("block_m") {
-        for &n in spec.schedule.values("block_n") {
-            out.push((m, n));
+    for backward in [false, true] {
+        for varlen in [false, true] {
+            for &dtype in dtypes {
+                out.push(PoolKernel { backward, varlen, dtype, head_dim, block_h });
+            }
         }
     }
     out
@@ -78,4 +182,15 @@ pub fn run_flash(
         .map_err(|e| e.to_string())?;
     plan.run(&mut call, threads).map_err(|e| e.to_string())?;
     Ok((call.host_tensor("out").unwrap(), call.host_tensor("lse").unwrap()))
+}
+
+/// The spec's (block_m, block_n) tilings.
+pub fn tilings(spec: &Spec) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    for &m in spec.schedule.values("block_m") {
+        for &n in spec.schedule.values("block_n") {
+            out.push((m, n));
+        }
+    }
+    out
 }

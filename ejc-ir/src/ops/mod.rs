@@ -3,14 +3,16 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert!(names.contains(&"flash_attention_fwd"));
+//! assert_eq!(names, ["flash_attention_fwd", "mean_pooling"]);
 //! ```
 
 use crate::op::Operation;
 
+pub mod mean_pooling;
+
 /// Every operation, in the order `ejc` lists them.
 pub fn all() -> &'static [&'static dyn Operation] {
-    &[&crate::flash::op::FlashAttentionFwd]
+    &[&crate::flash::op::FlashAttentionFwd, &mean_pooling::op::MeanPooling]
 }
 
 /// The operation named `name`.
