@@ -571,3 +571,49 @@ fn build_warp_specialised_candidates_and_drop_the_spilling_ones() {
     assert!(!out.join("ptx/sm_90a/flash_full_bf16_d128_m128_n64_w4_s2_wgmma_ws.ptx").exists());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The command line is operation-neutral: mean pooling runs, builds and lists like flash
+/// (its sizes by name or positionally), on every host back end and for PTX.
+#[test]
+fn mean_pooling_through_the_command_line() {
+    let pool = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/mean_pooling.yaml");
+    for backend in ["interp", "cpu", "mlir"] {
+        let o = ejc(&[
+            "run",
+            pool,
+            "--backend",
+            backend,
+            "--dtype",
+            "f32",
+            "--size",
+            "batch=3,seq=67,chunk_size=5",
+            "--seed",
+            "4",
+        ]);
+        let out = text(&o.stdout);
+        assert_eq!(code(&o), 0, "{backend}: {out}{}", text(&o.stderr));
+        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 4, "{backend}: {out}");
+        assert!(out.contains("sizes=batch=3,seq=67,heads=4,head_dim=64,chunk_size=5"), "{out}");
+    }
+    // The positional shorthand is the operation's sizes in order.
+    let o = ejc(&["run", pool, "--variant", "varlen_bwd", "--shape", "4,40,17,128,3", "--dtype", "bf16"]);
+    assert_eq!(code(&o), 0, "{}{}", text(&o.stdout), text(&o.stderr));
+    let o = ejc(&["run", pool, "--shape", "4,40,17,128"]);
+    assert!(
+        code(&o) == 2 && text(&o.stderr).contains("expected 5: batch,seq,heads,head_dim,chunk_size"),
+        "{}",
+        text(&o.stderr)
+    );
+    let out = temp_dir("pool-build");
+    let mut args = vec!["build", pool, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
+    args.extend(["--dtype", "bf16", "--head-dim", "64", "-q"]);
+    let o = ejc(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    assert_eq!(m.spec.op, "mean_pooling");
+    assert_eq!(m.plans.len(), 4, "one plan per variant");
+    // block_h 16 runs on one warp; block_h 64 on one or four (16 rows per warp).
+    assert_eq!(m.artifacts.len(), 2 * 4 * 3, "{:?}", m.artifacts.iter().map(|a| &a.artifact_id).collect::<Vec<_>>());
+    assert!(m.artifacts.iter().all(|a| a.grid[1].starts_with("cdiv(heads, ")), "the grid is the kernel's");
+    let _ = std::fs::remove_dir_all(&out);
+}

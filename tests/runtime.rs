@@ -236,3 +236,73 @@ fn two_tune_processes_writing_one_cache_at_once_lose_nothing() {
     assert!(ls.contains("(4 entries)"), "{ls}");
     let _ = std::fs::remove_dir_all(&cache);
 }
+
+/// The runtime is not flash's: mean pooling goes through the same generic call —
+/// registry family by op and instance, validation by the operation, the chain with
+/// autotuning and its persistent cache — and matches the reference, forward and backward,
+/// dense and varlen.
+#[test]
+fn any_operation_runs_through_the_generic_call() {
+    use ejc_ir::op::{compare_outputs, Operation, Sizes};
+    use ejc_ir::types::DType;
+    use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+    use ejc_runtime::call::Call;
+    use ejc_runtime::chain::Source;
+    let kernels = temp("pool");
+    let cache = temp("pool-cache");
+    let pool = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/mean_pooling.yaml");
+    let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(["build", pool, "-o", kernels.to_str().unwrap(), "--target", "cpu", "--dtype", "f32", "--head-dim", "64"])
+        .arg("-q")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let op = ejc_ir::ops::get("mean_pooling").unwrap();
+    let dims = Sizes::from(
+        [("batch", 3), ("seq", 53), ("heads", 5), ("head_dim", 64), ("chunk_size", 6)].map(|(k, v)| (k.to_string(), v)),
+    );
+    let open = || {
+        let opts =
+            RuntimeOptions { kernels: vec![kernels.clone()], cache_dir: Some(cache.clone()), ..Default::default() };
+        Runtime::new(opts).unwrap()
+    };
+    let mut rt = open();
+    for (backward, varlen) in [(false, false), (true, false), (false, true), (true, true)] {
+        let f = ejc_ir::ops::mean_pooling::op::PoolFeatures { backward, varlen }.to_json();
+        let host = op.random_call(&f, DType::F32, &dims, 9).unwrap();
+        let want = op.reference(&f, &host).unwrap();
+        let mut call = Call::from_host(&host);
+        let r = rt.call("mean_pooling", &f, &mut call, &CallOptions { threads: 2, ..Default::default() }).unwrap();
+        assert_eq!((r.source, r.plan.as_str()), (Source::Autotune, "single"), "{r:?}");
+        let mut got = host.clone();
+        for n in op.outputs(&f) {
+            got.tensors.insert(n.to_string(), call.host_tensor(n).unwrap());
+        }
+        for (name, rel, _) in compare_outputs(op, &f, &got, &want) {
+            assert!(rel <= 1e-5, "backward={backward} varlen={varlen}: {name} rel_err {rel:e}");
+        }
+    }
+    // A second process (a new runtime) finds the choices in the persistent cache.
+    let mut rt = open();
+    let f = ejc_ir::ops::mean_pooling::op::PoolFeatures::default().to_json();
+    let host = op.random_call(&f, DType::F32, &dims, 10).unwrap();
+    let r = rt.call("mean_pooling", &f, &mut Call::from_host(&host), &CallOptions::default()).unwrap();
+    assert_eq!(r.source, Source::Persistent);
+    // A call that fits no instance says what exists.
+    let mut bad = Call::from_host(
+        &op.random_call(
+            &f,
+            DType::F32,
+            &Sizes::from([("head_dim".to_string(), 128)])
+                .into_iter()
+                .chain(dims.clone().into_iter().filter(|(k, _)| k != "head_dim"))
+                .collect(),
+            1,
+        )
+        .unwrap(),
+    );
+    let e = rt.call("mean_pooling", &f, &mut bad, &CallOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("head_dim 128") && e.contains("head_dim=64"), "{e}");
+    let _ = std::fs::remove_dir_all(&kernels);
+    let _ = std::fs::remove_dir_all(&cache);
+}
