@@ -243,7 +243,7 @@ fn two_tune_processes_writing_one_cache_at_once_lose_nothing() {
 /// dense and varlen.
 #[test]
 fn any_operation_runs_through_the_generic_call() {
-    use ejc_ir::op::{compare_outputs, Operation, Sizes};
+    use ejc_ir::op::{compare_outputs, Sizes};
     use ejc_ir::types::DType;
     use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
     use ejc_runtime::call::Call;

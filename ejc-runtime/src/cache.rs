@@ -154,6 +154,32 @@ impl PersistentCache {
         &self.path
     }
 
+    /// The devices whose cache files `dir` holds (each file names its device), sorted; a
+    /// file that cannot be read is left out (opening it reports why).
+    pub fn machines(dir: &Path) -> Vec<String> {
+        #[derive(Deserialize)]
+        struct Head {
+            machine: String,
+        }
+        let mut out: Vec<String> = std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("tuning-") && n.ends_with(".json"))
+                    })
+                    .filter_map(|p| std::fs::read_to_string(p).ok())
+                    .filter_map(|t| serde_json::from_str::<Head>(&t).ok().map(|h| h.machine))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     pub fn get(&self, key: &str) -> Option<&CacheEntry> {
         self.entries.get(key)
     }

@@ -1,4 +1,5 @@
-//! `ejc cache ls|show|clear`: what the persistent tuning cache of this machine holds.
+//! `ejc cache ls|show|clear`: what the persistent tuning cache holds — one file per
+//! device (this CPU, and each GPU tuned here).
 
 use std::path::PathBuf;
 
@@ -17,22 +18,46 @@ pub enum Action {
 
 pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
     let dir = cache_dir.unwrap_or_else(PersistentCache::default_dir);
-    let mut cache = PersistentCache::open(&dir, &cpu_fingerprint());
-    for w in cache.warnings() {
-        eprintln!("warning: {w}");
+    // This CPU's file first (shown even when empty), then every other device's.
+    let cpu = cpu_fingerprint();
+    let mut devices = vec![cpu.clone()];
+    devices.extend(PersistentCache::machines(&dir).into_iter().filter(|m| *m != cpu));
+    let mut shown = 0;
+    let mut index = 0;
+    for device in &devices {
+        let mut cache = PersistentCache::open(&dir, device);
+        for w in cache.warnings() {
+            eprintln!("warning: {w}");
+        }
+        match one(&action, &mut cache, device, &mut index) {
+            Ok(n) => shown += n,
+            Err(o) => return o,
+        }
     }
+    if let Action::Show(filter) = &action {
+        if shown == 0 {
+            return Outcome::Error(format!("error: no cache entry matches `{filter}` in {}", dir.display()));
+        }
+    }
+    Outcome::Ok
+}
+
+/// One device's file; how many entries were shown. `index` numbers entries across files.
+fn one(action: &Action, cache: &mut PersistentCache, device: &str, index: &mut usize) -> Result<usize, Outcome> {
+    let mut n = 0;
     match action {
         Action::Ls => {
-            println!("{} ({} entries)", cache.path().display(), cache.entries().count());
-            for (i, (_, e)) in cache.entries().enumerate() {
-                println!("{i:3}  {:<10} {}  [{}]", config_id(&e.config), e.call, e.op);
+            println!("{} ({} entries) — {device}", cache.path().display(), cache.entries().count());
+            for (_, e) in cache.entries() {
+                println!("{:3}  {:<10} {}  [{}]", *index, config_id(&e.config), e.call, e.op);
+                *index += 1;
             }
         }
         Action::Show(filter) => {
-            let mut n = 0;
-            for (i, (key, e)) in cache.entries().enumerate() {
-                if !filter.is_empty() && !key.contains(&filter) && !e.call.contains(&filter) && filter != i.to_string()
-                {
+            for (key, e) in cache.entries() {
+                let i = *index;
+                *index += 1;
+                if !filter.is_empty() && !key.contains(filter) && !e.call.contains(filter) && *filter != i.to_string() {
                     continue;
                 }
                 n += 1;
@@ -50,17 +75,11 @@ pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
                     }
                 }
             }
-            if n == 0 {
-                return Outcome::Error(format!(
-                    "error: no cache entry matches `{filter}` in {}",
-                    cache.path().display()
-                ));
-            }
         }
         Action::Clear => match cache.clear(None) {
-            Ok(n) => println!("removed {n} entries from {}", cache.path().display()),
-            Err(e) => return Outcome::Error(format!("error: {e}")),
+            Ok(n) => println!("removed {n} entries from {} ({device})", cache.path().display()),
+            Err(e) => return Err(Outcome::Error(format!("error: {e}"))),
         },
     }
-    Outcome::Ok
+    Ok(n)
 }
