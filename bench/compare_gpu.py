@@ -15,6 +15,10 @@ s from 512 to 16384, d 64 and 128, causal and not) it times, with triton's do_be
 
 It prints TFLOP/s (forward = 4·b·h·s²·d, halved for causal) and ejc's ratio to each
 anchor, and checks ejc's output against a float32 reference where that fits in memory.
+
+`--baseline DIR` times a second build the same way in the same run (e.g. an older
+compiler's PTX, `ejc-manifest/1` or `/2`), for a regression check side by side:
+`ejc/base` is then printed too.
 """
 import argparse
 import json
@@ -28,7 +32,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from cupy_launch import EjcKernel, flash_sizes, load_manifest, reference  # noqa: E402
+from cupy_launch import EjcKernel, flash_sizes, instance, load_manifest, reference  # noqa: E402
 
 
 @triton.jit
@@ -84,6 +88,7 @@ def main():
     ap.add_argument("--rows", default=None, help="comma-separated sequence lengths to keep (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
+    ap.add_argument("--baseline", default=None, help="a second build timed the same way (regression check)")
     ap.add_argument("--only", default=None,
                     help="only the candidates whose artifact id contains this text (e.g. _wgmma: Hopper's paths)")
     args = ap.parse_args()
@@ -94,6 +99,7 @@ def main():
     major, minor = torch.cuda.get_device_capability()
     print(f"device: {dev_name} (sm_{major}{minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
     m = load_manifest(args.build)
+    base_m = load_manifest(args.baseline) if args.baseline else None
 
     def runs_here(t):
         return t == "ptx:sm_80" or (t == "ptx:sm_90a" and (major, minor) == (9, 0))
@@ -110,40 +116,45 @@ def main():
         h = 2048 // d
         b = max(1, 16384 // s)
         variant = "causal" if causal else "full"
-        cands = [a for a in m["artifacts"] if a["role"] == "main" and a["instance"]["variant"] == variant
-                 and a["instance"]["dtype"] == "bf16" and a["instance"]["keys"]["head_dim"] == d and runs_here(a["target"])
-                 and (args.only is None or args.only in a["artifact_id"])]
+        def candidates(man):
+            return [a for a in man["artifacts"] if instance(a) == (variant, "bf16", d, "main") and runs_here(a["target"])
+                    and (args.only is None or args.only in a["artifact_id"])]
+        cands = candidates(m)
         torch.manual_seed(0)
         q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
         fl = flops(b, h, s, d, causal)
         row = dict(d=d, s=s, b=b, h=h, causal=causal)
-        # ---- ejc: every candidate, the fastest kept
-        best = None
-        for a in cands:
-            key = a["artifact_id"]
-            if key not in kernels:
+        # ---- ejc: every candidate, the fastest kept (and the baseline build's, the same way)
+        def fastest(build, cands, tag):
+            best = None
+            for a in cands:
+                key = tag + a["artifact_id"]
+                if key not in kernels:
+                    try:
+                        kernels[key] = EjcKernel(build, a)
+                    except Exception as e:  # a candidate that does not load is infinitely slow
+                        print(f"  {key}: cannot load: {e}", flush=True)
+                        kernels[key] = None
+                kern = kernels[key]
+                if kern is None:
+                    continue
+                tensors = dict(q=q, k=k, v=v, out=out, lse=lse)
+                sc = dict(softmax_scale=1.0 / math.sqrt(d))
+                sizes = flash_sizes(q, k)
                 try:
-                    kernels[key] = EjcKernel(args.build, a)
-                except Exception as e:  # a candidate that does not load is infinitely slow
-                    print(f"  {key}: cannot load: {e}", flush=True)
-                    kernels[key] = None
-            kern = kernels[key]
-            if kern is None:
-                continue
-            tensors = dict(q=q, k=k, v=v, out=out, lse=lse)
-            sc = dict(softmax_scale=1.0 / math.sqrt(d))
-            sizes = flash_sizes(q, k)
-            try:
-                ms = do_bench(lambda: kern(tensors, sc, sizes), warmup=10, rep=60, return_mode="median")
-            except Exception as e:
-                print(f"  {key}: failed: {e}", flush=True)
-                continue
-            if args.verbose:
-                print(f"  {key}: {fl / ms / 1e9:.1f} TFLOP/s", flush=True)
-            if best is None or ms < best[1]:
-                best = (a, ms, kern)
+                    ms = do_bench(lambda: kern(tensors, sc, sizes), warmup=10, rep=60, return_mode="median")
+                except Exception as e:
+                    print(f"  {key}: failed: {e}", flush=True)
+                    continue
+                if args.verbose:
+                    print(f"  {key}: {fl / ms / 1e9:.1f} TFLOP/s", flush=True)
+                if best is None or ms < best[1]:
+                    best = (a, ms, kern)
+            return best
+
+        best = fastest(args.build, cands, "")
         if best is not None:
             a, ms, kern = best
             kern(dict(q=q, k=k, v=v, out=out, lse=lse), dict(softmax_scale=1.0 / math.sqrt(d)), flash_sizes(q, k))
@@ -153,6 +164,10 @@ def main():
                 want = reference(q, k, v, causal)
                 err = ((out.float() - want).norm() / want.norm()).item()
             row.update(ejc=fl / ms / 1e9, ejc_ms=ms, ejc_config=a["artifact_id"], ejc_err=err)
+        if base_m is not None:
+            base = fastest(args.baseline, candidates(base_m), "base:")
+            if base is not None:
+                row.update(base=fl / base[1] / 1e9, base_config=base[0]["artifact_id"])
         # ---- anchors
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -182,7 +197,8 @@ def main():
             f"d={d:3d} s={s:5d} causal={int(causal)}  ejc {row.get('ejc', 0):6.1f}  cudnn {row.get('cudnn', 0):6.1f}  "
             f"flash {row.get('flash', 0):6.1f}  triton {row.get('triton', 0):6.1f} TFLOP/s   "
             f"ejc/cudnn {r('cudnn')}  ejc/flash {r('flash')}  ejc/triton {r('triton')}   "
-            f"err {row.get('ejc_err')}  [{row.get('ejc_config', '-')}]",
+            + (f"base {row.get('base', 0):6.1f}  ejc/base {r('base')}   " if base_m is not None else "")
+            + f"err {row.get('ejc_err')}  [{row.get('ejc_config', '-')}]",
             flush=True,
         )
         del q, k, v, out, lse, qt, kt, vt

@@ -33,6 +33,16 @@ def load_manifest(build_dir):
         return json.load(fh)
 
 
+def instance(a):
+    """(variant, dtype, head_dim, role) of an artifact: `ejc-manifest/2` names the instance
+    and the role; `ejc-manifest/1` (older builds, for side-by-side comparisons) had the
+    flash fields at the top level and one role."""
+    if "instance" in a:
+        i = a["instance"]
+        return i["variant"], i["dtype"], i.get("keys", {}).get("head_dim"), a["role"]
+    return a["variant"], a["dtype"], a["head_dim"], "main"
+
+
 def eval_grid(formula, sizes):
     """A size formula from the manifest (`cdiv(seq_q, 128)`, `mul(batch, num_splits)`,
     `add(a, b)`, `max(a, 1)`, `heads_q`, `7`; docs/abi.md)."""
@@ -169,23 +179,23 @@ def main():
     m = load_manifest(build_dir)
     major, minor = torch.cuda.get_device_capability()
     arts = [a for a in m["artifacts"] if a["target"] == "ptx:sm_80" or (a["target"] == "ptx:sm_90a" and (major, minor) == (9, 0))]
-    arts = [a for a in arts if a["role"] == "main" and a["instance"]["variant"] in ("full", "causal")
-            and a["instance"]["dtype"] in ("bf16", "f16")]
+    arts = [a for a in arts if instance(a)[3] == "main" and instance(a)[0] in ("full", "causal")
+            and instance(a)[1] in ("bf16", "f16")]
     if len(sys.argv) > 2:  # an artifact id substring: e.g. `_ws` for a warp-specialised one
         arts = [a for a in arts if sys.argv[2] in a["artifact_id"]]
     if not arts:
         sys.exit("no full/causal bf16/f16 PTX artifact in " + build_dir)
     a = arts[0]
-    causal = a["instance"]["variant"] == "causal"
-    d = a["instance"]["keys"]["head_dim"]
-    dt = getattr(torch, TORCH_DTYPES[a["instance"]["dtype"]])
+    variant, dtype, d, _ = instance(a)
+    causal = variant == "causal"
+    dt = getattr(torch, TORCH_DTYPES[dtype])
     torch.manual_seed(0)
     b, sq, sk, hq, hkv = 2, 300, 301, 8, 2  # not block multiples, GQA 4:1
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
     kern = EjcKernel(build_dir, a)
-    tol = 1e-2 if a["instance"]["dtype"] == "bf16" else 5e-3
+    tol = 1e-2 if dtype == "bf16" else 5e-3
     worst = 0.0
     # Contiguous tensors (the aligned entry, where the artifact has one), then K and V
     # as views with a row stride that is not a multiple of 8 (the general entry).

@@ -471,6 +471,17 @@ pub struct CudaPlan {
     pub aligned: Vec<bool>,
 }
 
+/// Which entry of an artifact with an aligned one a plan calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EntryChoice {
+    /// The aligned entry where the call's tensors and scalars meet its condition (what a
+    /// launcher does), else the general one.
+    #[default]
+    Best,
+    /// Always the general entry (checks run both).
+    General,
+}
+
 impl CudaPlan {
     pub fn new(
         specs: Vec<CudaLaunchSpec>,
@@ -479,6 +490,18 @@ impl CudaPlan {
         sizes: &Sizes,
         config: &Config,
         cuda: &Cuda,
+    ) -> Result<CudaPlan, CudaError> {
+        Self::new_with(specs, temporaries, call, sizes, config, cuda, EntryChoice::Best)
+    }
+
+    pub fn new_with(
+        specs: Vec<CudaLaunchSpec>,
+        temporaries: &[Temporary],
+        call: &Call,
+        sizes: &Sizes,
+        config: &Config,
+        cuda: &Cuda,
+        choice: EntryChoice,
     ) -> Result<CudaPlan, CudaError> {
         let bad = |m: String| CudaError::Invalid(m);
         let syms = symbols(sizes, config);
@@ -538,7 +561,7 @@ impl CudaPlan {
                 })
             };
             let (kernel, used) = match s.aligned {
-                Some((k, al)) if meets(&al) => (k, true),
+                Some((k, al)) if choice == EntryChoice::Best && meets(&al) => (k, true),
                 _ => (s.kernel, false),
             };
             let mut maps = Vec::new();
@@ -558,11 +581,22 @@ impl CudaPlan {
 
     /// Prepare a registry candidate (PTX entries) for `call`.
     pub fn for_candidate(cuda: &Cuda, cand: &Candidate, call: &Call, sizes: &Sizes) -> Result<CudaPlan, CudaError> {
+        Self::for_candidate_with(cuda, cand, call, sizes, EntryChoice::Best)
+    }
+
+    /// [`CudaPlan::for_candidate`], choosing entries by `choice`.
+    pub fn for_candidate_with(
+        cuda: &Cuda,
+        cand: &Candidate,
+        call: &Call,
+        sizes: &Sizes,
+        choice: EntryChoice,
+    ) -> Result<CudaPlan, CudaError> {
         let mut specs = Vec::new();
         for (e, launch) in cand.launches.iter().zip(&cand.plan.plan.launches) {
             specs.push(CudaLaunchSpec::of_entry(cuda, e, launch)?);
         }
-        CudaPlan::new(specs, &cand.plan.plan.temporaries, call, sizes, &cand.config, cuda)
+        CudaPlan::new_with(specs, &cand.plan.plan.temporaries, call, sizes, &cand.config, cuda, choice)
     }
 
     /// Enqueue every launch in order (asynchronous: [`Cuda::synchronize`] waits).

@@ -33,7 +33,7 @@ use ejc_ir::op::{
 };
 use ejc_ir::types::DType;
 use ejc_runtime::call::Call;
-use ejc_runtime::cuda::{download_into, runs_on, upload_call, Cuda, CudaError, CudaPlan};
+use ejc_runtime::cuda::{download_into, runs_on, upload_call, Cuda, CudaError, CudaPlan, EntryChoice};
 use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 
 fn usage() -> ExitCode {
@@ -88,9 +88,10 @@ fn run_on_gpu(
     cand: &Candidate,
     host: &HostCall,
     sizes: &Sizes,
+    choice: EntryChoice,
 ) -> Result<(HostCall, bool), String> {
     let dev = upload_call(cuda, &Call::from_host(host)).map_err(|e| e.to_string())?;
-    let plan = CudaPlan::for_candidate(cuda, cand, &dev, sizes).map_err(|e| e.to_string())?;
+    let plan = CudaPlan::for_candidate_with(cuda, cand, &dev, sizes, choice).map_err(|e| e.to_string())?;
     plan.launch(cuda).map_err(|e| e.to_string())?;
     cuda.synchronize().map_err(|e| e.to_string())?;
     let mut back = Call::default();
@@ -183,11 +184,16 @@ fn check(args: &[String]) -> ExitCode {
                 None => label,
             };
             if filter.as_ref().is_none_or(|f| label.contains(f.as_str())) {
-                work.push((fam.clone(), c, label));
+                // Both entries where a launch has an aligned one: the inputs here are
+                // contiguous, so `Best` takes the aligned entry and `General` the other.
+                if c.launches.iter().any(|e| e.aligned.is_some()) {
+                    work.push((fam.clone(), c.clone(), label.clone(), EntryChoice::General));
+                }
+                work.push((fam.clone(), c, label, EntryChoice::Best));
             }
         }
     }
-    for (fam, cand, label) in work.into_iter().skip(shard.0).step_by(shard.1) {
+    for (fam, cand, label, choice) in work.into_iter().skip(shard.0).step_by(shard.1) {
         let dtype: DType = match fam.instance.dtype.parse() {
             Ok(d) => d,
             Err(e) => return fail(e),
@@ -221,7 +227,7 @@ fn check(args: &[String]) -> ExitCode {
                 }
             };
             let (call, sizes, want) = (&case.0, &case.1, &case.2);
-            match run_on_gpu(&cuda, op, &fam.features, &cand, call, sizes) {
+            match run_on_gpu(&cuda, op, &fam.features, &cand, call, sizes, choice) {
                 Ok((got, aligned)) => {
                     aligned_ran |= aligned;
                     for (name, rel, _) in compare_outputs(op, &fam.features, &got, want) {
@@ -242,7 +248,17 @@ fn check(args: &[String]) -> ExitCode {
                 break;
             }
         }
-        let entry = if aligned_ran { " [aligned]" } else { "" };
+        let entry = match (choice, aligned_ran) {
+            (_, true) => " [aligned]",
+            (EntryChoice::General, false) => " [general]",
+            _ => "",
+        };
+        if choice == EntryChoice::Best && !aligned_ran && cand.launches.iter().any(|e| e.aligned.is_some()) {
+            // The aligned entry was meant to run here: contiguous inputs meet its condition.
+            fail_n += 1;
+            println!("FAIL {label}: the aligned entry did not run on contiguous inputs");
+            continue;
+        }
         match err {
             None => {
                 pass += 1;
