@@ -341,6 +341,13 @@ struct BenchArgs {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so printing into a closed pipe (`ejc list | head`) would
+    // panic; the default action ends the process quietly, as other CLI tools do.
+    #[cfg(unix)]
+    // Safety: called first thing, before any thread exists; SIG_DFL is a valid action.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Check { spec } => cli::check::run(&spec),

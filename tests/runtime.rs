@@ -306,3 +306,73 @@ fn any_operation_runs_through_the_generic_call() {
     let _ = std::fs::remove_dir_all(&kernels);
     let _ = std::fs::remove_dir_all(&cache);
 }
+
+/// `specs/flash_decode.yaml` through the runtime's generic call on the CPU: the tuner's
+/// candidates hold both plans (one kernel; split-KV at every split count), whichever it
+/// keeps matches the reference, and an explicit split-KV configuration runs two kernels
+/// (partial, combine) whose result matches the reference too.
+#[test]
+fn decode_calls_tune_over_both_plans_and_split_kv_matches_the_reference() {
+    use ejc_ir::op::{compare_outputs, plan_marker, Config, Sizes};
+    use ejc_ir::types::DType;
+    use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+    use ejc_runtime::call::Call;
+    use ejc_runtime::chain::Source;
+    let kernels = temp("decode");
+    let cache = temp("decode-cache");
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_decode.yaml");
+    let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(["build", spec, "-o", kernels.to_str().unwrap(), "--target", "cpu", "--variant", "gpt_oss"])
+        .args(["--dtype", "bf16", "--head-dim", "64", "--config", "num_splits=2", "--config", "num_splits=8", "-q"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let manifest = std::fs::read_to_string(kernels.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"split_kv\"") && manifest.contains("_combine"), "{manifest}");
+    let op = ejc_ir::ops::get("flash_attention_fwd").unwrap();
+    let spec = ejc_ir::spec::load_file(spec).unwrap();
+    let f = spec.variant("gpt_oss").unwrap().features.clone();
+    // Decode-like: 3 query rows against 700 keys (the 128-key window and the sinks see
+    // rows of every split), GQA 8:2.
+    let dims = Sizes::from(
+        [("batch", 2), ("seq_q", 3), ("seq_k", 700), ("heads_q", 8), ("heads_kv", 2), ("head_dim", 64)]
+            .map(|(k, v)| (k.to_string(), v)),
+    );
+    let opts = RuntimeOptions { kernels: vec![kernels.clone()], cache_dir: Some(cache.clone()), ..Default::default() };
+    let mut rt = Runtime::new(opts).unwrap();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("seed {seed}");
+    let host = op.random_call(&f, DType::BF16, &dims, seed).unwrap();
+    let want = op.reference(&f, &host).unwrap();
+    let check = |call: &Call, label: &str| {
+        let mut got = host.clone();
+        for n in op.outputs(&f) {
+            got.tensors.insert(n.to_string(), call.host_tensor(n).unwrap());
+        }
+        for (name, rel, _) in compare_outputs(op, &f, &got, &want) {
+            assert!(rel <= 1e-2, "{label}: {name} rel_err {rel:e} (seed {seed})");
+        }
+    };
+    // The tuner: 2 one-kernel tilings + 2 tilings x 2 split counts.
+    let mut call = Call::from_host(&host);
+    let r = rt.call("flash_attention_fwd", &f, &mut call, &CallOptions { threads: 2, ..Default::default() }).unwrap();
+    assert_eq!(r.source, Source::Autotune, "{r:?}");
+    check(&call, &format!("tuned ({} {:?})", r.plan, r.config));
+    let tuned = std::fs::read_to_string(std::fs::read_dir(&cache).unwrap().next().unwrap().unwrap().path()).unwrap();
+    assert!(tuned.contains("plan:split_kv") || r.plan == "single", "{tuned}");
+    // Split-KV by hand: 8 splits of 700 keys, the two kernels in order.
+    let config = Config::from([
+        ("block_m".to_string(), 64),
+        ("block_n".to_string(), 64),
+        ("num_splits".to_string(), 8),
+        (plan_marker("split_kv"), 1),
+    ]);
+    let mut call = Call::from_host(&host);
+    let opts = CallOptions { config: Some(config), threads: 2, ..Default::default() };
+    let r = rt.call("flash_attention_fwd", &f, &mut call, &opts).unwrap();
+    assert_eq!((r.plan.as_str(), r.kernels.len()), ("split_kv", 2), "{r:?}");
+    assert!(r.kernels[0].ends_with("_split") && r.kernels[1].ends_with("_combine"), "{r:?}");
+    check(&call, "split_kv num_splits=8");
+    let _ = std::fs::remove_dir_all(&kernels);
+    let _ = std::fs::remove_dir_all(&cache);
+}

@@ -191,3 +191,39 @@ fn mean_pooling_matches_the_reference() {
 fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
     ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }
+
+/// Split-KV (partial kernel, then combine kernel) through the CPU back end equals the
+/// reference: every non-varlen variant, f32 and bf16, awkward shapes, one split to
+/// more splits than key blocks (empty splits).
+#[test]
+fn split_kv_partial_then_combine_matches_the_reference() {
+    use common::{check_split_kv, split_kv_kernels};
+    let spec = spec();
+    let seed = seed();
+    eprintln!("seed = {seed}");
+    let isa = Isa::host();
+    let mut kernels = Vec::new();
+    let mut cases = Vec::new();
+    for v in spec.variants.iter().filter(|v| !fx(v).varlen) {
+        for dtype in [DType::F32, DType::BF16] {
+            let (p, c) = split_kv_kernels(&spec, v, dtype, 64, 32, 32);
+            cases.push((v, dtype, kernels.len()));
+            kernels.extend([p, c]);
+        }
+    }
+    let obj = compile_object(&kernels, isa).unwrap();
+    let jit = JitLibrary::load(&obj.object).unwrap();
+    let cpu_kernel = |i: usize| CpuKernel {
+        entry: jit.entry(&kernels[i].name).unwrap(),
+        scratch_bytes: obj.kernels[i].scratch_bytes as usize,
+    };
+    for (v, dtype, i) in cases {
+        let (partial, combine) = (cpu_kernel(i), cpu_kernel(i + 1));
+        for (j, shape) in SHAPES.iter().enumerate() {
+            for num_splits in [1, 2, 3, 7, 64] {
+                let ks = [(&partial as _, &kernels[i]), (&combine as _, &kernels[i + 1])];
+                check_split_kv(&spec, v, dtype, ks, shape, seed + j as u64, num_splits, 2);
+            }
+        }
+    }
+}

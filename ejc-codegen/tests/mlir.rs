@@ -378,3 +378,27 @@ fn mean_pooling_gpu_form_passes_ptxas() {
 fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
     ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }
+
+/// Split-KV (partial kernel, then combine kernel) through the MLIR CPU form equals the
+/// reference: every non-varlen variant, f32 and bf16, one split to more splits than
+/// key blocks (empty splits). The partial kernel's `o_partial` is a rank-5 tensor.
+#[test]
+fn cpu_form_runs_split_kv_partial_then_combine() {
+    use common::{check_split_kv, split_kv_kernels};
+    let spec = spec();
+    let seed = seed();
+    println!("seed {seed} (EJC_TEST_SEED replays)");
+    for v in spec.variants.iter().filter(|v| !fx(v).varlen) {
+        for dtype in [DType::F32, DType::BF16] {
+            let (p, c) = split_kv_kernels(&spec, v, dtype, 64, 64, 32);
+            let partial = CpuKernel::compile(&p).unwrap_or_else(|e| panic!("{e}"));
+            let combine = CpuKernel::compile(&c).unwrap_or_else(|e| panic!("{e}"));
+            for shape in ["2,77,93,4,2,64", "1,1,23,2,2,64", "1,19,140,8,2,64"] {
+                for num_splits in [1, 3, 64] {
+                    let ks = [(&Launch(&partial) as _, &p), (&Launch(&combine) as _, &c)];
+                    check_split_kv(&spec, v, dtype, ks, shape, seed, num_splits, 2);
+                }
+            }
+        }
+    }
+}

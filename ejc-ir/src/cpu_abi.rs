@@ -21,6 +21,13 @@
 //!            void *scratch);             /* scratch_bytes (manifest), 64-aligned  */
 //! ```
 //!
+//! A tensor of rank at most 4 is one `EjcTensor`. A tensor of higher rank (the
+//! split-KV temporaries are rank 5) continues in the following descriptors, four axes
+//! each: axis `a` is `shape[a % 4]` / `strides[a % 4]` of descriptor `a / 4` of the
+//! tensor, and the continuation's `data` is unused ([`tensor_slots`],
+//! [`descriptors`]). Kernels whose tensors all have rank 4 or less see the layout
+//! above unchanged.
+//!
 //! Programs are numbered `p = pid0 + grid[0] * (pid1 + grid[1] * pid2)`, so a range of
 //! consecutive programs walks the query blocks of one head first (they share K and V).
 //! Scalars sit in the low bits of their 64-bit slot: f32 as its IEEE bits, i32/u32 as
@@ -43,6 +50,38 @@ pub const MAX_RANK: usize = 4;
 pub const TENSOR_SIZE: usize = 72;
 
 const _: () = assert!(std::mem::size_of::<EjcTensor>() == TENSOR_SIZE);
+
+/// How many [`EjcTensor`] descriptors a tensor of `rank` takes: one per four axes, at
+/// least one.
+pub fn tensor_slots(rank: usize) -> usize {
+    rank.div_ceil(MAX_RANK).max(1)
+}
+
+/// The descriptors of one tensor of any rank (see the module docs): unused axes have
+/// extent 1 and stride 0; continuation descriptors repeat `data`, which kernels do not
+/// read there.
+///
+/// ```
+/// use ejc_ir::cpu_abi::descriptors;
+/// let d = descriptors(std::ptr::null_mut(), &[2, 3, 4, 5, 6], &[360, 120, 30, 6, 1]);
+/// assert_eq!(d.len(), 2);
+/// assert_eq!(d[0].shape, [2, 3, 4, 5]);
+/// assert_eq!((d[1].shape, d[1].strides), ([6, 1, 1, 1], [1, 0, 0, 0]));
+/// ```
+pub fn descriptors(data: *mut u8, shape: &[i64], strides: &[i64]) -> Vec<EjcTensor> {
+    assert_eq!(shape.len(), strides.len(), "one stride per axis");
+    (0..tensor_slots(shape.len()))
+        .map(|slot| {
+            let mut t = EjcTensor { data, shape: [1; MAX_RANK], strides: [0; MAX_RANK] };
+            let axes = slot * MAX_RANK..shape.len().min((slot + 1) * MAX_RANK);
+            for (k, a) in axes.enumerate() {
+                t.shape[k] = shape[a];
+                t.strides[k] = strides[a];
+            }
+            t
+        })
+        .collect()
+}
 
 /// The entry point's type.
 pub type EntryFn = unsafe extern "C" fn(

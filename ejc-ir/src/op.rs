@@ -619,6 +619,21 @@ pub fn spec_plans(spec: &Spec, variant: &Variant) -> Vec<PlanDecl> {
         .collect()
 }
 
+/// How many (plan, tile-axis values, runtime-axis values) choices the autotuner has for
+/// one instance of `variant`: per plan, the product of its roles' tile points and its
+/// runtime axes' values, summed over the plans the spec asks for. GPU targets multiply
+/// this by the launch configurations.
+pub fn plan_choices(spec: &Spec, variant: &Variant) -> usize {
+    spec_plans(spec, variant)
+        .iter()
+        .map(|p| {
+            let tiles: usize = p.roles.iter().map(|r| spec.schedule.points(&r.tile_axes).len()).product();
+            let runtime: usize = p.runtime_axes.iter().map(|a| spec.schedule.values(a).len().max(1)).product();
+            tiles * runtime
+        })
+        .sum()
+}
+
 /// The kernel instances of one plan's roles for an instance (one per tile point).
 pub fn plan_kernels<'s>(
     spec: &'s Spec,

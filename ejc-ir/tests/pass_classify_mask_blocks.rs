@@ -9,7 +9,7 @@ mod common;
 
 use common::{apply, assert_same_semantics, seed, ArgSpec};
 use ejc_ir::interp::Stats;
-use ejc_ir::ir::{walk_ops, Kernel, OpKind};
+use ejc_ir::ir::{walk_ops, Kernel, MaskTerm, OpKind};
 use ejc_ir::passes::ClassifyMaskBlocks;
 
 /// A flash-attention loop over key blocks. `lo`/`step` are the loop's lower bound and
@@ -234,4 +234,54 @@ fn the_pass_is_idempotent() {
     let (_, once, text) = apply(&ClassifyMaskBlocks, &Loop::causal("twice").text());
     let twice = common::run_pass(&ClassifyMaskBlocks, &once);
     assert_eq!(ejc_ir::print::print_kernel(&twice), text);
+}
+
+/// The terms of the first `mask.block_full` and `mask.apply` of a kernel.
+fn mask_terms(k: &Kernel) -> (Vec<MaskTerm>, Vec<MaskTerm>) {
+    let (mut full, mut apply) = (None, None);
+    walk_ops(&k.body, &mut |op| match &op.kind {
+        OpKind::MaskBlockFull { terms, .. } => {
+            full.get_or_insert(terms.clone());
+        }
+        OpKind::MaskApply { terms } => {
+            apply.get_or_insert(terms.clone());
+        }
+        _ => {}
+    });
+    (full.unwrap_or_default(), apply.unwrap_or_default())
+}
+
+#[test]
+fn drops_column_bounds_that_are_multiples_of_the_block_width() {
+    // A key range [%klo, %khi) whose ends are multiples of the block width 4 (split-KV's
+    // key split), and the sequence end. The loop is narrowed to the range; no visited
+    // block straddles its ends, so they are tested neither per block nor per element.
+    let l = Loop { terms: "col_lt, row_lt, col_ge, col_lt", xs: "%sk, %sq, %klo, %khi", ..Loop::causal("split_range") };
+    let text = l.text().replace(
+        "  %qt = tile.load",
+        "  %klo = arith.mul %w, %c4 : i32\n  %khi = arith.add %klo, %c8 : i32\n  %qt = tile.load",
+    );
+    let (before, after, printed) = apply(&ClassifyMaskBlocks, &text);
+    assert!(narrowed(&after), "{printed}");
+    let kept = vec![MaskTerm::ColLt, MaskTerm::RowLt];
+    assert_eq!(mask_terms(&after), (kept.clone(), kept), "{printed}");
+    snap!("pass_classify_mask_blocks__split_range", printed);
+    // %w in 0..=5: ranges starting at keys 0..=20, some past the sequence's end.
+    let (a, b) = check_semantics(&before, &after);
+    assert!(b.count("tile.dot") < a.count("tile.dot"), "{a:?}\n{b:?}");
+}
+
+#[test]
+fn keeps_column_bounds_that_may_cut_a_block() {
+    // `%w` (any i32) and `%w · 4 + 2` may fall inside a block: both stay.
+    let l = Loop { terms: "col_lt, row_lt, col_ge, col_lt", xs: "%sk, %sq, %w, %khi", ..Loop::causal("cut_range") };
+    let text = l.text().replace(
+        "  %qt = tile.load",
+        "  %klo = arith.mul %w, %c4 : i32\n  %c2 = const 2 : i32\n  %khi = arith.add %klo, %c2 : i32\n  %qt = tile.load",
+    );
+    let (before, after, printed) = apply(&ClassifyMaskBlocks, &text);
+    assert!(narrowed(&after), "{printed}");
+    let all = vec![MaskTerm::ColLt, MaskTerm::RowLt, MaskTerm::ColGe, MaskTerm::ColLt];
+    assert_eq!(mask_terms(&after), (all.clone(), all), "{printed}");
+    check_semantics(&before, &after);
 }

@@ -37,7 +37,7 @@ use crate::chain::{Chain, ChainError, Event, Policy, Source};
 use crate::cpu::CpuError;
 use crate::exec::{CpuLibs, ExecError};
 use crate::key::{call_key, cpu_fingerprint, CacheKey};
-use crate::registry::{config_id, Config, Platform, Query, Registry, RegistryError};
+use crate::registry::{config_id, Candidate, Config, Platform, Query, Registry, RegistryError};
 use crate::tune::{Device, Tuner};
 
 /// Which platform runs the call.
@@ -255,7 +255,8 @@ impl Runtime {
                     Device::Cpu { libs: &libs, threads: o.threads },
                 );
                 tuner.progress = true;
-                self.chain(&device).choose(&key, o.config.as_ref(), &tuner)
+                let explicit = o.config.as_ref().map(|c| explicit_config(c, &cands)).transpose();
+                explicit.and_then(|c| Ok(self.chain(&device).choose(&key, c.as_ref(), &tuner)?))
             };
             self.libs = libs;
             let choice = choice?;
@@ -340,7 +341,8 @@ impl Runtime {
                     cands.clone(),
                     Device::Cuda { cuda: &cuda },
                 );
-                self.chain(&device).choose(&key, o.config.as_ref(), &tuner)?
+                let explicit = o.config.as_ref().map(|c| explicit_config(c, &cands)).transpose()?;
+                self.chain(&device).choose(&key, explicit.as_ref(), &tuner)?
             };
             let cand = cands.iter().find(|c| c.config == choice.config).ok_or_else(|| ApiError::Argument {
                 arg: "config",
@@ -378,4 +380,36 @@ impl Runtime {
 #[cfg(feature = "cuda")]
 fn r_features(reg: &Registry, op: &dyn Operation, i: &Instance) -> Features {
     reg.entries().iter().find(|e| e.op == op.name() && e.instance == *i).map(|e| e.features.clone()).unwrap_or_default()
+}
+
+/// The built configuration an explicit one names: itself when built, else the one
+/// candidate that agrees on every value given (so `block_m=64,block_n=64,num_splits=8,
+/// plan:split_kv=1` need not spell the combine role's fixed `combine.block_m=16`).
+fn explicit_config(given: &Config, cands: &[Candidate]) -> Result<Config, ApiError> {
+    if cands.iter().any(|c| c.config == *given) {
+        return Ok(given.clone());
+    }
+    let fits: Vec<&Candidate> =
+        cands.iter().filter(|c| given.iter().all(|(k, v)| c.config.get(k) == Some(v))).collect();
+    let ids =
+        |cs: &mut dyn Iterator<Item = &Candidate>| cs.map(|c| config_id(&c.config)).collect::<Vec<_>>().join(", ");
+    match fits.as_slice() {
+        [one] => Ok(one.config.clone()),
+        [] => Err(ApiError::Argument {
+            arg: "config",
+            message: format!(
+                "{} is not one of the built configurations ({})",
+                config_id(given),
+                ids(&mut cands.iter())
+            ),
+        }),
+        more => Err(ApiError::Argument {
+            arg: "config",
+            message: format!(
+                "{} fits several built configurations ({}): name more of its values",
+                config_id(given),
+                ids(&mut more.iter().copied())
+            ),
+        }),
+    }
 }

@@ -132,17 +132,25 @@ impl HostBuffer {
         Ok(())
     }
 
-    /// The ABI view of this buffer. The pointer is valid while `self` is alive and
-    /// not reallocated.
+    /// The ABI view of this buffer (rank 4 at most: [`HostBuffer::descriptors`] for
+    /// any rank). The pointer is valid while `self` is alive and not reallocated.
     pub fn abi(&mut self) -> EjcTensor {
-        let mut shape = [1i64; MAX_RANK];
-        let mut strides = [0i64; MAX_RANK];
-        for (i, (&n, &s)) in self.shape.iter().zip(&self.strides).enumerate().take(MAX_RANK) {
-            shape[i] = n as i64;
-            strides[i] = s as i64;
-        }
+        assert!(self.shape.len() <= MAX_RANK, "a rank-{} tensor takes several descriptors", self.shape.len());
+        self.descriptors().remove(0)
+    }
+
+    /// The ABI descriptors of this buffer, any rank (one per four axes: the CPU ABI's
+    /// continuation rule, docs/abi.md). The pointers are valid while `self` is alive
+    /// and not reallocated.
+    pub fn descriptors(&mut self) -> Vec<EjcTensor> {
         let data = unsafe { self.bytes.as_mut_ptr().add(self.offset * self.dtype.size_bytes()) };
-        EjcTensor { data, shape, strides }
+        self.descriptors_at(data)
+    }
+
+    fn descriptors_at(&self, data: *mut u8) -> Vec<EjcTensor> {
+        let shape: Vec<i64> = self.shape.iter().map(|&n| n as i64).collect();
+        let strides: Vec<i64> = self.strides.iter().map(|&s| s as i64).collect();
+        ejc_ir::cpu_abi::descriptors(data, &shape, &strides)
     }
 }
 
@@ -177,19 +185,13 @@ impl<'a> TensorArg<'a> {
             ArgBuf::Write(b) => b,
         }
     }
-    fn abi(&mut self) -> EjcTensor {
+    fn descriptors(&mut self) -> Vec<EjcTensor> {
         match &mut self.buf {
-            ArgBuf::Write(b) => b.abi(),
+            ArgBuf::Write(b) => b.descriptors(),
             // Read-only arguments: the kernel never stores through this pointer.
             ArgBuf::Read(b) => {
-                let mut shape = [1i64; MAX_RANK];
-                let mut strides = [0i64; MAX_RANK];
-                for (i, (&n, &st)) in b.shape.iter().zip(&b.strides).enumerate().take(MAX_RANK) {
-                    shape[i] = n as i64;
-                    strides[i] = st as i64;
-                }
                 let data = unsafe { b.bytes.as_ptr().add(b.offset * b.dtype.size_bytes()) } as *mut u8;
-                EjcTensor { data, shape, strides }
+                b.descriptors_at(data)
             }
         }
     }
@@ -218,7 +220,7 @@ pub fn launch_checked(
         }
         b.check_bounds().map_err(|e| CpuError::Invalid(format!("`{kernel_name}`: `{}`: {e}", t.name)))?;
     }
-    let abi: Vec<EjcTensor> = tensors.iter_mut().map(|t| t.abi()).collect();
+    let abi: Vec<EjcTensor> = tensors.iter_mut().flat_map(|t| t.descriptors()).collect();
     // Safety: dtypes, ranks and bounds are checked above; written tensors are
     // exclusive borrows, so they overlap nothing else.
     unsafe { kernel.launch(&abi, scalars, grid, threads) }

@@ -213,7 +213,7 @@ impl<'k> HostPlan<'k> {
                             .and_then(Tensor::host_mut)
                             .ok_or_else(|| invalid(format!("argument `{n}` is not in host memory")))?,
                     };
-                    abi.push(buf.abi());
+                    abi.extend(buf.descriptors());
                 }
             }
             // Safety: `new` checked each tensor's dtype and rank against the kernel's

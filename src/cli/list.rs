@@ -71,14 +71,19 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
         println!("  {}", i.id);
     }
     let keys: Vec<String> = spec.keys.iter().map(|(k, v)| format!("{} {k}", v.len())).collect();
+    let choices: usize = spec.variants.iter().map(|v| ejc_ir::op::plan_choices(&spec, v)).sum::<usize>()
+        * spec.dtypes.len()
+        * spec.key_points().len();
     println!(
-        "{} variants x {} dtypes x {} = {} tile programs; x {} GPU configurations = {} candidates",
+        "{} variants x {} dtypes x {} = {} tile programs; {} candidates (plans x tilings x run-time axes) \
+         x {} GPU configurations = {} GPU candidates",
         spec.variants.len(),
         spec.dtypes.len(),
         if keys.is_empty() { "tilings".to_string() } else { format!("{} x tilings and roles", keys.join(" x ")) },
         all.len(),
+        choices,
         configs.len(),
-        all.len() * configs.len()
+        choices * configs.len()
     );
     Outcome::Ok
 }

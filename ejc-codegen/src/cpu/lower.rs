@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 
-use ejc_ir::cpu_abi::{Isa, SCRATCH_ALIGN, TENSOR_SIZE};
+use ejc_ir::cpu_abi::{tensor_slots, Isa, MAX_RANK, SCRATCH_ALIGN, TENSOR_SIZE};
 use ejc_ir::ir::{AxisIndex, BinOp, Block, CmpPred, Kernel, Op, OpKind, UnOp, Value};
 use ejc_ir::types::{DType, Type};
 use llvm_sys::LLVMIntPredicate::*;
@@ -202,12 +202,17 @@ impl<'k> Lowering<'k> {
                 Type::Tensor(d, rank) => {
                     let base = ir.gep_const(ir.i8(), tp, ti * TENSOR_SIZE as i64);
                     let data = ir.load(ir.ptr(), base, 8);
-                    let field = |off: i64| ir.load(ir.i64(), ir.gep_const(ir.i8(), base, off), 8);
-                    let shape = (0..*rank).map(|a| field(8 + 8 * a as i64)).collect();
-                    let strides = (0..*rank).map(|a| field(40 + 8 * a as i64)).collect();
+                    // Axis a: field a % 4 of the tensor's descriptor a / 4 (ranks above
+                    // 4 continue in the next descriptors; `cpu_abi::descriptors`).
+                    let field = |a: usize, off: i64| {
+                        let at = (a / MAX_RANK) as i64 * TENSOR_SIZE as i64 + off + 8 * (a % MAX_RANK) as i64;
+                        ir.load(ir.i64(), ir.gep_const(ir.i8(), base, at), 8)
+                    };
+                    let shape = (0..*rank).map(|a| field(a, 8)).collect();
+                    let strides = (0..*rank).map(|a| field(a, 40)).collect();
                     self.vals[p.value.index()] = Some(Val::Tensor(self.tensors.len()));
                     self.tensors.push(TensorInfo { data, shape, strides, dtype: *d });
-                    ti += 1;
+                    ti += tensor_slots(*rank) as i64;
                 }
                 Type::Scalar(d) => {
                     let raw = ir.load(ir.i64(), ir.gep_const(ir.i64(), sp, si), 8);

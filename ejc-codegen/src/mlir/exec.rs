@@ -24,7 +24,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Instant;
 
-use ejc_ir::cpu_abi::{EjcTensor, Isa, SCRATCH_ALIGN};
+use ejc_ir::cpu_abi::{tensor_slots, EjcTensor, Isa, MAX_RANK, SCRATCH_ALIGN};
 use ejc_ir::ir::Kernel;
 use ejc_ir::types::Type;
 use melior::ExecutionEngine;
@@ -154,13 +154,14 @@ impl CpuKernel {
         grid: [i64; 3],
         threads: usize,
     ) -> Result<(), MlirError> {
-        let n_t = self.params.iter().filter(|p| p.is_some()).count();
-        if tensors.len() != n_t || scalars.len() != self.params.len() - n_t {
+        // Descriptors: one per tensor of rank <= 4, more for higher ranks (`cpu_abi`).
+        let n_slots: usize = self.params.iter().flatten().map(|r| tensor_slots(*r)).sum();
+        let n_scalars = self.params.iter().filter(|p| p.is_none()).count();
+        if tensors.len() != n_slots || scalars.len() != n_scalars {
             return Err(MlirError::Engine {
                 kernel: self.name.clone(),
                 message: format!(
-                    "takes {n_t} tensors and {} scalars, got {} and {}",
-                    self.params.len() - n_t,
+                    "takes {n_slots} tensor descriptors and {n_scalars} scalars, got {} and {}",
                     tensors.len(),
                     scalars.len()
                 ),
@@ -178,11 +179,11 @@ impl CpuKernel {
         for p in &self.params {
             match p {
                 Some(rank) => {
-                    let t = &tensors[ti];
-                    ti += 1;
-                    head.extend([t.data as u64, t.data as u64, 0, i64::MAX as u64, 1]);
-                    head.extend(t.shape[..*rank].iter().map(|x| *x as u64));
-                    head.extend(t.strides[..*rank].iter().map(|x| *x as u64));
+                    let t = &tensors[ti..ti + tensor_slots(*rank)];
+                    ti += t.len();
+                    head.extend([t[0].data as u64, t[0].data as u64, 0, i64::MAX as u64, 1]);
+                    head.extend((0..*rank).map(|a| t[a / MAX_RANK].shape[a % MAX_RANK] as u64));
+                    head.extend((0..*rank).map(|a| t[a / MAX_RANK].strides[a % MAX_RANK] as u64));
                 }
                 None => {
                     // Scalars sit in the low bits of their slot (little-endian).

@@ -805,16 +805,21 @@ impl<'k> Lowering<'k> {
         match a {
             Ax::One => vec![ir.ci32(0)],
             Ax::Mma(c) => {
-                let base = ir.shl(ir.and(self.lane, ir.ci32(3)), ir.ci32(1));
-                let mut out = Vec::new();
-                for nf in 0..c / 8 {
-                    for j in 0..2 {
-                        out.push(ir.add(base, ir.ci32((nf * 8 + j) as i64)));
-                    }
-                }
-                out
+                let base = Self::col_base(ir, self.lane);
+                Self::col_offsets(c).into_iter().map(|o| ir.add(base, ir.ci32(o))).collect()
             }
         }
+    }
+
+    /// The thread's first column in the accumulator layout (i32): `(lane % 4) · 2`.
+    fn col_base(ir: &Ir, lane: V) -> V {
+        ir.shl(ir.and(lane, ir.ci32(3)), ir.ci32(1))
+    }
+
+    /// Column slots of an `Ax::Mma(c)` axis, as offsets from [`Self::col_base`]: two
+    /// adjacent columns in every 8-column group.
+    fn col_offsets(c: usize) -> Vec<i64> {
+        (0..c / 8).flat_map(|nf| [nf * 8, nf * 8 + 1]).map(|o| o as i64).collect()
     }
 
     /// Tile `v` in registers (shared-memory tiles are read out).
@@ -1260,6 +1265,8 @@ impl<'k> Lowering<'k> {
         }
         // Straight into registers.
         let (rows, cols) = self.axes_of(r)?;
+        // A tile at a loop's moving window (only its fixed indices change per iteration):
+        // one pointer per row slot plus constant column offsets.
         if self.window_moves(axes, &op.operands[1..]) {
             let e = self.window_access(t, &acc, rows, cols, &mut |cg, _, p, ok| {
                 Ok(Some(cg.load_guarded(dtype, ok, padv, &|_| p)))
@@ -1267,16 +1274,99 @@ impl<'k> Lowering<'k> {
             self.set(r, GV::Dist(Dist { rows, cols, e }));
             return Ok(());
         }
+        let e = match (rows, cols, dtype.size_bytes(), acc.ranges.len()) {
+            (Ax::Mma(_), Ax::Mma(c), 4, 2) => self.load_rows_32bit(t, &acc, rows, c, padv),
+            _ => self.load_elems(t, &acc, rows, cols, padv),
+        };
+        self.set(r, GV::Dist(Dist { rows, cols, e }));
+        Ok(())
+    }
+
+    /// A register tile, one predicated load per element (row slot major).
+    fn load_elems(&mut self, t: usize, acc: &Access, rows: Ax, cols: Ax, padv: V) -> Vec<V> {
         let (rcs, ccs) = (self.row_coords(rows), self.col_coords(cols));
         let mut e = Vec::new();
         for rc in &rcs {
             for cc in &ccs {
-                let (idx, ok) = self.elem_address(t, &acc, rows, *rc, *cc);
+                let (idx, ok) = self.elem_address(t, acc, rows, *rc, *cc);
                 e.push(self.load_elem(t, idx, ok, padv));
             }
         }
-        self.set(r, GV::Dist(Dist { rows, cols, e }));
-        Ok(())
+        e
+    }
+
+    /// A 2-D register tile of a 32-bit type (`c` columns), row by row when it can be.
+    ///
+    /// Element by element, each column slot has its own offset `(start + col) · stride`
+    /// and bounds test, both invariant in a loop over the other axes, so LLVM hoists
+    /// them out of it: two 64-bit values per column slot stay live across the loop,
+    /// more registers than the tile itself at 128 columns (the split-KV combine, which
+    /// reads each split's `[block_m, head_dim]` f32 output in a loop, spilled). When the
+    /// columns are contiguous and all inside the tensor — checked at run time, once per
+    /// load — a row slot needs one offset and one bounds test, and its elements sit at
+    /// constant offsets from it. Otherwise the element path, kept from hoisting. Only
+    /// 32-bit tiles take this path: the 16-bit and i1 register tiles of the flash
+    /// kernels (bias, mask) keep the code they had.
+    fn load_rows_32bit(&mut self, t: usize, acc: &Access, rows: Ax, c: usize, padv: V) -> Vec<V> {
+        let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
+        let whole = self.whole_columns(t, ca, c);
+        let ir = &self.ir;
+        let (fast, slow, join) = (ir.block("ld.rows"), ir.block("ld.elems"), ir.block("ld.rows.join"));
+        ir.cond_br(whole, fast, slow);
+
+        self.ir.at_end(fast);
+        let col0 = self.ir.add(ca.start, self.ir.sext(Self::col_base(&self.ir, self.lane), self.ir.i64()));
+        let mut fast_e = Vec::new();
+        for rc in self.row_coords(rows) {
+            let ir = &self.ir;
+            let row = ir.add(ra.start, ir.sext(rc, ir.i64()));
+            let ok = ir.and(acc.valid, self.in_range(t, ra.axis, row, ra.limit));
+            let first = ir.add(ir.add(acc.off, ir.mul(row, self.tensors[t].strides[ra.axis])), col0);
+            for o in Self::col_offsets(c) {
+                let idx = self.ir.add(first, self.ir.ci64(o));
+                fast_e.push(self.load_elem(t, idx, ok, padv));
+            }
+        }
+        let fast_end = self.ir.current();
+        self.ir.br(join);
+
+        self.ir.at_end(slow);
+        // The element path, with the column start made opaque: its per-column values
+        // are then recomputed at each use rather than hoisted (see above).
+        let mut cols = ca;
+        cols.start = nvvm::opaque_i64(&self.ir, ca.start);
+        let slow_acc = Access { off: acc.off, valid: acc.valid, ranges: vec![ra, cols], coords: acc.coords.clone() };
+        let slow_e = self.load_elems(t, &slow_acc, rows, Ax::Mma(c), padv);
+        let slow_end = self.ir.current();
+        self.ir.br(join);
+
+        self.ir.at_end(join);
+        let ty = self.compute_ty(self.tensors[t].dtype);
+        fast_e
+            .into_iter()
+            .zip(slow_e)
+            .map(|(a, b)| {
+                let phi = self.ir.phi(ty);
+                self.ir.add_incoming(phi, a, fast_end);
+                self.ir.add_incoming(phi, b, slow_end);
+                phi
+            })
+            .collect()
+    }
+
+    /// i1: the `c` columns of range `ca` of tensor `t` are contiguous (stride 1) and all
+    /// inside the tensor (and under the range's limit).
+    fn whole_columns(&self, t: usize, ca: RangeAx, c: usize) -> V {
+        let ir = &self.ir;
+        let info = &self.tensors[t];
+        let end = ir.add(ca.start, ir.ci64(c as i64));
+        let mut whole = ir.icmp(LLVMIntEQ, info.strides[ca.axis], ir.ci64(1));
+        whole = ir.and(whole, ir.icmp(LLVMIntSGE, ca.start, ir.ci64(0)));
+        whole = ir.and(whole, ir.icmp(LLVMIntSLE, end, info.shape[ca.axis]));
+        match ca.limit {
+            Some(l) => ir.and(whole, ir.icmp(LLVMIntSLE, end, l)),
+            None => whole,
+        }
     }
 
     /// A shared-memory region for (op, slot), allocated once, `align`-byte aligned.

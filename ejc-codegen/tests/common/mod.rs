@@ -18,6 +18,11 @@ pub fn spec() -> Spec {
     spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap()
 }
 
+/// `specs/flash_decode.yaml`: the variants shipped with the `split_kv` plan.
+pub fn decode_spec() -> Spec {
+    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash_decode.yaml")).unwrap()
+}
+
 /// Fresh unless `EJC_TEST_SEED` replays one.
 pub fn seed() -> u64 {
     std::env::var("EJC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
@@ -193,4 +198,99 @@ pub fn tilings(spec: &Spec) -> Vec<(u32, u32)> {
         }
     }
     out
+}
+
+// ---- split-KV flash attention (the `split_kv` plan) ----
+
+/// The test spec with a `num_splits` axis, so that flash offers its `split_kv` plan.
+pub fn split_spec(spec: &Spec) -> Spec {
+    let mut s = spec.clone();
+    s.schedule.axes.push(("num_splits".into(), vec![1]));
+    s
+}
+
+/// Flash's `split_kv` plan for variant `v`.
+pub fn split_plan(spec: &Spec, v: &Variant) -> ejc_ir::op::PlanDecl {
+    use ejc_ir::op::Operation;
+    ejc_ir::flash::op::FlashAttentionFwd
+        .plans(&split_spec(spec), &v.features)
+        .into_iter()
+        .find(|p| p.name == "split_kv")
+        .unwrap_or_else(|| panic!("{}: no split_kv plan", v.name))
+}
+
+/// The two kernels of split-KV (partial, combine) at a tiling, named and built as `ejc
+/// build` builds them, after the pass pipeline.
+pub fn split_kv_kernels(spec: &Spec, v: &Variant, dtype: DType, head_dim: usize, bm: u32, bn: u32) -> (Kernel, Kernel) {
+    use ejc_ir::op::{Config, KernelInstance, Keys, Operation};
+    let op = &ejc_ir::flash::op::FlashAttentionFwd;
+    let s = split_spec(spec);
+    let plan = split_plan(spec, v);
+    let mut built = Vec::new();
+    for role in &plan.roles {
+        let mut tile = Config::from([("block_m".to_string(), bm), ("block_n".to_string(), bn)]);
+        tile.retain(|a, _| role.tile_axes.contains(&a.as_str()));
+        tile.extend(role.fixed.clone());
+        let mut k = KernelInstance {
+            id: String::new(),
+            variant: v,
+            dtype,
+            keys: Keys::from([("head_dim".to_string(), head_dim as u32)]),
+            role: role.name,
+            tile,
+        };
+        k.id = op.kernel_id(&s.name, &k);
+        let kernel = op.build(&s, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
+        built.push(run_pipeline(&kernel, &default_pipeline()).unwrap_or_else(|e| panic!("{}: {e}", k.id)));
+    }
+    let c = built.pop().unwrap();
+    (built.pop().unwrap(), c)
+}
+
+/// Run split-KV (the partial kernel, then the combine kernel) through the runtime's plan
+/// executor with host launches of both kernels, on fresh random inputs of `shape`, and
+/// compare `out` and `lse` with the reference.
+#[allow(clippy::too_many_arguments)]
+pub fn check_split_kv(
+    spec: &Spec,
+    v: &Variant,
+    dtype: DType,
+    kernels: [(&dyn ejc_runtime::exec::HostLaunch, &Kernel); 2],
+    shape: &str,
+    seed: u64,
+    num_splits: u32,
+    threads: usize,
+) {
+    use ejc_ir::op::{Config, Keys, Operation, ParamSig};
+    let f = ejc_ir::flash::Features::from_json(&v.features).unwrap();
+    let label = format!("{} {dtype} shape={shape} num_splits={num_splits} seed={seed}", kernels[0].1.name);
+    let problem = ejc_ir::flash::FlashShape::parse(shape).unwrap();
+    let inputs = ejc_ir::flash::inputs::random_inputs(&f, dtype, &problem, seed);
+    let rt = ejc_ir::flash::inputs::default_runtime(&f, &problem, seed);
+    let want = ejc_ir::flash::reference::reference(&f, &rt, &inputs).unwrap();
+    let host = ejc_ir::flash::op::host_call(&f, &rt, &inputs);
+    let op = &ejc_ir::flash::op::FlashAttentionFwd;
+    let keys = Keys::from([("head_dim".to_string(), inputs.q.shape[3] as u32)]);
+    let sizes = op.validate(&v.features, dtype, &keys, &host).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let plan = split_plan(spec, v);
+    let specs: Vec<_> = kernels
+        .iter()
+        .zip(&plan.launches)
+        .map(|((launch, ir), l)| ejc_runtime::exec::HostLaunchSpec {
+            kernel: *launch,
+            params: ParamSig::of_kernel(ir),
+            grid: ir.grid.clone(),
+            launch: l.clone(),
+        })
+        .collect();
+    let config = Config::from([("num_splits".to_string(), num_splits)]);
+    let mut call = ejc_runtime::call::Call::from_host(&host);
+    let mut run = ejc_runtime::exec::HostPlan::new(&specs, &plan.temporaries, &call, &sizes, &config)
+        .unwrap_or_else(|e| panic!("{label}: {e}"));
+    run.run(&mut call, threads).unwrap_or_else(|e| panic!("{label}: {e}"));
+    for (what, w) in [("out", &want.out), ("lse", &want.lse)] {
+        let g = call.host_tensor(what).unwrap();
+        let (rel, max_abs) = compare(&g.to_vec(), &w.to_vec());
+        assert!(rel <= tol(dtype), "{label} {what}: rel_err={rel:e} max_abs_err={max_abs:e}");
+    }
 }

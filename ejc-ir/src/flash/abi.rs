@@ -12,6 +12,12 @@
 //!
 //! The same order is what back ends emit and what `manifest.json` publishes
 //! (docs/abi.md): tensors first (inputs, outputs, optional inputs), then scalars.
+//!
+//! Split-KV (two launches, for few query rows and long keys) has its own two ABIs,
+//! derived from this one: the partial kernel's ([`abi_params_partial`], grid
+//! [`grid_partial`]) and the combine kernel's ([`abi_params_combine`], grid
+//! [`grid_combine`]). The call supplies the grid symbol [`NUM_SPLITS`] and the
+//! temporaries ([`alloc_split_temps`]).
 
 use super::features::{Features, SoftCap, Window};
 use crate::interp::{launch_with_stats, Arg, Stats};
@@ -89,6 +95,86 @@ pub fn abi_params(f: &Features, dtype: DType) -> Vec<AbiParam> {
     v
 }
 
+/// The grid symbol (and scalar parameter) of split-KV: how many key splits.
+pub const NUM_SPLITS: &str = "num_splits";
+
+fn o_partial() -> AbiParam {
+    p(
+        "o_partial",
+        Type::Tensor(DType::F32, 5),
+        "temporary: normalised output of each key split [num_splits, B, Hq, Sq, D]",
+    )
+}
+
+fn lse_partial() -> AbiParam {
+    p(
+        "lse_partial",
+        Type::Tensor(DType::F32, 4),
+        "temporary: log-sum-exp (natural log) of each key split [num_splits, B, Hq, Sq]",
+    )
+}
+
+fn num_splits() -> AbiParam {
+    p(NUM_SPLITS, Type::Scalar(DType::I32), "scalar: key splits (>= 1); the grid's num_splits")
+}
+
+/// The parameters of the split-KV partial kernel: the forward kernel's, with `out` and
+/// `lse` replaced (same positions) by `o_partial` and `lse_partial`, without `sinks`
+/// (the combine adds them, once), and `num_splits` last.
+///
+/// ```
+/// use ejc_ir::flash::abi::abi_params_partial;
+/// use ejc_ir::spec::Features;
+/// use ejc_ir::types::DType;
+/// let f = Features { causal: true, sinks: true, ..Default::default() };
+/// let names: Vec<&str> = abi_params_partial(&f, DType::BF16).iter().map(|p| p.name).collect();
+/// assert_eq!(names, ["q", "k", "v", "o_partial", "lse_partial", "softmax_scale", "num_splits"]);
+/// ```
+pub fn abi_params_partial(f: &Features, dtype: DType) -> Vec<AbiParam> {
+    let no_sinks = Features { sinks: false, ..f.clone() };
+    let mut v: Vec<AbiParam> = abi_params(&no_sinks, dtype)
+        .into_iter()
+        .map(|a| match a.name {
+            "out" => o_partial(),
+            "lse" => lse_partial(),
+            _ => a,
+        })
+        .collect();
+    v.push(num_splits());
+    v
+}
+
+/// The parameters of the split-KV combine kernel: `o_partial`, `lse_partial`, the
+/// forward kernel's `out`, `lse` (and `sinks` if the variant has them), `num_splits`.
+///
+/// ```
+/// use ejc_ir::flash::abi::abi_params_combine;
+/// use ejc_ir::spec::Features;
+/// use ejc_ir::types::DType;
+/// let f = Features { causal: true, sinks: true, ..Default::default() };
+/// let names: Vec<&str> = abi_params_combine(&f, DType::BF16).iter().map(|p| p.name).collect();
+/// assert_eq!(names, ["o_partial", "lse_partial", "out", "lse", "sinks", "num_splits"]);
+/// ```
+pub fn abi_params_combine(f: &Features, dtype: DType) -> Vec<AbiParam> {
+    let mut v = vec![o_partial(), lse_partial()];
+    v.extend(abi_params(f, dtype).into_iter().filter(|a| matches!(a.name, "out" | "lse" | "sinks")));
+    v.push(num_splits());
+    v
+}
+
+/// The partial kernel's grid: the forward grid with `batch × num_splits` programs on
+/// axis 2 (program `z` is batch entry `z / num_splits`, split `z % num_splits`).
+pub fn grid_partial(f: &Features, block_m: usize) -> [GridExpr; 3] {
+    let [rows, heads, batch] = grid(f, block_m);
+    [rows, heads, GridExpr::Mul(Box::new(batch), Box::new(GridExpr::sym(NUM_SPLITS)))]
+}
+
+/// The combine kernel's grid: the forward grid (one program per query block, head
+/// and batch entry).
+pub fn grid_combine(f: &Features, block_m: usize) -> [GridExpr; 3] {
+    grid(f, block_m)
+}
+
 /// The launch grid: (query blocks, query heads, batch or sequences).
 pub fn grid(f: &Features, block_m: usize) -> [GridExpr; 3] {
     if f.varlen {
@@ -129,7 +215,13 @@ pub fn grid_symbols(inputs: &FlashInputs) -> Vec<(&'static str, i64)> {
 
 /// Evaluate a kernel's grid for a call.
 pub fn launch_grid(kernel: &Kernel, inputs: &FlashInputs) -> Result<[usize; 3], String> {
-    let syms = grid_symbols(inputs);
+    launch_grid_with(kernel, inputs, &[])
+}
+
+/// [`launch_grid`] with more symbols (split-KV: `(NUM_SPLITS, n)`).
+pub fn launch_grid_with(kernel: &Kernel, inputs: &FlashInputs, extra: &[(&str, i64)]) -> Result<[usize; 3], String> {
+    let mut syms: Vec<(&str, i64)> = grid_symbols(inputs);
+    syms.extend_from_slice(extra);
     let lookup = |s: &str| syms.iter().find(|(n, _)| *n == s).map(|(_, v)| *v);
     let mut g = [0usize; 3];
     for (i, e) in kernel.grid.iter().enumerate() {
@@ -147,12 +239,35 @@ pub fn alloc_outputs(inputs: &FlashInputs) -> FlashOutputs {
     FlashOutputs { out, lse }
 }
 
+/// The split-KV temporaries of a call with `num_splits` splits, `o_partial`
+/// `[num_splits, B, Hq, Sq, D]` and `lse_partial` `[num_splits, B, Hq, Sq]` (f32),
+/// filled with NaN like [`alloc_outputs`]'s.
+pub fn alloc_split_temps(inputs: &FlashInputs, num_splits: usize) -> (HostTensor, HostTensor) {
+    let q = &inputs.q.shape;
+    let (b, sq, hq, d) = (q[0], q[1], q[2], q[3]);
+    let o = HostTensor::full(DType::F32, &[num_splits, b, hq, sq, d], f64::NAN);
+    let lse = HostTensor::full(DType::F32, &[num_splits, b, hq, sq], f64::NAN);
+    (o, lse)
+}
+
 /// Kernel arguments in `kernel`'s parameter order, matched by name.
 pub fn bind_args(
     kernel: &Kernel,
     rt: &FlashRuntime,
     inputs: &FlashInputs,
     outputs: &FlashOutputs,
+) -> Result<Vec<Arg>, String> {
+    bind_args_with(kernel, rt, inputs, outputs, &[])
+}
+
+/// [`bind_args`] with more named arguments, which take precedence (split-KV:
+/// `o_partial`, `lse_partial`, `num_splits`).
+pub fn bind_args_with(
+    kernel: &Kernel,
+    rt: &FlashRuntime,
+    inputs: &FlashInputs,
+    outputs: &FlashOutputs,
+    extra: &[(&str, Arg)],
 ) -> Result<Vec<Arg>, String> {
     let mut args = Vec::with_capacity(kernel.params.len());
     let need = |t: &Option<HostTensor>, name: &str| -> Result<Arg, String> {
@@ -161,6 +276,10 @@ pub fn bind_args(
             .ok_or_else(|| format!("kernel `{}` needs the `{name}` input, which the call did not provide", kernel.name))
     };
     for param in &kernel.params {
+        if let Some((_, a)) = extra.iter().find(|(n, _)| *n == param.name) {
+            args.push(a.clone());
+            continue;
+        }
         let arg = match param.name.as_str() {
             "q" => Arg::Tensor(inputs.q.clone()),
             "k" => Arg::Tensor(inputs.k.clone()),

@@ -24,11 +24,11 @@ use std::f64::consts::LOG2_E;
 use super::features::{Features, SoftCap, Window};
 use crate::builder::{Axis, KernelBuilder};
 use crate::dsl::{Dsl, MaskMod, ScoreMod};
-use crate::ir::{CmpPred, Kernel, MaskTerm, UnOp, Value};
+use crate::ir::{BinOp, CmpPred, Kernel, MaskTerm, UnOp, Value};
 use crate::types::DType;
 use crate::verify::VerifyError;
 
-use super::abi::{abi_params, grid};
+use super::abi::{abi_params, abi_params_partial, grid, grid_partial, NUM_SPLITS};
 
 /// User hooks compiled into the kernel (from `#[ej_kernel(mask_mod)]` and
 /// `#[ej_kernel(score_mod)]`).
@@ -64,10 +64,69 @@ pub fn build_flash_kernel_with(
     block_n: usize,
     hooks: &FlashHooks,
 ) -> Result<Kernel, VerifyError> {
+    build_flash(name, f, dtype, head_dim, block_m, block_n, hooks, Output::Forward)
+}
+
+/// Split-KV partial kernel: like the forward kernel, over one key split.
+///
+/// For decode-like calls (few query rows, long keys) the keys are cut into
+/// `num_splits` ranges that separate programs process; [`super::build_flash_combine_kernel`]
+/// then merges them. Program `(m, h, z)` handles query block `m` of head `h` of batch
+/// entry `z / num_splits` over split `z % num_splits`: keys `[split·L, min(seq_k,
+/// (split+1)·L))` with `L = cdiv(cdiv(seq_k, num_splits), block_n) · block_n`, so
+/// splits start on key blocks. It stores, in f32, `softmax_finalize`'s results over
+/// those keys: `o_partial[split, b, h, rows, :]` (normalised within the split) and
+/// `lse_partial[split, b, h, rows]`; a split that sees no key gives 0 and −∞.
+///
+/// Sinks are not applied here (the combine adds them once): the partial kernel of a
+/// sinks variant has no `sinks` parameter. Varlen is refused (an error). ABI:
+/// [`super::abi::abi_params_partial`]; grid: [`super::abi::grid_partial`].
+pub fn build_flash_partial_kernel(
+    name: &str,
+    f: &Features,
+    dtype: DType,
+    head_dim: usize,
+    block_m: usize,
+    block_n: usize,
+) -> Result<Kernel, VerifyError> {
+    if f.varlen {
+        return Err(VerifyError {
+            kernel: name.to_string(),
+            location: "while building".into(),
+            message: "split-KV kernels do not support varlen (packed sequences)".into(),
+        });
+    }
+    let f = Features { sinks: false, ..f.clone() };
+    build_flash(name, &f, dtype, head_dim, block_m, block_n, &FlashHooks::default(), Output::SplitPartial)
+}
+
+/// What a kernel built by [`build_flash`] computes and stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    /// The forward kernel: every key; `out` (in the input dtype) and `lse`.
+    Forward,
+    /// The split-KV partial kernel: one key split; `o_partial` and `lse_partial` (f32).
+    SplitPartial,
+}
+
+/// The body shared by the forward and split-KV partial kernels. The forward kernel's
+/// IR does not depend on the split-KV code: that only adds ops when `output` asks.
+#[allow(clippy::too_many_arguments)]
+fn build_flash(
+    name: &str,
+    f: &Features,
+    dtype: DType,
+    head_dim: usize,
+    block_m: usize,
+    block_n: usize,
+    hooks: &FlashHooks,
+    output: Output,
+) -> Result<Kernel, VerifyError> {
     let (bm, bn, d) = (block_m, block_n, head_dim);
+    let split_kv = output == Output::SplitPartial;
     let mut b = KernelBuilder::new(name);
-    let params: Vec<(&str, Value)> =
-        abi_params(f, dtype).into_iter().map(|p| (p.name, b.param(p.name, p.ty))).collect();
+    let abi = if split_kv { abi_params_partial(f, dtype) } else { abi_params(f, dtype) };
+    let params: Vec<(&str, Value)> = abi.into_iter().map(|p| (p.name, b.param(p.name, p.ty))).collect();
     let param = |n: &str| {
         params
             .iter()
@@ -75,12 +134,21 @@ pub fn build_flash_kernel_with(
             .map(|(_, v)| *v)
             .expect("abi_params declares every parameter the body uses")
     };
-    b.set_grid(grid(f, bm));
+    b.set_grid(if split_kv { grid_partial(f, bm) } else { grid(f, bm) });
 
     // ---- program coordinates ----
     let pid_m = b.program_id(0);
     let head = b.program_id(1);
-    let batch = b.program_id(2);
+    let pid_z = b.program_id(2);
+    // Split-KV: axis 2 runs over batch × splits.
+    let (batch, split) = if split_kv {
+        let num_splits = param(NUM_SPLITS);
+        let batch = b.div(pid_z, num_splits);
+        let split = b.binary(BinOp::Rem, pid_z, num_splits);
+        (batch, Some((split, num_splits)))
+    } else {
+        (pid_z, None)
+    };
     let c0 = b.const_i32(0);
     let c1 = b.const_i32(1);
     let (q, k, v) = (param("q"), param("k"), param("v"));
@@ -128,17 +196,7 @@ pub fn build_flash_kernel_with(
     let acc = b.full(0.0, DType::F32, &[bm, d]);
     let log2e = b.const_f32(LOG2_E);
     if f.sinks {
-        let sinks = param("sinks");
-        let n_sinks = b.dim(sinks, 1);
-        let r = b.for_loop(c0, n_sinks, c1, &[m_i, l_i], |b, t, carried| {
-            let sink = b.load(sinks, vec![Axis::Index(head), Axis::Index(t)], 0.0);
-            let sink2 = b.mul(sink, log2e);
-            let s = b.splat(sink2, &[bm, 1]);
-            let (_p, _alpha, m_new, l_new) = b.softmax_update(s, carried[0], carried[1]);
-            vec![m_new, l_new]
-        });
-        m_i = r[0];
-        l_i = r[1];
+        (m_i, l_i) = enter_sinks(&mut b, param("sinks"), head, bm, (c0, c1, log2e), (m_i, l_i));
     }
 
     // ---- the scores' transform: scale, bias, soft cap, into the exp2 domain ----
@@ -156,6 +214,21 @@ pub fn build_flash_kernel_with(
     // ---- analysable mask terms (bottom-right aligned) ----
     let shift = b.sub(seq_k, seq_q);
     let mut terms: Vec<(MaskTerm, Value)> = vec![(MaskTerm::ColLt, seq_k), (MaskTerm::RowLt, seq_q)];
+    if let Some((split, num_splits)) = split {
+        // This split's keys, [split·L, (split+1)·L) (cut at seq_k by the col_lt term
+        // above), as analysable terms: `classify-mask-blocks` narrows the key loop to
+        // them. L is a multiple of block_n, so splits start and end on key blocks, and
+        // the pass, seeing the bounds are multiples of block_n, does not test them per
+        // block or per element.
+        let per_split = cdiv(&mut b, seq_k, num_splits, c1);
+        let block_n_c = b.const_i32(bn as i64);
+        let blocks = cdiv(&mut b, per_split, block_n_c, c1);
+        let len = b.mul(blocks, block_n_c);
+        let k_lo = b.mul(split, len);
+        let k_hi = b.add(k_lo, len);
+        terms.push((MaskTerm::ColGe, k_lo));
+        terms.push((MaskTerm::ColLt, k_hi));
+    }
     if f.causal {
         terms.push((MaskTerm::ColLeRow, shift));
     }
@@ -320,6 +393,15 @@ pub fn build_flash_kernel_with(
 
     // ---- epilogue ----
     let (o, lse) = b.softmax_finalize(finals[0], finals[1], finals[2]);
+    if let Some((split, _)) = split {
+        // The split's own softmax, normalised, in f32: the combine weighs it by its LSE.
+        let rows = Axis::Range { start: q_row0, size: bm, limit: q_end };
+        let cols = Axis::Range { start: c0, size: d, limit: None };
+        let at = [Axis::Index(split), Axis::Index(batch), Axis::Index(head)];
+        b.store(param("o_partial"), [&at[..], &[rows, cols]].concat(), o);
+        b.store(param("lse_partial"), [&at[..], &[rows]].concat(), lse);
+        return b.finish();
+    }
     let o = b.cast(o, dtype);
     b.store(
         param("out"),
@@ -339,33 +421,32 @@ pub fn build_flash_kernel_with(
     b.finish()
 }
 
-// MERGE-PLACEHOLDER: the split-KV kernels arrive with the `split` branch.
-pub fn build_flash_partial_kernel(
-    name: &str,
-    _f: &Features,
-    _dtype: DType,
-    _head_dim: usize,
-    _block_m: usize,
-    _block_n: usize,
-) -> Result<Kernel, VerifyError> {
-    Err(VerifyError {
-        kernel: name.into(),
-        location: String::new(),
-        message: "split-KV kernels are not merged yet".into(),
-    })
+/// `ceil(a / d)` for i32 `a >= 0`, `d > 0` (`c1`: the constant 1).
+fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
+    let t = b.add(a, d);
+    let t = b.sub(t, c1);
+    b.div(t, d)
 }
 
-// MERGE-PLACEHOLDER
-pub fn build_flash_combine_kernel(
-    name: &str,
-    _f: &Features,
-    _dtype: DType,
-    _head_dim: usize,
-    _block_m: usize,
-) -> Result<Kernel, VerifyError> {
-    Err(VerifyError {
-        kernel: name.into(),
-        location: String::new(),
-        message: "split-KV kernels are not merged yet".into(),
-    })
+/// Attention sinks join the online-softmax state `(m, l)` once, before any key: each
+/// sink logit (exp2 domain) is a one-column block of scores. Shared by the forward
+/// kernel and the split-KV combine, so both add them the same way. `consts` are the
+/// caller's i32 0 and 1 and f32 log2(e).
+pub(super) fn enter_sinks(
+    b: &mut KernelBuilder,
+    sinks: Value,
+    head: Value,
+    bm: usize,
+    (c0, c1, log2e): (Value, Value, Value),
+    (m_i, l_i): (Value, Value),
+) -> (Value, Value) {
+    let n_sinks = b.dim(sinks, 1);
+    let r = b.for_loop(c0, n_sinks, c1, &[m_i, l_i], |b, t, carried| {
+        let sink = b.load(sinks, vec![Axis::Index(head), Axis::Index(t)], 0.0);
+        let sink2 = b.mul(sink, log2e);
+        let s = b.splat(sink2, &[bm, 1]);
+        let (_p, _alpha, m_new, l_new) = b.softmax_update(s, carried[0], carried[1]);
+        vec![m_new, l_new]
+    });
+    (r[0], r[1])
 }

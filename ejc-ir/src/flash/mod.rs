@@ -18,6 +18,7 @@
 //! ```
 
 pub mod abi;
+pub mod combine;
 pub mod features;
 pub mod frontend;
 pub mod inputs;
@@ -25,7 +26,8 @@ pub mod op;
 pub mod problem;
 pub mod reference;
 
+pub use combine::build_flash_combine_kernel;
 pub use features::{CallFeatures, Features, SoftCap, Window};
-pub use frontend::{build_flash_kernel, build_flash_kernel_with, FlashHooks};
+pub use frontend::{build_flash_kernel, build_flash_kernel_with, build_flash_partial_kernel, FlashHooks};
 pub use op::main_kernel;
 pub use problem::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};

@@ -367,7 +367,7 @@ impl Operation for FlashAttentionFwd {
             "partial" => {
                 super::frontend::build_flash_partial_kernel(&k.id, &f, k.dtype, hd, tile("block_m")?, tile("block_n")?)
             }
-            "combine" => super::frontend::build_flash_combine_kernel(&k.id, &f, k.dtype, hd, tile("block_m")?),
+            "combine" => super::combine::build_flash_combine_kernel(&k.id, &f, k.dtype, hd, tile("block_m")?),
             other => return Err(format!("flash has no role `{other}`")),
         }
         .map_err(|e| e.to_string())?;

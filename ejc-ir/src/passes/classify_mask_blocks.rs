@@ -25,12 +25,21 @@
 //! products and `tile.dot` of a zero tile) and narrows only when every carried value
 //! comes back unchanged (and the body stores nothing). A loop it cannot prove keeps
 //! its full range (step 2 still applies).
+//!
+//! After narrowing, a column bound (`col_ge x`, `col_lt x`) whose `x` is a known
+//! multiple of the block width (`bn` a power of two, `x` built from multiples of it by
+//! `mul`, `add`, `sub`, `min`, `max`, `select`) never cuts a visited block — the loop
+//! starts at a multiple of `bn` at or past every such `col_ge`, and ends at or before
+//! every such `col_lt` — so it is dropped from the per-block test and the per-element
+//! mask. Split-KV's key-range bounds are such terms: its key loop then masks exactly
+//! what the one-kernel forward masks.
 
 use std::collections::HashMap;
 
 use super::util::{constants, defined_in, has_store, Emit};
 use super::Pass;
 use crate::ir::{BinOp, Block, Kernel, MaskTerm, Op, OpKind, Value};
+use crate::types::{DType, Type};
 
 pub struct ClassifyMaskBlocks;
 
@@ -52,22 +61,53 @@ impl Pass for ClassifyMaskBlocks {
             }
         });
         consts.extend(splats);
+        let zeros = trailing_zeros(kernel, &consts);
         let mut body = std::mem::take(&mut kernel.body);
-        rewrite_block(&mut body, &consts, &mut kernel.values);
+        rewrite_block(&mut body, &consts, &zeros, &mut kernel.values);
         kernel.body = body;
     }
 }
 
 type Consts = HashMap<Value, (f64, crate::types::DType)>;
 
-fn rewrite_block(block: &mut Block, consts: &Consts, values: &mut Vec<crate::types::Type>) {
+/// Known trailing zero bits of i32 values (`x` is a multiple of `2^k`), as far as
+/// integer arithmetic shows them. Exact under the device's wrapping arithmetic: a
+/// product or sum of multiples of `2^k` stays one modulo `2^32`.
+type Zeros = HashMap<Value, u32>;
+
+fn trailing_zeros(kernel: &Kernel, consts: &Consts) -> Zeros {
+    let mut tz = Zeros::new();
+    crate::ir::walk_ops(&kernel.body, &mut |op: &Op| {
+        let Some(&r) = op.results.first() else { return };
+        if kernel.values[r.index()] != Type::Scalar(DType::I32) {
+            return;
+        }
+        let of = |k: usize| op.operands.get(k).and_then(|v| tz.get(v)).copied().unwrap_or(0);
+        let z = match &op.kind {
+            OpKind::Const { .. } => match consts.get(&r) {
+                Some((c, _)) => (*c as i64 as i32).trailing_zeros(),
+                None => 0,
+            },
+            OpKind::Binary(BinOp::Mul) => (of(0) + of(1)).min(32),
+            OpKind::Binary(BinOp::Add | BinOp::Sub | BinOp::Min | BinOp::Max) => of(0).min(of(1)),
+            OpKind::Select => of(1).min(of(2)),
+            _ => 0,
+        };
+        if z > 0 {
+            tz.insert(r, z);
+        }
+    });
+    tz
+}
+
+fn rewrite_block(block: &mut Block, consts: &Consts, zeros: &Zeros, values: &mut Vec<Type>) {
     let ops = std::mem::take(&mut block.ops);
     for mut op in ops {
         for r in &mut op.regions {
-            rewrite_block(r, consts, values);
+            rewrite_block(r, consts, zeros, values);
         }
         if matches!(op.kind, OpKind::For) {
-            let before = classify_loop(&mut op, consts, values);
+            let before = classify_loop(&mut op, consts, zeros, values);
             block.ops.extend(before);
         }
         block.ops.push(op);
@@ -75,7 +115,7 @@ fn rewrite_block(block: &mut Block, consts: &Consts, values: &mut Vec<crate::typ
 }
 
 /// Rewrite one loop; returns the ops to insert before it.
-fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Type>) -> Vec<Op> {
+fn classify_loop(op: &mut Op, consts: &Consts, zeros: &Zeros, values: &mut Vec<Type>) -> Vec<Op> {
     let iv = op.regions[0].args[0];
     let mut inside = Vec::new();
     defined_in(&op.regions[0], &mut inside);
@@ -103,6 +143,8 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
     };
 
     let mut before = Vec::new();
+    // Column bounds that no visited block straddles once the loop is narrowed.
+    let mut aligned: Vec<(MaskTerm, Value)> = Vec::new();
     // 1. Narrow the loop when the first mask's skip blocks are provably no-ops.
     {
         let m = &body.ops[first];
@@ -120,13 +162,26 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
             before = e.ops;
             op.operands[0] = range[0];
             op.operands[1] = hi;
+            // The loop now runs j0 = lo, lo + bn, ... < hi with lo a multiple of bn, lo
+            // at or past every col_ge bound and hi at or before every col_lt bound: a
+            // bound that is itself a multiple of bn holds on every visited block.
+            if bn.is_power_of_two() {
+                let multiple = |x: &Value| zeros.get(x).is_some_and(|z| 1usize << (*z).min(31) >= bn);
+                aligned = terms
+                    .iter()
+                    .zip(&m.operands[3..])
+                    .filter(|(t, x)| matches!(t, MaskTerm::ColGe | MaskTerm::ColLt) && multiple(x))
+                    .map(|(t, x)| (*t, *x))
+                    .collect();
+            }
         }
     }
 
-    // 2. Guard every mask with a full-block test.
+    // 2. Guard every mask with a full-block test (without the aligned bounds).
     let body = &mut op.regions[0];
     for &i in masks.iter().rev() {
-        let mask = body.ops[i].clone();
+        let mut mask = body.ops[i].clone();
+        drop_terms(&mut mask, &aligned);
         let OpKind::MaskApply { terms } = &mask.kind else { unreachable!("filtered above") };
         let ty = values[mask.results[0].index()].clone();
         let (bm, bn) = (ty.shape()[0], ty.shape()[1]);
@@ -157,6 +212,16 @@ fn classify_loop(op: &mut Op, consts: &Consts, values: &mut Vec<crate::types::Ty
         body.ops.splice(i..=i, guard);
     }
     before
+}
+
+/// Remove `(term, operand)` pairs in `drop` from a `mask.apply`.
+fn drop_terms(mask: &mut Op, drop: &[(MaskTerm, Value)]) {
+    let OpKind::MaskApply { terms } = &mask.kind else { return };
+    let keep: Vec<bool> = terms.iter().zip(&mask.operands[3..]).map(|(t, x)| !drop.contains(&(*t, *x))).collect();
+    let terms = terms.iter().zip(&keep).filter(|(_, k)| **k).map(|(t, _)| *t).collect();
+    let xs = mask.operands[3..].iter().zip(&keep).filter(|(_, k)| **k).map(|(x, _)| *x);
+    mask.operands = mask.operands[..3].iter().copied().chain(xs).collect();
+    mask.kind = OpKind::MaskApply { terms };
 }
 
 /// What a value is, in an iteration whose scores are entirely masked.
