@@ -5,7 +5,10 @@
 #   bash scripts/gpu_prepare.sh            # warp-specialised sm_90a checks + benchmark set (gpu_run.sh --ws, --bench-only)
 #   bash scripts/gpu_prepare.sh --checks   # the whole PTX correctness matrix, every code path (gpu_run.sh --checks)
 #   bash scripts/gpu_prepare.sh --mlir     # MLIR's gpu form only (for gpu_run.sh --mlir-only)
-# (three packs: together they would pass the device tool's 64 MiB.)
+#   bash scripts/gpu_prepare.sh --ops      # every operation and plan through the generic runtime: flash_decode
+#                                          # (both plans), mean pooling, a flash slice of every code path, and
+#                                          # the benchmark sets (gpu_run.sh --ops, then gpu_run.sh --ops-bench)
+# (four packs: together they would pass the device tool's 64 MiB.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
@@ -20,6 +23,29 @@ if [ "${1:-}" = "--mlir" ]; then
     $EJC build specs/flash.yaml -q --target mlir:gpu --block-m 64 --block-n 32 -o .gpu/mlir
     tar -C .gpu -czf .gpu/artifacts.tgz mlir
     rm -rf .gpu/mlir
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--ops" ]; then
+    # specs/flash_decode.yaml (single and split_kv plans, every variant, bf16/f16, d64/d128)
+    # and specs/mean_pooling.yaml (every variant and dtype), sm_80 and sm_90a, every code path.
+    $EJC build specs/flash_decode.yaml -q --target ptx:sm_90a --target ptx:sm_80 -o .gpu/ops_decode
+    $EJC build specs/mean_pooling.yaml -q --target ptx:sm_90a --target ptx:sm_80 -o .gpu/ops_pool
+    # Flash's one-kernel plan through the same runtime: every variant, bf16 d128 128 x 128
+    # on sm_90a (every path), f16 d64 128 x 64 on sm_80.
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 128 --block-m 128 --block-n 128 \
+        --num-stages 2 --num-warps 8 -o .gpu/ops_flash
+    $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype f16 --head-dim 64 --block-m 128 --block-n 64 \
+        --num-stages 2 --num-warps 4 -o .gpu/ops_flash80
+    # The benchmark set (gpu_run.sh --ops-bench): as the default pack's.
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
+        -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz ops_decode ops_pool ops_flash ops_flash80 bench
+    rm -rf .gpu/ops_decode .gpu/ops_pool .gpu/ops_flash .gpu/ops_flash80 .gpu/bench
+    # The compiler itself (stripped, xz: ~33 MB; LLVM is linked in statically, libffi rides
+    # along) for `gpu_run.sh --ops-cli`: `ejc tune/run --backend cuda` on the GPU machine.
+    strip -o .gpu/ejc "$EJC" && xz -T0 -6 .gpu/ejc
+    cp "$(ldconfig -p | awk '/libffi.so.8 /{print $NF; exit}')" .gpu/ 2>/dev/null || true
     du -sh .gpu/*
     exit 0
 fi

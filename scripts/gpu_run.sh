@@ -11,6 +11,10 @@
 #   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths; EJC_ONLY=TEXT: those candidates)
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
+#   bash scripts/gpu_run.sh --ops        # every operation and plan (`gpu_prepare.sh --ops`): checks, memcheck, tune/call, CuPy
+#   bash scripts/gpu_run.sh --ops-bench  # decode rows (both plans vs cuDNN, FA2), pooling vs torch, 3 flash rows
+#   bash scripts/gpu_run.sh --ops-cli    # the compiler on the GPU: `ejc tune --backend cuda` stores a winner that the
+#                                        # runtime (`ejc-gpu call`, another process) then uses; `ejc run --backend cuda`
 # EJC_FILTER=TEXT keeps the artifacts whose id contains TEXT in the checks; EJC_SHARDS=N
 # (default: the CPU count, at most 16) runs N `ejc-gpu check` processes side by side:
 # loading PTX is the driver's JIT compile, CPU-bound, about a second per entry.
@@ -63,6 +67,53 @@ memcheck() {  # memcheck SET FILTER
     echo "compute-sanitizer not found: memcheck skipped" | tee -a "$OUT/summary.txt"
 }
 
+if [ "${1:-}" = "--ops" ]; then
+    ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
+    for set in ops_decode ops_pool ops_flash ops_flash80; do check_set $set || status=1; done
+    memcheck ops_decode gpt_oss_bf16_d128 || status=1
+    memcheck ops_pool bf16_d128 || status=1
+    # The runtime's chain on the GPU: tune one decode call (both plans, every split count),
+    # then a second process finds the choice in the persistent cache.
+    for step in tune call; do
+        timeout 300 ./.gpu/ejc-gpu $step /tmp/ejc-art/ops_decode --variant gpt_oss --dtype bf16 --shape 4,1,16384,32,8,128 \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -15 | tee -a "$OUT/tune.log" || status=1
+    done
+    timeout 120 python3 examples/cupy_launch.py /tmp/ejc-art/ops_flash _ws 2>&1 | tee "$OUT/cupy.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "--ops-cli" ]; then
+    mkdir -p /tmp/ejc-bin && xz -dc .gpu/ejc.xz > /tmp/ejc-bin/ejc && chmod +x /tmp/ejc-bin/ejc
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.gpu"  # libffi, if the machine lacks it
+    E=/tmp/ejc-bin/ejc
+    shape=1,1,32768,32,8,128
+    {
+        echo "== ejc tune --backend cuda (compiles the candidates for this GPU, autotunes, stores the winner)"
+        timeout 240 $E tune specs/flash_decode.yaml --backend cuda --variant gpt_oss --dtype bf16 --shape $shape \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -12 || status=1
+        echo "== ejc-gpu call (another process, the runtime on a build of the same spec): from the persistent cache"
+        timeout 120 ./.gpu/ejc-gpu call /tmp/ejc-art/ops_decode --variant gpt_oss --dtype bf16 --shape $shape \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -6 || status=1
+        echo "== ejc tune, the full variant (every key visible: split-KV should win at batch 1)"
+        timeout 240 $E tune specs/flash_decode.yaml --backend cuda --variant full --dtype bf16 --shape $shape \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -45 || status=1
+        echo "== ejc tune again (gpt_oss): found, not re-tuned"
+        timeout 120 $E tune specs/flash_decode.yaml --backend cuda --variant gpt_oss --dtype bf16 --shape $shape \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -6 || status=1
+        echo "== ejc run --backend cuda: split-KV by hand, every variant, against the reference"
+        timeout 200 $E run specs/flash_decode.yaml --backend cuda --dtype bf16 --plan split_kv \
+            --config num_splits=8 --shape 2,3,3000,16,4,128 2>&1 | tail -8 || status=1
+    } > "$OUT/cli.log" 2>&1
+    cat "$OUT/cli.log"
+    exit $status
+fi
+if [ "${1:-}" = "--ops-bench" ]; then
+    timeout 280 python3 bench/decode_gpu.py /tmp/ejc-art/ops_decode --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode.log"
+    timeout 120 python3 bench/pool_gpu.py /tmp/ejc-art/ops_pool --json "$OUT/pool.json" 2>&1 | tee "$OUT/pool.log"
+    timeout 150 python3 bench/compare_gpu.py /tmp/ejc-art/bench --quick --only _wgmma --json "$OUT/bench.json" \
+        > "$OUT/bench.log" 2>&1
+    grep '^d=' "$OUT/bench.log"
+    exit $status
+fi
 if [ "${1:-}" = "--hopper" ]; then
     echo "== wgmma layouts (scripts/probe_wgmma.py --swizzle)"
     python3 scripts/probe_wgmma.py --swizzle 2>&1 | tee "$OUT/probe.log"

@@ -113,10 +113,15 @@ pub fn precheck(p: &Problem, variants: &[&Variant]) -> Result<(), Outcome> {
     for v in variants {
         let Some(plan) = p.plans(v).into_iter().next() else { continue };
         let config = p.plan_configs(&plan, true).remove(0);
-        for k in p.kernels(v, &plan, &config)?.values() {
-            let warps = p.spec.schedule.values("num_warps");
+        for (role, k) in p.kernels(v, &plan, &config)? {
+            // A role may fix its warps (split-KV's combine runs on one warp).
+            let fixed = plan.roles.iter().find(|r| r.name == role.as_str()).and_then(|r| r.fixed.get("num_warps"));
+            let warps = match fixed {
+                Some(w) => std::slice::from_ref(w),
+                None => p.spec.schedule.values("num_warps"),
+            };
             let warps = if warps.is_empty() { &[1, 2, 4, 8][..] } else { warps };
-            if let Err(skip) = candidates(k, Arch::Sm80, warps, &[1], &[]) {
+            if let Err(skip) = candidates(&k, Arch::Sm80, warps, &[1], &[]) {
                 let why = match skip {
                     Skip::F32Products => "f32 products: tensor cores take 16-bit operands (tf32 would miss f32's 1e-5 tolerance): use --dtype bf16 or f16, or --backend cpu for f32"
                         .to_string(),
