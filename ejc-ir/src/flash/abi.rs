@@ -124,7 +124,7 @@ fn num_splits() -> AbiParam {
 ///
 /// ```
 /// use ejc_ir::flash::abi::abi_params_partial;
-/// use ejc_ir::spec::Features;
+/// use ejc_ir::flash::Features;
 /// use ejc_ir::types::DType;
 /// let f = Features { causal: true, sinks: true, ..Default::default() };
 /// let names: Vec<&str> = abi_params_partial(&f, DType::BF16).iter().map(|p| p.name).collect();
@@ -149,7 +149,7 @@ pub fn abi_params_partial(f: &Features, dtype: DType) -> Vec<AbiParam> {
 ///
 /// ```
 /// use ejc_ir::flash::abi::abi_params_combine;
-/// use ejc_ir::spec::Features;
+/// use ejc_ir::flash::Features;
 /// use ejc_ir::types::DType;
 /// let f = Features { causal: true, sinks: true, ..Default::default() };
 /// let names: Vec<&str> = abi_params_combine(&f, DType::BF16).iter().map(|p| p.name).collect();

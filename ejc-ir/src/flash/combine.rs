@@ -2,7 +2,7 @@
 //!
 //! ```
 //! use ejc_ir::flash::{build_flash_combine_kernel, build_flash_partial_kernel};
-//! use ejc_ir::spec::Features;
+//! use ejc_ir::flash::Features;
 //! use ejc_ir::types::DType;
 //! let f = Features { causal: true, sinks: true, ..Default::default() };
 //! let partial = build_flash_partial_kernel("p", &f, DType::BF16, 64, 64, 64).unwrap();
