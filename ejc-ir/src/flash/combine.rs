@@ -44,13 +44,7 @@ pub fn build_flash_combine_kernel(
     head_dim: usize,
     block_m: usize,
 ) -> Result<Kernel, VerifyError> {
-    if f.varlen {
-        return Err(VerifyError {
-            kernel: name.to_string(),
-            location: "while building".into(),
-            message: "split-KV kernels do not support varlen (packed sequences)".into(),
-        });
-    }
+    super::frontend::refuse_varlen(name, f)?;
     let (bm, d) = (block_m, head_dim);
     let mut b = KernelBuilder::new(name);
     let params: Vec<_> = abi_params_combine(f, dtype).into_iter().map(|p| (p.name, b.param(p.name, p.ty))).collect();

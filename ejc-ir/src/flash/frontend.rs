@@ -67,6 +67,18 @@ pub fn build_flash_kernel_with(
     build_flash(name, f, dtype, head_dim, block_m, block_n, hooks, Output::Forward)
 }
 
+/// Split-KV's kernels take dense batches only: a varlen variant is an error.
+pub(super) fn refuse_varlen(name: &str, f: &Features) -> Result<(), VerifyError> {
+    if f.varlen {
+        return Err(VerifyError {
+            kernel: name.to_string(),
+            location: "while building".into(),
+            message: "split-KV kernels do not support varlen (packed sequences)".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Split-KV partial kernel: like the forward kernel, over one key split.
 ///
 /// For decode-like calls (few query rows, long keys) the keys are cut into
@@ -89,13 +101,7 @@ pub fn build_flash_partial_kernel(
     block_m: usize,
     block_n: usize,
 ) -> Result<Kernel, VerifyError> {
-    if f.varlen {
-        return Err(VerifyError {
-            kernel: name.to_string(),
-            location: "while building".into(),
-            message: "split-KV kernels do not support varlen (packed sequences)".into(),
-        });
-    }
+    refuse_varlen(name, f)?;
     let f = Features { sinks: false, ..f.clone() };
     build_flash(name, &f, dtype, head_dim, block_m, block_n, &FlashHooks::default(), Output::SplitPartial)
 }
