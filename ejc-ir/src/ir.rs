@@ -133,7 +133,11 @@ impl GridExpr {
             s: &'a [u8],
             i: usize,
             text: &'a str,
+            /// Function calls open now: the parse recurses on each, so a formula nested
+            /// thousands deep (a hand-edited manifest) would overflow the stack.
+            depth: usize,
         }
+        const MAX_NESTING: usize = 64;
         impl P<'_> {
             fn ws(&mut self) {
                 while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
@@ -174,6 +178,10 @@ impl GridExpr {
                 if self.s.get(self.i) != Some(&b'(') {
                     return Ok(GridExpr::Sym(w));
                 }
+                if self.depth >= MAX_NESTING {
+                    return Err(self.err(&format!("formula nested more than {MAX_NESTING} calls deep")));
+                }
+                self.depth += 1;
                 self.eat(b'(')?;
                 let a = self.expr()?;
                 self.eat(b',')?;
@@ -193,10 +201,11 @@ impl GridExpr {
                     }
                 };
                 self.eat(b')')?;
+                self.depth -= 1;
                 Ok(e)
             }
         }
-        let mut p = P { s: text.as_bytes(), i: 0, text };
+        let mut p = P { s: text.as_bytes(), i: 0, text, depth: 0 };
         let e = p.expr()?;
         p.ws();
         if p.i != p.s.len() {

@@ -98,6 +98,29 @@ impl<'a> Lexer<'a> {
         self.src.get(self.pos).copied()
     }
 
+    /// The rest of a `\u{XXXX}` escape (after the `u`): one to six hex digits naming a
+    /// character.
+    fn unicode_escape(&mut self) -> Result<char, ParseError> {
+        let bad = |l: &Self| l.err("bad `\\u{...}` escape in string".into());
+        if self.peek() != Some(b'{') {
+            return Err(bad(self));
+        }
+        self.bump();
+        let start = self.pos;
+        while self.peek().is_some_and(|c| c.is_ascii_hexdigit()) && self.pos - start < 6 {
+            self.bump();
+        }
+        let digits = std::str::from_utf8(&self.src[start..self.pos]).unwrap_or_default();
+        let c = u32::from_str_radix(digits, 16).ok().and_then(char::from_u32);
+        match (c, self.peek()) {
+            (Some(c), Some(b'}')) => {
+                self.bump();
+                Ok(c)
+            }
+            _ => Err(bad(self)),
+        }
+    }
+
     fn ident_tail(&mut self) -> String {
         let start = self.pos;
         while let Some(c) = self.peek() {
@@ -160,6 +183,26 @@ impl<'a> Lexer<'a> {
                                 Some(b'n') => {
                                     self.bump();
                                     s.push('\n')
+                                }
+                                // The printer writes strings as Rust's `{:?}` does: these
+                                // escapes too (control characters, `\u{..}` for the
+                                // characters it will not show raw).
+                                Some(b't') => {
+                                    self.bump();
+                                    s.push('\t')
+                                }
+                                Some(b'r') => {
+                                    self.bump();
+                                    s.push('\r')
+                                }
+                                Some(b'0') => {
+                                    self.bump();
+                                    s.push('\0')
+                                }
+                                Some(b'\'') => s.push(self.bump() as char),
+                                Some(b'u') => {
+                                    self.bump();
+                                    s.push(self.unicode_escape()?);
                                 }
                                 _ => return Err(self.err("unknown escape in string".into())),
                             }
@@ -256,7 +299,7 @@ fn parse_shaped_type(word: &str, inner: &str) -> Result<Type, String> {
 /// Parse and verify one kernel.
 pub fn parse_kernel(text: &str) -> Result<Kernel, ParseError> {
     let toks = Lexer { src: text.as_bytes(), pos: 0, line: 1, col: 1 }.run()?;
-    let mut p = Parser { toks, pos: 0, values: Vec::new(), scopes: vec![HashMap::new()], op_start: 0 };
+    let mut p = Parser { toks, pos: 0, values: Vec::new(), scopes: vec![HashMap::new()], op_start: 0, depth: 0 };
     let kernel = p.kernel()?;
     if p.peek() != &Tok::Eof {
         return Err(p.err(format!("unexpected {} after the kernel", p.peek())));
@@ -274,7 +317,15 @@ struct Parser {
     /// Token index of the op being parsed (its name), where errors about the op as a
     /// whole point.
     op_start: usize,
+    /// How deeply nested the parse is now (regions, attribute lists, grid formulas).
+    depth: usize,
 }
+
+/// Nesting deeper than this (regions in regions, lists in attribute lists, formulas in
+/// grid formulas) is an error: the parser, the verifier, the printer and the passes
+/// recurse on it, so an input nested thousands deep would overflow the stack. No kernel
+/// comes near (flash's deepest region is 3 levels).
+pub const MAX_NESTING: usize = 64;
 
 /// An attribute value.
 #[derive(Clone, Debug)]
@@ -286,6 +337,17 @@ enum Attr {
 }
 
 impl Parser {
+    /// Run `f` one nesting level deeper, or refuse past [`MAX_NESTING`].
+    fn nested<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T, ParseError>) -> Result<T, ParseError> {
+        if self.depth >= MAX_NESTING {
+            return Err(self.err(format!("nested more than {MAX_NESTING} levels deep")));
+        }
+        self.depth += 1;
+        let r = f(self);
+        self.depth -= 1;
+        r
+    }
+
     /// The current token; past the end, the end-of-input token.
     fn tok(&self) -> &(Tok, usize, usize) {
         &self.toks[self.pos.min(self.toks.len() - 1)]
@@ -417,7 +479,7 @@ impl Parser {
         match self.next() {
             Tok::Num(n) => n.parse().map(GridExpr::Const).map_err(|_| self.err(format!("bad grid constant `{n}`"))),
             Tok::Ident(w) if w == "cdiv" && self.eat("(") => {
-                let a = self.grid_expr()?;
+                let a = self.nested(Self::grid_expr)?;
                 self.expect(",")?;
                 let b = self.int()?;
                 if b <= 0 {
@@ -427,9 +489,9 @@ impl Parser {
                 Ok(GridExpr::cdiv(a, b))
             }
             Tok::Ident(w) if matches!(w.as_str(), "mul" | "add" | "max") && self.eat("(") => {
-                let a = self.grid_expr()?;
+                let a = self.nested(Self::grid_expr)?;
                 self.expect(",")?;
-                let b = self.grid_expr()?;
+                let b = self.nested(Self::grid_expr)?;
                 self.expect(")")?;
                 Ok(match w.as_str() {
                     "mul" => GridExpr::times(a, b),
@@ -532,6 +594,10 @@ impl Parser {
     }
 
     fn region(&mut self, args: Vec<(String, Type)>) -> Result<Block, ParseError> {
+        self.nested(|p| p.region_body(args))
+    }
+
+    fn region_body(&mut self, args: Vec<(String, Type)>) -> Result<Block, ParseError> {
         self.scopes.push(HashMap::new());
         let mut values = Vec::new();
         for (n, t) in args {
@@ -669,7 +735,7 @@ impl Parser {
                 let mut items = Vec::new();
                 if !self.eat("]") {
                     loop {
-                        items.push(self.attr_value()?);
+                        items.push(self.nested(Self::attr_value)?);
                         if self.eat("]") {
                             break;
                         }

@@ -212,6 +212,55 @@ fn type_errors_found_after_parsing_name_the_op() {
     assert_eq!((e.line, e.column), (0, 0));
 }
 
+#[test]
+fn attribute_strings_with_escapes_round_trip() {
+    // The printer writes strings as `{:?}` does (`\t`, `\r`, `\0`, `\'`, `\u{202e}`...);
+    // the parser read only `\"`, `\\` and `\n` back (found by tests/fuzz.rs).
+    let raw = "kernel @k(%n: i32) grid(1, 1, 1) attrs {a = \"x\u{202e}\t\r\0\u{7f}'y\", \
+               b = \"\\t\\r\\0\\'\\u{202e}\\u{1F600}\\\\\\\"\\n\"} {\n  %0 = arith.add %n, %n : i32\n}\n";
+    let k = parse_kernel(raw).unwrap();
+    let want = "x\u{202e}\t\r\0\u{7f}'y";
+    assert_eq!(k.attrs, vec![("a".into(), want.into()), ("b".into(), "\t\r\0'\u{202e}\u{1F600}\\\"\n".into())]);
+    let printed = print_kernel(&k);
+    assert_eq!(parse_kernel(&printed).map(|k| print_kernel(&k)), Ok(printed));
+    for (bad, why) in
+        [("\\u{110000}", "bad `\\u{...}` escape"), ("\\u{}", "bad `\\u{...}` escape"), ("\\q", "unknown escape")]
+    {
+        let text = format!("kernel @k() grid(1, 1, 1) attrs {{a = \"{bad}\"}} {{\n}}\n");
+        let e = parse_kernel(&text).unwrap_err();
+        assert!(e.message.contains(why), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    // 20,000 nested attribute lists overflowed the parser's stack (found by tests/fuzz.rs);
+    // grid formulas and regions recurse the same way.
+    let n = 20_000;
+    let nest = |open: &str, inner: &str, close: &str| format!("{}{inner}{}", open.repeat(n), close.repeat(n));
+    let cases = [
+        format!(
+            "kernel @k(%n: i32) grid(1, 1, 1) {{\n  %0 = program.id {{axis = {}}} : i32\n}}\n",
+            nest("[", "0", "]")
+        ),
+        format!("kernel @k(%n: i32) grid({}, 1, 1) {{\n}}\n", nest("cdiv(", "n", ", 2)")),
+        format!("kernel @k(%c: i1) grid(1, 1, 1) {{\n{}}}\n", nest("scf.if %c {\n", "", "}\n")),
+    ];
+    for text in &cases {
+        let e = parse_kernel(text).unwrap_err();
+        assert!(e.message.contains("nested more than 64 levels deep"), "{e}");
+    }
+    // 64 levels of attribute lists is fine (the op then refuses the value).
+    let ok = format!(
+        "kernel @k() grid(1, 1, 1) {{\n  %0 = program.id {{axis = {}0{}}} : i32\n}}\n",
+        "[".repeat(63),
+        "]".repeat(63)
+    );
+    assert!(!parse_kernel(&ok).unwrap_err().message.contains("nested"));
+    let formula = format!("{}n{}", "cdiv(".repeat(n), ", 2)".repeat(n));
+    assert!(ejc_ir::ir::GridExpr::parse(&formula).unwrap_err().contains("nested more than 64 calls deep"));
+}
+
 // ---- fuzzing ----------------------------------------------------------------------
 
 /// A mid-sized printed kernel with every construct: loops, ifs, loads with limits,
