@@ -15,6 +15,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy -p ejc-runtime --features cuda --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 cargo run -q -p ejc-runtime --features cuda --bin ejc-gpu --locked -- info
+# ejc-gpu checks its arguments, manifest and artifacts before it looks for a driver
+# (the binary needs the `cuda` feature, which `cargo test --workspace` leaves off).
+cargo test -p ejc-runtime --features cuda --test gpu_args --locked
 pending=$(git ls-files --others --exclude-standard | grep -E '\.snap\.new$|\.pending-snap$' || true)
 if [ -n "$pending" ]; then
   echo "unreviewed snapshot files:"; echo "$pending"; exit 1

@@ -282,11 +282,13 @@ fn any_operation_runs_through_the_generic_call() {
             assert!(rel <= 1e-5, "backward={backward} varlen={varlen}: {name} rel_err {rel:e}");
         }
     }
-    // A second process (a new runtime) finds the choices in the persistent cache.
+    // A second process (a new runtime) finds the choices in the persistent cache — for the
+    // same thread count, which is part of the key.
     let mut rt = open();
     let f = ejc_ir::ops::mean_pooling::op::PoolFeatures::default().to_json();
     let host = op.random_call(&f, DType::F32, &dims, 10).unwrap();
-    let r = rt.call("mean_pooling", &f, &mut Call::from_host(&host), &CallOptions::default()).unwrap();
+    let two = CallOptions { threads: 2, ..Default::default() };
+    let r = rt.call("mean_pooling", &f, &mut Call::from_host(&host), &two).unwrap();
     assert_eq!(r.source, Source::Persistent);
     // A call that fits no instance says what exists.
     let mut bad = Call::from_host(

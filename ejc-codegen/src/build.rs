@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use ejc_ir::ir::Kernel;
 use ejc_ir::manifest::{AbiParamInfo, Artifact, Compiler, Manifest, Plan, SpecInfo, FORMAT};
 use ejc_ir::op::{self, KernelInstance, Operation};
-use ejc_ir::passes::{default_pipeline, run_pipeline};
+use ejc_ir::passes::{default_pipeline, run_pipeline, PassError};
 use ejc_ir::spec::{Spec, Target};
 use ejc_ir::types::{DType, Type};
 use sha2::{Digest, Sha256};
@@ -188,10 +188,69 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
     Ok(Selection { kernels, plans })
 }
 
+/// What a build created, so that a failed build takes it back: the directories it made
+/// (outermost first) and the files that did not exist before it wrote them. Files that
+/// were there before are left (a build never deletes what it did not make).
+#[derive(Default)]
+struct Created {
+    dirs: Vec<PathBuf>,
+    files: Vec<PathBuf>,
+}
+
+impl Created {
+    /// `create_dir_all(dir)`, noting each directory it makes.
+    fn mkdir(&mut self, dir: &Path) -> Result<(), CodegenError> {
+        let mut missing = Vec::new();
+        let mut d = Some(dir);
+        while let Some(p) = d.filter(|p| !p.as_os_str().is_empty() && std::fs::symlink_metadata(p).is_err()) {
+            missing.push(p.to_path_buf());
+            d = p.parent();
+        }
+        self.dirs.extend(missing.into_iter().rev());
+        std::fs::create_dir_all(dir).map_err(|error| CodegenError::Io { path: dir.to_path_buf(), error })
+    }
+
+    /// Before writing `file`: note it if it is new.
+    fn file(&mut self, file: &Path) {
+        if std::fs::symlink_metadata(file).is_err() {
+            self.files.push(file.to_path_buf());
+        }
+    }
+
+    /// Remove what this build made: its new files, then its directories that are empty
+    /// now (innermost first). Best effort: the build's error is what gets reported.
+    fn undo(&self) {
+        for f in self.files.iter().rev() {
+            let _ = std::fs::remove_file(f);
+        }
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Build `spec` into `opts.out_dir`: every target's artifacts, then `manifest.json`
+/// (written last, atomically). A build that fails leaves no trace: the artifacts and
+/// directories it created are removed again (files that were there before are not
+/// touched), and no `manifest.json.tmp` stays behind.
 pub fn build(
     spec: &Spec,
     opts: &BuildOptions,
     progress: &mut dyn FnMut(Progress),
+) -> Result<BuildReport, CodegenError> {
+    let mut created = Created::default();
+    let result = build_into(spec, opts, progress, &mut created);
+    if result.is_err() {
+        created.undo();
+    }
+    result
+}
+
+fn build_into(
+    spec: &Spec,
+    opts: &BuildOptions,
+    progress: &mut dyn FnMut(Progress),
+    created: &mut Created,
 ) -> Result<BuildReport, CodegenError> {
     if opts.targets.is_empty() {
         return Err(CodegenError::Empty("no target given".into()));
@@ -202,7 +261,7 @@ pub fn build(
     }
     let op = spec.operation();
     let Selection { kernels: selected, plans } = select(spec, opts)?;
-    std::fs::create_dir_all(&opts.out_dir).map_err(|error| CodegenError::Io { path: opts.out_dir.clone(), error })?;
+    created.mkdir(&opts.out_dir)?;
     progress(Progress::Start { kernels: selected.len(), targets: opts.targets.len() });
     // Tile IR of every kernel, after the pipeline: the input of every target.
     let pipeline = default_pipeline();
@@ -210,7 +269,7 @@ pub fn build(
     for inst in &selected {
         let kernel_err = |message: String| CodegenError::Kernel { kernel: inst.id.clone(), message };
         let raw = op.build(spec, inst).map_err(kernel_err)?;
-        kernels.push(run_pipeline(&raw, &pipeline).map_err(|e| kernel_err(e.to_string()))?);
+        kernels.push(run_pipeline(&raw, &pipeline).map_err(|e| pipeline_error(&inst.id, e))?);
     }
     let mut artifacts = Vec::new();
     for target in &opts.targets {
@@ -218,6 +277,9 @@ pub fn build(
             Target::Ir => {
                 for (n, (inst, kernel)) in selected.iter().zip(&kernels).enumerate() {
                     progress(Progress::Kernel { done: n, total: selected.len(), id: &inst.id });
+                    let path = opts.out_dir.join(crate::ir::file_of(kernel));
+                    created.mkdir(path.parent().unwrap_or(&opts.out_dir))?;
+                    created.file(&path);
                     let (file, text) = crate::ir::write(&opts.out_dir, kernel)?;
                     artifacts.push(artifact_of(op, inst, kernel, "ir".into(), file, sha256_hex(text.as_bytes())));
                 }
@@ -229,6 +291,8 @@ pub fn build(
                 };
                 let file = format!("cpu/{}.{}.so", spec.name, isa.name());
                 let path = opts.out_dir.join(&file);
+                created.mkdir(&opts.out_dir.join("cpu"))?;
+                created.file(&path);
                 let codes = compile_cpu_library(&kernels, isa, &path, progress)?;
                 let bytes = std::fs::read(&path).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
                 let sha = sha256_hex(&bytes);
@@ -240,14 +304,23 @@ pub fn build(
             }
             Target::Ptx(arch) => {
                 let arch: crate::ptx::Arch = arch.parse().map_err(CodegenError::Empty)?;
-                artifacts.extend(build_ptx(spec, opts, &selected, &kernels, arch, progress)?);
+                artifacts.extend(build_ptx(spec, opts, &selected, &kernels, arch, progress, created)?);
             }
             Target::Mlir(form) => {
-                artifacts.extend(build_mlir(op, form, opts, &selected, &kernels, progress)?);
+                artifacts.extend(build_mlir(op, form, opts, &selected, &kernels, progress, created)?);
             }
         }
     }
     progress(Progress::Finished);
+    // A build of nothing is an error, not a manifest of zero artifacts (e.g. f32 for a
+    // PTX target, whose tensor cores take bf16/f16).
+    if artifacts.is_empty() {
+        let targets: Vec<String> = opts.targets.iter().map(|t| t.to_string()).collect();
+        return Err(CodegenError::Empty(format!(
+            "no kernel of the selection can be built for target {}",
+            targets.join(", ")
+        )));
+    }
     // A plan is listed where every role it launches has an artifact.
     let plans: Vec<Plan> = plans
         .into_iter()
@@ -340,6 +413,7 @@ fn build_ptx(
     kernels: &[Kernel],
     arch: crate::ptx::Arch,
     progress: &mut dyn FnMut(Progress),
+    created: &mut Created,
 ) -> Result<Vec<Artifact>, CodegenError> {
     use crate::ptx::candidates::{candidates, Skip};
     let op = spec.operation();
@@ -373,7 +447,7 @@ fn build_ptx(
         eprintln!("note: ptx:{arch}: {n} {why}");
     }
     let dir = out_dir.join("ptx").join(arch.name());
-    std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
+    created.mkdir(&dir)?;
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<crate::ptx::PtxKernel, CodegenError>)>();
@@ -406,6 +480,7 @@ fn build_ptx(
         let suffix = &j.cand.suffix;
         let file = format!("ptx/{}/{}_{suffix}.ptx", arch.name(), j.inst.id);
         let path = out_dir.join(&file);
+        created.file(&path);
         std::fs::write(&path, &k.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
         let target = format!("ptx:{}", arch.name());
         let mut a = artifact_of(op, j.inst, j.kernel, target.clone(), file, sha256_hex(k.ptx.as_bytes()));
@@ -456,6 +531,7 @@ fn build_mlir(
     selected: &[KernelInstance],
     kernels: &[Kernel],
     progress: &mut dyn FnMut(Progress),
+    created: &mut Created,
 ) -> Result<Vec<Artifact>, CodegenError> {
     use crate::mlir::{self, Form, GpuOptions};
     let gpu = match form {
@@ -464,7 +540,7 @@ fn build_mlir(
         other => return Err(CodegenError::Empty(format!("unknown MLIR form `{other}` (forms: mlir:cpu, mlir:gpu)"))),
     };
     let dir = opts.out_dir.join("mlir").join(form);
-    std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
+    created.mkdir(&dir)?;
     let mform = if gpu { Form::Gpu { threads: MLIR_GPU_THREADS } } else { Form::Cpu };
     let base = |inst: &KernelInstance, kernel: &Kernel, target: String, file: String, sha: String| {
         artifact_of(op, inst, kernel, target, file, sha)
@@ -475,6 +551,7 @@ fn build_mlir(
         let (text, info) = mlir::to_mlir(kernel, mform)?;
         let file = format!("mlir/{form}/{}.mlir", inst.id);
         let path = opts.out_dir.join(&file);
+        created.file(&path);
         std::fs::write(&path, &text).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
         let mut a = base(inst, kernel, format!("mlir:{form}"), file, sha256_hex(text.as_bytes()));
         a.entry = info.entry;
@@ -515,6 +592,7 @@ fn build_mlir(
         let target = format!("mlir:gpu:{MLIR_GPU_CHIP}");
         let file = format!("mlir/gpu/{}.{MLIR_GPU_CHIP}.ptx", inst.id);
         let path = opts.out_dir.join(&file);
+        created.file(&path);
         std::fs::write(&path, &p.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
         let mut a = base(inst, kernel, target, file, sha256_hex(p.ptx.as_bytes()));
         a.entry = p.entry;
@@ -526,11 +604,27 @@ fn build_mlir(
     Ok(artifacts)
 }
 
-/// Write through a temporary file and a rename, so a reader never sees half a file.
+/// Write through a temporary file and a rename, so a reader never sees half a file; on
+/// failure the temporary file is removed.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CodegenError> {
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, bytes).map_err(|error| CodegenError::Io { path: tmp.clone(), error })?;
-    std::fs::rename(&tmp, path).map_err(|error| CodegenError::Io { path: path.to_path_buf(), error })
+    let written =
+        std::fs::write(&tmp, bytes).map_err(|error| CodegenError::Io { path: tmp.clone(), error }).and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|error| CodegenError::Io { path: path.to_path_buf(), error })
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// A pass-pipeline failure as a build error: invalid IR is the kernel's (a compiler bug,
+/// named with the kernel), an unwritable `EJC_DUMP_IR` is the environment's.
+pub(crate) fn pipeline_error(kernel: &str, e: PassError) -> CodegenError {
+    match e {
+        PassError::Dump { path, error } => CodegenError::Dump { path, error },
+        e => CodegenError::Kernel { kernel: kernel.to_string(), message: e.to_string() },
+    }
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {

@@ -8,9 +8,14 @@ use ejc_ir::print::print_kernel;
 
 use crate::CodegenError;
 
+/// The file of a kernel, relative to the build directory.
+pub fn file_of(kernel: &Kernel) -> String {
+    format!("ir/{}.tir", kernel.name)
+}
+
 /// Write one kernel; returns the path relative to `out_dir` and the text written.
 pub fn write(out_dir: &Path, kernel: &Kernel) -> Result<(String, String), CodegenError> {
-    let rel = format!("ir/{}.tir", kernel.name);
+    let rel = file_of(kernel);
     let path = out_dir.join(&rel);
     let text = print_kernel(kernel);
     if let Some(dir) = path.parent() {

@@ -44,6 +44,9 @@ pub enum CodegenError {
     Kernel { kernel: String, message: String },
     #[error("cannot write {path}: {error}")]
     Io { path: PathBuf, error: std::io::Error },
+    /// `EJC_DUMP_IR` names a place the IR dump cannot be written to (not a kernel's fault).
+    #[error("EJC_DUMP_IR: could not write the IR dump to {path}: {error}")]
+    Dump { path: PathBuf, error: std::io::Error },
     #[error("nothing to build: {0}")]
     Empty(String),
     #[error("LLVM: {0}")]

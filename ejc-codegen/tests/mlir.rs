@@ -317,6 +317,19 @@ fn compiled_code_is_cached_on_disk() {
     assert!(warm.cached, "the second compile must come from {}", dir.display());
     println!("cold {:.3}s, warm {:.3}s", cold.compile_seconds, warm.compile_seconds);
     check(&warm, &k, v, DType::F32, "1,70,90,4,2,64", seed());
+    // One changed byte (a patched constant, a flipped bit) fails the entry's SHA-256: it is
+    // compiled again, not loaded.
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.len() / 2;
+        bytes[at] ^= 0x01;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let patched = CpuKernel::compile_in(&k, &dir).unwrap();
+    assert!(!patched.cached, "a patched object must not be loaded");
+    check(&patched, &k, v, DType::F32, "1,70,90,4,2,64", seed());
+    assert!(CpuKernel::compile_in(&k, &dir).unwrap().cached, "and the entry is written again");
     // A damaged entry is recompiled, not trusted.
     for e in std::fs::read_dir(&dir).unwrap() {
         std::fs::write(e.unwrap().path(), b"not an object").unwrap();

@@ -7,8 +7,8 @@
 //!     every put (many short-lived processes), `keep` (the default) opens it once (one
 //!     long-lived process whose in-memory copy goes stale while the others write)
 //! cache_writer --default-dir
-//!     print `PersistentCache::default_dir()` (tests set the environment of this process,
-//!     not their own)
+//!     print `PersistentCache::default_dir()`, or `(none)` (tests set the environment of
+//!     this process, not their own)
 //! ```
 //!
 //! Exit status: 0 done, 1 a `put` failed, 2 usage, 3 the cache gave a warning (in these
@@ -25,7 +25,10 @@ const USAGE: &str = "usage: cache_writer <dir> <machine> <prefix> <count> [reope
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--default-dir") {
-        println!("{}", PersistentCache::default_dir().display());
+        match PersistentCache::default_dir() {
+            Some(dir) => println!("{}", dir.display()),
+            None => println!("(none)"),
+        }
         return ExitCode::SUCCESS;
     }
     let (dir, machine, prefix, count, reopen) = match args.as_slice() {

@@ -36,7 +36,7 @@ use crate::call::Call;
 use crate::chain::{Chain, ChainError, Event, Policy, Source};
 use crate::cpu::CpuError;
 use crate::exec::{CpuLibs, ExecError};
-use crate::key::{call_key, cpu_fingerprint, CacheKey};
+use crate::key::{call_key, cpu_fingerprint, cpu_threads, CacheKey};
 use crate::registry::{config_id, Candidate, Config, Platform, Query, Registry, RegistryError};
 use crate::tune::{Device, Tuner};
 
@@ -104,7 +104,8 @@ pub struct RuntimeOptions {
     /// Build directories (or manifests) to load; default `$EJC_KERNELS` (colon-separated)
     /// or `./out`.
     pub kernels: Vec<PathBuf>,
-    /// Default: `PersistentCache::default_dir()` (`$EJC_CACHE_DIR`, ...).
+    /// Default: `PersistentCache::default_dir()` (`$EJC_CACHE_DIR`, ...; none without HOME
+    /// and the others: the tuning cache is then in memory only, with a warning).
     pub cache_dir: Option<PathBuf>,
     pub policy: Option<Policy>,
     /// Print the chain's events to stderr (also set by `EJC_LOG=1`).
@@ -116,7 +117,7 @@ pub struct Runtime {
     pub registry: Registry,
     /// One chain (and persistent cache file) per device fingerprint.
     chains: HashMap<String, Chain>,
-    cache_dir: PathBuf,
+    cache_dir: Option<PathBuf>,
     policy: Policy,
     log: bool,
     libs: RefCell<CpuLibs>,
@@ -143,7 +144,7 @@ impl Runtime {
         Ok(Runtime {
             registry,
             chains: HashMap::new(),
-            cache_dir: opts.cache_dir.clone().unwrap_or_else(PersistentCache::default_dir),
+            cache_dir: opts.cache_dir.clone().or_else(PersistentCache::default_dir),
             policy: opts.policy.unwrap_or_default(),
             log,
             libs: RefCell::new(CpuLibs::default()),
@@ -155,14 +156,22 @@ impl Runtime {
     /// The chain of a device (made on first use, with that device's cache file).
     pub fn chain(&mut self, device: &str) -> &mut Chain {
         if !self.chains.contains_key(device) {
-            let cache = PersistentCache::open(&self.cache_dir, device);
+            let cache = match &self.cache_dir {
+                Some(dir) => PersistentCache::open(dir, device),
+                None => PersistentCache::in_memory(device, ejc_ir::cache_dir::NO_DIR),
+            };
             for w in cache.warnings() {
                 eprintln!("ejc: warning: {w}");
             }
             let mut chain = Chain::new(self.policy, Some(cache));
-            if self.log {
-                chain.observe(Box::new(|e: &Event| eprintln!("{e}")));
-            }
+            // Warnings always (a result that could not be stored, a cache entry ignored);
+            // the rest with EJC_LOG.
+            let log = self.log;
+            chain.observe(Box::new(move |e: &Event| {
+                if log || matches!(e, Event::Warning(_)) {
+                    eprintln!("{e}")
+                }
+            }));
             self.chains.insert(device.to_string(), chain);
         }
         self.chains.get_mut(device).expect("inserted above")
@@ -240,7 +249,9 @@ impl Runtime {
             let cands = fam.candidates();
             let ids: Vec<String> = cands.iter().map(|c| c.id()).collect();
             let device = cpu_fingerprint();
-            let key = self.key(&device, op, &fam, wanted, dtype, &sizes, &ids);
+            // The thread count is part of what was measured: a winner on one thread need
+            // not be the winner on all of them.
+            let key = self.key(&device, op, &fam, wanted, dtype, &sizes, &ids).with_threads(cpu_threads(o.threads));
             let libs = std::mem::take(&mut self.libs);
             let choice = {
                 let mut tuner = Tuner::new(

@@ -5,7 +5,8 @@
 //! use std::collections::BTreeMap;
 //! use ejc_runtime::cache::{CacheEntry, PersistentCache, Timing};
 //!
-//! let mut cache = PersistentCache::open(&PersistentCache::default_dir(), "NVIDIA H100|sm_90|driver 570.86");
+//! let dir = PersistentCache::default_dir().expect("HOME or EJC_CACHE_DIR is set");
+//! let mut cache = PersistentCache::open(&dir, "NVIDIA H100|sm_90|driver 570.86");
 //! for w in cache.warnings() {
 //!     eprintln!("warning: {w}"); // a corrupt or unwritable cache is a warning, never an error
 //! }
@@ -37,10 +38,19 @@
 //!   re-reads the file, merges, and replaces the file atomically (temp file + fsync +
 //!   rename). Readers need no lock: they only ever see a complete old or a complete new
 //!   file.
+//!   A writer that finds the lock taken says so on stderr before it waits.
 //! - **A damaged file** (truncated, garbage, another format version) is moved aside to
 //!   `<file>.corrupt` (never deleted), reported as a warning, and rebuilt by the next `put`.
-//! - **An unwritable location** turns the cache into an in-memory one for this run, with a
-//!   warning: tuning still works, its results are just not kept.
+//! - **A damaged entry** in a file that is otherwise fine costs only that entry: it is
+//!   skipped with a warning, every other entry is used, and the next write keeps its raw
+//!   text in `<file>.corrupt` (the first free `.corrupt.N`) before it rewrites the file
+//!   without it.
+//! - **An unwritable location** (a read-only directory or file system) is still read: its
+//!   entries are used, and new results are kept in memory for this run, with a warning
+//!   (again from every write that could not happen). Tuning still works, its results are
+//!   just not kept.
+//! - **Looking is not touching**: [`PersistentCache::open_read_only`] (`ejc cache ls`,
+//!   `ejc cache show`) creates no directory or lock file and moves nothing aside.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -99,9 +109,18 @@ struct FileOut<'a> {
 /// What is on disk right now.
 enum DiskState {
     Missing,
-    Parsed(BTreeMap<String, CacheEntry>),
+    /// The entries that read, and those that do not (kept raw, to be set aside).
+    Parsed(BTreeMap<String, CacheEntry>, Vec<BadEntry>),
     /// The file exists but is not a cache we can read; the text says why.
     Bad(String),
+}
+
+/// An entry of a readable file that is not a [`CacheEntry`] (hand-edited, or written by a
+/// damaged process): its key, its JSON as found, and what is wrong with it.
+struct BadEntry {
+    key: String,
+    raw: serde_json::Value,
+    why: String,
 }
 
 /// The persistent cache: one JSON file per machine.
@@ -110,7 +129,8 @@ pub struct PersistentCache {
     path: PathBuf,
     machine: String,
     entries: BTreeMap<String, CacheEntry>,
-    /// `Some(warning)` once the cache is in memory only; that warning is what `put` returns.
+    /// `Some(problem)` once the cache is in memory only: why it cannot write (what `put`
+    /// and `clear` report).
     memory_only: Option<String>,
     warnings: Vec<String>,
 }
@@ -119,34 +139,80 @@ impl PersistentCache {
     /// Open (never fails): `dir` is where the file lives; `machine` is the device fingerprint
     /// (the file name is `tuning-<first 16 hex of sha256(machine)>.json`). A missing file is
     /// an empty cache. A file that does not parse gives a warning, an empty cache, and is
-    /// moved aside to `<name>.corrupt` (rebuilt on the next `put`). An unwritable location
-    /// makes the cache in-memory only, with a warning.
+    /// moved aside to `<name>.corrupt` (rebuilt on the next `put`); an entry that does not
+    /// parse is skipped with a warning. An unwritable location is read all the same (its
+    /// entries are used) and makes the cache in-memory only for new results, with a warning.
     pub fn open(dir: &Path, machine: &str) -> PersistentCache {
-        let mut cache = PersistentCache {
+        let mut cache = PersistentCache::unopened(dir, machine);
+        // Probe writability now rather than at the first `put`: a tuning run that will not be
+        // kept should say so before it spends minutes timing candidates. Creating the lock
+        // file is the probe (it must exist for writes anyway).
+        let probe = match std::fs::create_dir_all(dir) {
+            Err(e) => Err(format!("cannot create tuning cache directory {} ({e})", dir.display())),
+            Ok(()) => cache.open_lock_file().map(drop).map_err(|e| {
+                format!(
+                    "tuning cache directory {} is not writable (cannot open the lock file {}: {e})",
+                    dir.display(),
+                    cache.lock_path().display()
+                )
+            }),
+        };
+        match probe {
+            Ok(()) => cache.reload(),
+            Err(problem) => {
+                // Read-only (a shared, pre-tuned cache; a read-only file system): what the file
+                // holds is still the best answer there is.
+                let warning = match cache.load_read_only() {
+                    0 => format!("{problem}; tuning results are kept in memory only for this run"),
+                    n => format!(
+                        "{problem}; the {n} entr{} it holds {} used, but new tuning results are kept in memory only \
+                         for this run",
+                        if n == 1 { "y" } else { "ies" },
+                        if n == 1 { "is" } else { "are" },
+                    ),
+                };
+                cache.warnings.push(warning);
+                cache.memory_only = Some(problem);
+            }
+        }
+        cache
+    }
+
+    /// Open for looking only (`ejc cache ls`, `ejc cache show`): read the file if there is
+    /// one, and nothing else — no directory or lock file is created, a damaged file is not
+    /// moved aside (a warning says what is wrong), a damaged entry is skipped with a
+    /// warning. `put` and `clear` on it change memory only and return a warning.
+    pub fn open_read_only(dir: &Path, machine: &str) -> PersistentCache {
+        let mut cache = PersistentCache::unopened(dir, machine);
+        cache.memory_only =
+            Some(format!("tuning cache {} was opened read-only; nothing is written to it", cache.path.display()));
+        cache.load_read_only();
+        cache
+    }
+
+    /// A cache that has no file at all (no cache directory, see
+    /// [`ejc_ir::cache_dir::default_dir`]): memory only from the start; `why` says why,
+    /// in its warning and in what `put` returns.
+    pub fn in_memory(machine: &str, why: &str) -> PersistentCache {
+        let mut cache = PersistentCache::unopened(Path::new(""), machine);
+        cache.go_memory_only(why.to_string());
+        cache
+    }
+
+    fn unopened(dir: &Path, machine: &str) -> PersistentCache {
+        PersistentCache {
             path: dir.join(file_name(machine)),
             machine: machine.to_string(),
             entries: BTreeMap::new(),
             memory_only: None,
             warnings: Vec::new(),
-        };
-        // Probe writability now rather than at the first `put`: a tuning run that will not be
-        // kept should say so before it spends minutes timing candidates. Creating the lock
-        // file is the probe (it must exist for writes anyway).
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            cache.go_memory_only(format!("cannot create tuning cache directory {} ({e})", dir.display()));
-            return cache;
         }
-        if let Err(e) = cache.open_lock_file() {
-            cache.go_memory_only(format!("cannot write in tuning cache directory {} ({e})", dir.display()));
-            return cache;
-        }
-        cache.reload();
-        cache
     }
 
     /// The default directory: $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else
-    /// $HOME/.cache/ejc, else ./.ejc-cache.
-    pub fn default_dir() -> PathBuf {
+    /// $HOME/.cache/ejc, else none ([`ejc_ir::cache_dir::NO_DIR`] is the warning to give;
+    /// [`PersistentCache::in_memory`] the cache to use).
+    pub fn default_dir() -> Option<PathBuf> {
         ejc_ir::cache_dir::default_dir()
     }
 
@@ -194,18 +260,19 @@ impl PersistentCache {
     /// wrote for the same key, nor bring back entries that `ejc cache clear` removed. After
     /// the write, memory holds exactly what the file holds.
     pub fn put(&mut self, key: &str, entry: CacheEntry) -> Result<(), String> {
-        if let Some(warning) = &self.memory_only {
+        if let Some(problem) = &self.memory_only {
+            let warning = format!("{problem}; this tuning result is kept in memory only for this run");
             self.entries.insert(key.to_string(), entry);
-            return Err(warning.clone());
+            return Err(warning);
         }
         let result = self.with_lock(|cache| {
             // Why re-read under the lock: what we loaded at `open` may be minutes old. Another
             // process may have written since; writing our copy back would drop its results
             // (ejkernel's lost update). Under the lock nobody can write between this read and
             // our rename, so the merge is complete.
-            let mut disk = cache.read_locked()?;
+            let (mut disk, bad) = cache.read_locked()?;
             disk.insert(key.to_string(), entry.clone());
-            cache.write_locked(&disk)?;
+            cache.write_locked(&disk, &bad)?;
             Ok(disk)
         });
         match result {
@@ -228,11 +295,14 @@ impl PersistentCache {
         }
         let loaded = match self.read_state() {
             Ok(DiskState::Missing) => Ok(BTreeMap::new()),
-            Ok(DiskState::Parsed(entries)) => Ok(entries),
+            Ok(DiskState::Parsed(entries, bad)) => {
+                self.warn_skipped(&bad);
+                Ok(entries)
+            }
             // Moving the file aside must happen under the lock, after reading it again: a
             // writer may have replaced the bad file with a good one since our read, and that
             // one must not be moved aside.
-            Ok(DiskState::Bad(_)) => self.with_lock(|cache| cache.read_locked()),
+            Ok(DiskState::Bad(_)) => self.with_lock(|cache| cache.read_locked().map(|(entries, _)| entries)),
             Err(e) => Err(e),
         };
         match loaded {
@@ -254,19 +324,19 @@ impl PersistentCache {
     /// removed from memory and the warning is returned as `Err` (the file was not touched).
     pub fn clear(&mut self, prefix: Option<&str>) -> Result<usize, String> {
         let matches = |key: &String| prefix.is_none_or(|p| key.starts_with(p));
-        if let Some(warning) = &self.memory_only {
+        if let Some(problem) = &self.memory_only {
             let before = self.entries.len();
             self.entries.retain(|k, _| !matches(k));
             let removed = before - self.entries.len();
-            return Err(format!("{warning}; removed {removed} entries from memory only"));
+            return Err(format!("cannot clear: {problem}; removed {removed} entries from memory only"));
         }
         let result = self.with_lock(|cache| {
-            let mut disk = cache.read_locked()?;
+            let (mut disk, bad) = cache.read_locked()?;
             let before = disk.len();
             disk.retain(|k, _| !matches(k));
             let removed = before - disk.len();
             if removed > 0 {
-                cache.write_locked(&disk)?;
+                cache.write_locked(&disk, &bad)?;
             }
             Ok((disk, removed))
         });
@@ -286,8 +356,41 @@ impl PersistentCache {
         self.memory_only.is_none()
     }
 
+    /// Every warning so far, oldest first: those of `open`, then any a later `put` or
+    /// `clear` added (a file damaged behind our back, an entry set aside); a caller that
+    /// prints them remembers how many it has printed.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// Load the file without writing anything; returns how many entries it holds. For a
+    /// cache that cannot (or must not) write: a damaged file or entry gives a warning and
+    /// is left where it is.
+    fn load_read_only(&mut self) -> usize {
+        match self.read_state() {
+            Ok(DiskState::Missing) => {}
+            Ok(DiskState::Parsed(entries, bad)) => {
+                self.warn_skipped(&bad);
+                self.entries = entries;
+            }
+            Ok(DiskState::Bad(problem)) => self.warnings.push(format!(
+                "tuning cache {} is unreadable ({problem}); it is ignored and left as it is",
+                self.path.display()
+            )),
+            Err(e) => self.warnings.push(format!("cannot read tuning cache {} ({e})", self.path.display())),
+        }
+        self.entries.len()
+    }
+
+    fn warn_skipped(&mut self, bad: &[BadEntry]) {
+        for b in bad {
+            self.warnings.push(format!(
+                "tuning cache {}: entry `{}` is unreadable ({}); it is skipped, the other entries are used",
+                self.path.display(),
+                b.key,
+                b.why
+            ));
+        }
     }
 
     /// Switch to in-memory for the rest of this object's life, record the warning, and
@@ -296,7 +399,7 @@ impl PersistentCache {
     fn go_memory_only(&mut self, problem: String) -> String {
         let warning = format!("{problem}; tuning results are kept in memory only for this run");
         self.warnings.push(warning.clone());
-        self.memory_only = Some(warning.clone());
+        self.memory_only = Some(problem);
         warning
     }
 
@@ -320,9 +423,19 @@ impl PersistentCache {
         let lock = self.open_lock_file()?;
         // std's `File::lock` is `flock(LOCK_EX)` on Unix (`LockFileEx` on Windows): it is
         // released by the kernel if the process dies, so a crashed tuner never wedges the
-        // cache. The MSRV lint fires because the workspace declares 1.85; `File::lock` is
-        // stable since 1.89, the toolchain this workspace builds with.
-        lock.lock()?;
+        // cache. Another process holding it (a long tuning run writing, a stopped process)
+        // makes us wait: say so first, or a waiting `ejc tune` looks hung.
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                eprintln!(
+                    "ejc: waiting for the tuning cache lock at {} (held by another process)...",
+                    self.lock_path().display()
+                );
+                lock.lock()?;
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
         let result = f(self);
         drop(lock);
         result
@@ -333,20 +446,24 @@ impl PersistentCache {
     fn read_state(&self) -> std::io::Result<DiskState> {
         match std::fs::read(&self.path) {
             Ok(bytes) => Ok(match parse(&bytes, &self.machine) {
-                Ok(entries) => DiskState::Parsed(entries),
+                Ok((entries, bad)) => DiskState::Parsed(entries, bad),
                 Err(problem) => DiskState::Bad(problem),
             }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(DiskState::Missing),
+            // No file, or no directory to hold one (a path through a regular file).
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
+                Ok(DiskState::Missing)
+            }
             Err(e) => Err(e),
         }
     }
 
     /// Read the file while holding the lock; a bad file is moved aside (with a warning) and
-    /// counts as empty, so the write that follows rebuilds it.
-    fn read_locked(&mut self) -> std::io::Result<BTreeMap<String, CacheEntry>> {
+    /// counts as empty, so the write that follows rebuilds it. The entries that do not read
+    /// come back apart: a write that follows keeps them aside first ([`Self::write_locked`]).
+    fn read_locked(&mut self) -> std::io::Result<(BTreeMap<String, CacheEntry>, Vec<BadEntry>)> {
         match self.read_state()? {
-            DiskState::Missing => Ok(BTreeMap::new()),
-            DiskState::Parsed(entries) => Ok(entries),
+            DiskState::Missing => Ok((BTreeMap::new(), Vec::new())),
+            DiskState::Parsed(entries, bad) => Ok((entries, bad)),
             DiskState::Bad(problem) => {
                 let aside = self.set_aside()?;
                 self.warnings.push(format!(
@@ -355,14 +472,14 @@ impl PersistentCache {
                     self.path.display(),
                     aside.display()
                 ));
-                Ok(BTreeMap::new())
+                Ok((BTreeMap::new(), Vec::new()))
             }
         }
     }
 
-    /// Move the bad file to the first free name of `<name>.corrupt`, `<name>.corrupt.1`, ...:
-    /// an earlier damaged file someone has not looked at yet is not overwritten either.
-    fn set_aside(&self) -> std::io::Result<PathBuf> {
+    /// The first free name of `<name>.corrupt`, `<name>.corrupt.1`, ...: an earlier damaged
+    /// file someone has not looked at yet is not overwritten.
+    fn free_aside_name(&self) -> PathBuf {
         let mut aside = sibling(&self.path, ".corrupt");
         for n in 1..1000 {
             if !aside.exists() {
@@ -370,15 +487,53 @@ impl PersistentCache {
             }
             aside = sibling(&self.path, &format!(".corrupt.{n}"));
         }
+        aside
+    }
+
+    /// Move the bad file to the first free `.corrupt` name.
+    fn set_aside(&self) -> std::io::Result<PathBuf> {
+        let aside = self.free_aside_name();
         std::fs::rename(&self.path, &aside)?;
         Ok(aside)
+    }
+
+    /// Keep the raw text of entries that do not read in the first free `.corrupt` name (a
+    /// cache file of their own, so they can be mended and merged back by hand), before a
+    /// write drops them from the file. Under the lock.
+    fn keep_bad_aside(&mut self, bad: &[BadEntry]) -> std::io::Result<()> {
+        if bad.is_empty() {
+            return Ok(());
+        }
+        let raw: serde_json::Map<String, serde_json::Value> =
+            bad.iter().map(|b| (b.key.clone(), b.raw.clone())).collect();
+        let doc = serde_json::json!({"format": FORMAT, "machine": self.machine, "entries": raw});
+        let mut bytes = serde_json::to_vec_pretty(&doc).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        let aside = self.free_aside_name();
+        // `create_new`: never overwrite, even if the name was taken since we looked.
+        let mut file = OpenOptions::new().write(true).create_new(true).open(&aside)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
+        let keys: Vec<String> = bad.iter().map(|b| format!("`{}`", b.key)).collect();
+        self.warnings.push(format!(
+            "tuning cache {}: dropped {} unreadable entr{} ({}) from the file; {} kept in {}",
+            self.path.display(),
+            bad.len(),
+            if bad.len() == 1 { "y" } else { "ies" },
+            keys.join(", "),
+            if bad.len() == 1 { "its text is" } else { "their text is" },
+            aside.display()
+        ));
+        Ok(())
     }
 
     /// Write `entries` as the whole file: temp file in the same directory, fsync, rename.
     /// The same directory because rename is atomic only within one file system. The fsync
     /// before the rename because otherwise, after a crash, the rename can reach the disk
-    /// before the data and leave an empty file under the real name.
-    fn write_locked(&self, entries: &BTreeMap<String, CacheEntry>) -> std::io::Result<()> {
+    /// before the data and leave an empty file under the real name. `bad` (entries of the
+    /// old file that did not read) are kept aside first: the new file no longer has them.
+    fn write_locked(&mut self, entries: &BTreeMap<String, CacheEntry>, bad: &[BadEntry]) -> std::io::Result<()> {
+        self.keep_bad_aside(bad)?;
         let out = FileOut { format: FORMAT, machine: &self.machine, entries };
         let mut bytes = serde_json::to_vec_pretty(&out).map_err(std::io::Error::other)?;
         bytes.push(b'\n');
@@ -422,8 +577,11 @@ fn sibling(path: &Path, suffix: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
-/// Parse a cache file; the error says what is wrong in words a user can act on.
-fn parse(bytes: &[u8], machine: &str) -> Result<BTreeMap<String, CacheEntry>, String> {
+/// Parse a cache file; the error says what is wrong in words a user can act on. Entries
+/// are read one by one: one that is not a [`CacheEntry`] comes back apart (with why), it
+/// does not cost the others.
+#[allow(clippy::type_complexity)]
+fn parse(bytes: &[u8], machine: &str) -> Result<(BTreeMap<String, CacheEntry>, Vec<BadEntry>), String> {
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not valid JSON: {e}"))?;
     let serde_json::Value::Object(mut top) = value else {
         return Err("not a JSON object".to_string());
@@ -446,13 +604,18 @@ fn parse(bytes: &[u8], machine: &str) -> Result<BTreeMap<String, CacheEntry>, St
     let Some(serde_json::Value::Object(raw)) = top.remove("entries") else {
         return Err("no `entries` object".to_string());
     };
-    // Entry by entry, so the message names the key that is wrong.
+    // Entry by entry, so one bad entry costs only itself, and the message names it.
     let mut entries = BTreeMap::new();
+    let mut bad = Vec::new();
     for (key, value) in raw {
-        let entry = serde_json::from_value(value).map_err(|e| format!("entry `{key}`: {e}"))?;
-        entries.insert(key, entry);
+        match CacheEntry::deserialize(&value) {
+            Ok(entry) => {
+                entries.insert(key, entry);
+            }
+            Err(e) => bad.push(BadEntry { key, raw: value, why: e.to_string() }),
+        }
     }
-    Ok(entries)
+    Ok((entries, bad))
 }
 
 #[cfg(test)]

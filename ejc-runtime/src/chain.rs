@@ -244,10 +244,20 @@ impl Chain {
                 return Ok(self.chosen(Source::Memory, &k, c));
             }
         }
-        // 4. The persistent cache (then remembered in memory).
+        // 4. The persistent cache (then remembered in memory) — if what it holds is one of
+        // the candidates: a file is only data (edited by hand, written by a damaged process),
+        // and a configuration that was never built must not be reported as the winner.
         if let Some(entry) = self.persistent.as_ref().and_then(|p| p.get(&k)).cloned() {
-            self.memory.insert(k.clone(), (entry.config.clone(), Source::Persistent));
-            return Ok(self.chosen(Source::Persistent, &k, entry.config));
+            if t.candidates().contains(&entry.config) {
+                self.memory.insert(k.clone(), (entry.config.clone(), Source::Persistent));
+                return Ok(self.chosen(Source::Persistent, &k, entry.config));
+            }
+            let path = self.persistent.as_ref().map(|p| p.path().display().to_string()).unwrap_or_default();
+            self.emit(Event::Warning(format!(
+                "the tuning cache {path} holds {} for {k}, which is not one of this call's candidates; the entry is \
+                 ignored (tuning again replaces it)",
+                config_id(&entry.config)
+            )));
         }
         // 5. Autotune.
         if self.policy.allow_autotune {
@@ -281,7 +291,17 @@ impl Chain {
                             .unwrap_or(0),
                     };
                     if let Some(p) = self.persistent.as_mut() {
-                        if let Err(w) = p.put(&k, entry) {
+                        // The put's own warnings (damage found under the lock, entries set
+                        // aside), then its failure, if it failed.
+                        let seen = p.warnings().len();
+                        let result = p.put(&k, entry);
+                        let mut warnings = p.warnings()[seen..].to_vec();
+                        if let Err(w) = result {
+                            if !warnings.contains(&w) {
+                                warnings.push(w);
+                            }
+                        }
+                        for w in warnings {
                             self.emit(Event::Warning(w));
                         }
                     }

@@ -105,6 +105,15 @@ pub fn call_key(
     }
 }
 
+/// The worker threads a CPU call runs on: `threads`, or every core for 0.
+pub fn cpu_threads(threads: usize) -> usize {
+    if threads == 0 {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    } else {
+        threads
+    }
+}
+
 /// A full cache key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CacheKey {
@@ -114,6 +123,17 @@ pub struct CacheKey {
     pub call: String,
     pub candidates: String,
     pub compiler: String,
+}
+
+impl CacheKey {
+    /// The key of a CPU call on `threads` worker threads (resolved: see [`cpu_threads`]):
+    /// the call part gets `-<threads>t`, so a configuration tuned on one thread count is not
+    /// taken for another. Keys written before the thread count was part of them simply
+    /// miss (the call is tuned again); they are still read and listed.
+    pub fn with_threads(mut self, threads: usize) -> CacheKey {
+        self.call = format!("{}-{threads}t", self.call);
+        self
+    }
 }
 
 impl fmt::Display for CacheKey {
@@ -140,6 +160,24 @@ mod tests {
         let x = candidates_checksum(&["m64_n32".into(), "m128_n64".into()]);
         assert_eq!(x, candidates_checksum(&["m128_n64".into(), "m64_n32".into()]));
         assert_ne!(x, candidates_checksum(&["m64_n32".into()]));
+    }
+
+    #[test]
+    fn thread_count_is_part_of_a_cpu_key() {
+        let k = CacheKey {
+            device: "cpu|x|avx2|2t".into(),
+            op: "op@1".into(),
+            call: "abcd".into(),
+            candidates: "c".into(),
+            compiler: "0.1.0".into(),
+        };
+        let one = k.clone().with_threads(1);
+        let two = k.clone().with_threads(2);
+        assert_ne!(one.to_string(), two.to_string());
+        assert_ne!(one.to_string(), k.to_string());
+        assert_eq!(two.to_string(), "cpu|x|avx2|2t|op@1|abcd-2t|c|0.1.0");
+        assert_eq!(cpu_threads(3), 3);
+        assert!(cpu_threads(0) >= 1);
     }
 
     #[test]

@@ -299,6 +299,13 @@ impl Tunable for Tuner<'_, '_> {
         let dims = self.op.dims_of(&self.sizes);
         let dims: Vec<String> =
             self.op.dims().iter().filter_map(|d| dims.get(d.name).map(|v| format!("{}={v}", d.name))).collect();
-        format!("{} {} {} {}", self.op.name(), self.dtype, dims.join(","), self.op.describe(&self.wanted))
+        let mut text =
+            format!("{} {} {} {}", self.op.name(), self.dtype, dims.join(","), self.op.describe(&self.wanted));
+        #[allow(irrefutable_let_patterns)] // without the `cuda` feature the CPU is the only device
+        if let Device::Cpu { threads, .. } = &self.device {
+            let n = crate::key::cpu_threads(*threads);
+            text.push_str(&format!(" ({n} thread{})", if n == 1 { "" } else { "s" }));
+        }
+        text
     }
 }

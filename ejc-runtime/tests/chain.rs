@@ -239,3 +239,31 @@ fn the_real_key_changes_with_candidates_and_compiler_but_not_with_values() {
     let w = CallFeatures { causal: true, window: Some((8, 0)), ..Default::default() }.to_json();
     assert_ne!(base, call_key("cpu|x", op, 1, "0.1.0", &w, DType::BF16, &sizes(1000, 1000), &ids));
 }
+
+/// A cache entry whose configuration is not one of the call's candidates (edited by hand,
+/// or written for another build under the same key) is not reported as the winner: a
+/// warning, the entry ignored, the call tuned again, and the entry replaced.
+#[test]
+fn a_cached_winner_that_is_not_a_candidate_is_ignored_and_retuned() {
+    let dir = temp("not-a-candidate");
+    let (mut c, _) = chain(Policy::default(), &dir);
+    c.choose(&key("e"), None, &Fake::new()).unwrap();
+    // Edit the file: block_m 96 was never built.
+    let path = c.persistent().unwrap().path().to_path_buf();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    json["entries"][key("e").to_string()]["config"]["block_m"] = 96.into();
+    std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+
+    let (mut c2, log) = chain(Policy::default(), &dir);
+    assert_eq!(c2.persistent().unwrap().get(&key("e").to_string()).unwrap().config, cfg(96, 64));
+    let t = Fake::new();
+    let choice = c2.choose(&key("e"), None, &t).unwrap();
+    assert_eq!((choice.source, choice.config), (Source::Autotune, cfg(128, 64)));
+    assert_eq!(t.tunes.get(), 1, "tuned again");
+    let events = log.lock().unwrap().join("\n");
+    assert!(events.contains("warning") && events.contains("m96_n64") && events.contains("not one of"), "{events}");
+    let (c3, _) = chain(Policy::default(), &dir);
+    assert_eq!(c3.persistent().unwrap().get(&key("e").to_string()).unwrap().config, cfg(128, 64), "replaced");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,7 +17,12 @@ pub enum Action {
 }
 
 pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
-    let dir = cache_dir.unwrap_or_else(PersistentCache::default_dir);
+    let Some(dir) = cache_dir.or_else(PersistentCache::default_dir) else {
+        return Outcome::Error(
+            "error: no tuning cache directory: none of EJC_CACHE_DIR, XDG_CACHE_HOME or HOME is set (pass --cache-dir)"
+                .into(),
+        );
+    };
     // This CPU's file first (shown even when empty), then every other device's.
     let cpu = cpu_fingerprint();
     let mut devices = vec![cpu.clone()];
@@ -25,7 +30,12 @@ pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
     let mut shown = 0;
     let mut index = 0;
     for device in &devices {
-        let mut cache = PersistentCache::open(&dir, device);
+        // Looking never writes (no directory, no lock file, nothing moved aside): a cache
+        // that is read-only, or damaged, is listed as it is.
+        let mut cache = match action {
+            Action::Clear => PersistentCache::open(&dir, device),
+            Action::Ls | Action::Show(_) => PersistentCache::open_read_only(&dir, device),
+        };
         for w in cache.warnings() {
             eprintln!("warning: {w}");
         }

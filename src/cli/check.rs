@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use ejc_ir::op::instances;
-use ejc_ir::passes::{default_pipeline, run_pipeline};
+use ejc_ir::passes::{default_pipeline, run_pipeline, PassError};
 
 use super::{load_spec, Outcome};
 
@@ -19,9 +19,19 @@ pub fn run(path: &Path) -> Outcome {
     for inst in &all {
         // A front-end or pass failure here is a compiler bug, but it is reported
         // with the kernel's id rather than a panic.
-        let built = op.build(&spec, inst).and_then(|k| run_pipeline(&k, &pipeline).map_err(|e| e.to_string()));
-        if let Err(e) = built {
-            return Outcome::Error(format!("error: {}: kernel `{}` does not build: {e}", path.display(), inst.id));
+        let built = match op.build(&spec, inst) {
+            Ok(k) => run_pipeline(&k, &pipeline),
+            Err(e) => {
+                return Outcome::Error(format!("error: {}: kernel `{}` does not build: {e}", path.display(), inst.id))
+            }
+        };
+        match built {
+            Ok(_) => {}
+            // The environment's fault, not the kernel's: say which file could not be written.
+            Err(e @ PassError::Dump { .. }) => return Outcome::Error(format!("error: {e}")),
+            Err(e) => {
+                return Outcome::Error(format!("error: {}: kernel `{}` does not build: {e}", path.display(), inst.id))
+            }
         }
     }
     let launch: Vec<&str> =
@@ -36,7 +46,7 @@ pub fn run(path: &Path) -> Outcome {
     println!(
         "ok: {}: `{}` ({}@{}): {} variants x {} dtypes{} = {} instances; {} tile programs (all verified); \
          {} candidates (plans x tilings x run-time axes) x {} GPU configurations = {} GPU candidates; targets: {}",
-        path.display(),
+        ejc_ir::limits::escape_controls(&path.display().to_string()),
         spec.name,
         spec.op,
         spec.version,

@@ -42,6 +42,9 @@ pub fn run(req: &Request) -> Outcome {
         }
         other => return Outcome::Error(format!("error: unknown backend `{other}`")),
     }
+    if let Err(e) = ejc_ir::limits::worker_threads(req.threads) {
+        return Outcome::Error(format!("error: --threads: {e}"));
+    }
     let p = match Problem::from_flags(&req.problem) {
         Ok(p) => p,
         Err(o) => return o,
@@ -103,18 +106,21 @@ pub fn run(req: &Request) -> Outcome {
     };
     if req.force && r.source == Source::Persistent {
         if let Some(c) = rt.chain(&r.device).persistent_mut() {
-            let _ = c.clear(Some(&r.key));
+            if let Err(w) = c.clear(Some(&r.key)) {
+                eprintln!("warning: --force: the cached entry stays: {w}");
+            }
         }
-        let mut fresh = Runtime::new(RuntimeOptions {
+        rt = match Runtime::new(RuntimeOptions {
             kernels: vec![built.dir.clone()],
             cache_dir: req.cache_dir.clone(),
             policy: Some(policy),
             log: false,
-        });
-        r = match fresh.as_mut().map_err(|e| e.to_string()).and_then(|rt| {
-            let mut call = Call::from_host(&host);
-            rt.call(p.op.name(), &wanted, &mut call, &o).map_err(|e| e.to_string())
         }) {
+            Ok(fresh) => fresh,
+            Err(e) => return Outcome::Error(format!("error: {e}")),
+        };
+        let mut again = Call::from_host(&host);
+        r = match rt.call(p.op.name(), &wanted, &mut again, &o) {
             Ok(r) => r,
             Err(e) => return Outcome::Error(format!("error: {e}")),
         };
@@ -131,9 +137,11 @@ pub fn run(req: &Request) -> Outcome {
         }
     }
     let errs = compare_outputs(p.op, &v.features, &got, &want);
-    let dir = req.cache_dir.clone().unwrap_or_else(PersistentCache::default_dir);
-    let cache = PersistentCache::open(&dir, &r.device);
-    let entry = cache.get(&r.key).cloned();
+    // The entry as this run's cache holds it (in memory too, where it could not be
+    // written), and whether the file has it: looked at read-only, nothing is written here.
+    let entry = rt.chain(&r.device).persistent().and_then(|c| c.get(&r.key)).cloned();
+    let dir = req.cache_dir.clone().or_else(PersistentCache::default_dir);
+    let disk = dir.as_ref().map(|d| PersistentCache::open_read_only(d, &r.device));
     println!("call: {} {} {} {}", p.op.name(), p.dtype, p.dims_text(), p.op.describe(&wanted));
     println!("key:  {}", r.key);
     if let Some(entry) = &entry {
@@ -158,10 +166,14 @@ pub fn run(req: &Request) -> Outcome {
     }
     let errs_text: Vec<String> = errs.iter().map(|(n, rel, _)| format!("{n} rel_err={rel:.2e}")).collect();
     println!("winner: {} ({}) plan {}: {}", config_id(&r.config), r.source, r.plan, errs_text.join(" "));
-    if cache.is_persistent() && entry.is_some() {
-        println!("stored in {}", cache.path().display());
-    } else {
-        println!("not stored: the cache location {} is not writable (in-memory only)", cache.path().display());
+    match &disk {
+        Some(d) if d.get(&r.key).is_some() => println!("stored in {}", d.path().display()),
+        Some(d) => println!(
+            "not stored: the tuning cache {} could not be written (see the warning above); the result served this \
+             run only",
+            d.path().display()
+        ),
+        None => println!("not stored: no cache directory (set EJC_CACHE_DIR, or pass --cache-dir)"),
     }
     Outcome::Ok
 }

@@ -233,8 +233,7 @@ impl DslBuild {
             if !seen.insert(id.clone()) {
                 return Err(CodegenError::Empty(format!("build `{}` has two kernels named `{id}`", self.name)));
             }
-            let k = run_pipeline(&raw, &pipeline)
-                .map_err(|e| CodegenError::Kernel { kernel: id.clone(), message: e.to_string() })?;
+            let k = run_pipeline(&raw, &pipeline).map_err(|e| super::pipeline_error(&id, e))?;
             kernels.push(k);
             metas.push((id, meta));
         }

@@ -163,7 +163,10 @@ pub fn link_shared_library(objects: &[&[u8]], out: &Path) -> Result<(), CodegenE
     let mut paths = Vec::new();
     for (i, obj) in objects.iter().enumerate() {
         let p = tmp.join(format!("part{i}.o"));
-        std::fs::write(&p, obj).map_err(|error| CodegenError::Io { path: p.clone(), error })?;
+        if let Err(error) = std::fs::write(&p, obj) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(CodegenError::Io { path: p, error });
+        }
         paths.push(p);
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
@@ -175,16 +178,21 @@ pub fn link_shared_library(objects: &[&[u8]], out: &Path) -> Result<(), CodegenE
         .arg(&partial)
         .args(&paths)
         .output()
-        .map_err(|e| CodegenError::Link(format!("cannot run `{cc}` to link {}: {e}", out.display())))?;
+        .map_err(|e| CodegenError::Link(format!("cannot run `{cc}` to link {}: {e}", out.display())));
     let _ = std::fs::remove_dir_all(&tmp);
+    let status = status?;
     if !status.status.success() {
+        let _ = std::fs::remove_file(&partial);
         return Err(CodegenError::Link(format!(
             "`{cc} -shared` failed for {}: {}",
             out.display(),
             String::from_utf8_lossy(&status.stderr)
         )));
     }
-    std::fs::rename(&partial, out).map_err(|error| CodegenError::Io { path: out.to_path_buf(), error })
+    std::fs::rename(&partial, out).map_err(|error| {
+        let _ = std::fs::remove_file(&partial);
+        CodegenError::Io { path: out.to_path_buf(), error }
+    })
 }
 
 fn tempdir_for(out: &Path) -> Result<std::path::PathBuf, CodegenError> {

@@ -220,17 +220,32 @@ pub(crate) fn dump(kernel: &str, form: Form, stage: &str, module: &Module) -> Re
 }
 
 /// The on-disk cache of compiled MLIR: `$EJC_CACHE_DIR/mlir`, else
-/// `$XDG_CACHE_HOME/ejc/mlir`, else `~/.cache/ejc/mlir`.
-pub fn cache_dir() -> PathBuf {
-    ejc_ir::cache_dir::default_dir().join("mlir")
+/// `$XDG_CACHE_HOME/ejc/mlir`, else `~/.cache/ejc/mlir`; none without any of them (code
+/// is then compiled every time, and a warning says so once per process).
+pub fn cache_dir() -> Option<PathBuf> {
+    let dir = ejc_ir::cache_dir::default_dir().map(|d| d.join("mlir"));
+    if dir.is_none() {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: {}; compiled MLIR is not cached (every process compiles it again)",
+                ejc_ir::cache_dir::NO_DIR
+            )
+        });
+    }
+    dir
 }
+
+/// The layout of a cache entry: this line (with the SHA-256 of what follows), then the
+/// object or PTX. Part of the cache key too, so entries of another layout are never read.
+const CACHE_FORMAT: &str = "ejc-mlir-cache/2";
 
 /// The cache key of a compilation: the module text, every stage, the target and the
 /// compiler (ejc and MLIR) versions.
 pub(crate) fn cache_key(module_text: &str, stages: &[String], target: &str) -> String {
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
-    for part in [crate::COMPILER_VERSION, "mlir-22", target] {
+    for part in [crate::COMPILER_VERSION, "mlir-22", CACHE_FORMAT, target] {
         h.update(part.as_bytes());
         h.update([0]);
     }
@@ -242,16 +257,56 @@ pub(crate) fn cache_key(module_text: &str, stages: &[String], target: &str) -> S
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Write `bytes` to `path` through a temporary file and a rename, so a concurrent
-/// reader never sees half a file. A cache that cannot be written is not an error.
+/// reader never sees half a file. The first line records the SHA-256 of `bytes`
+/// ([`cache_get`] checks it): code loaded from disk is code this process runs, and a
+/// flipped bit or a patched constant must not run silently. A cache that cannot be
+/// written is not an error.
 pub(crate) fn cache_put(path: &Path, bytes: &[u8]) {
     if let Some(dir) = path.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
+    let mut file = format!("{CACHE_FORMAT} sha256={}\n", sha256_hex(bytes)).into_bytes();
+    file.extend_from_slice(bytes);
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    match std::fs::write(&tmp, &file) {
+        Ok(()) => {
+            if std::fs::rename(&tmp, path).is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+        Err(_) => {
+            let _ = std::fs::remove_file(&tmp);
+        }
     }
+}
+
+/// The entry at `path` if there is one and it is intact: its recorded SHA-256 matches
+/// what follows. A damaged entry is reported, removed, and `None` (the caller compiles
+/// again and writes a new one).
+pub(crate) fn cache_get(path: &Path) -> Option<Vec<u8>> {
+    let file = std::fs::read(path).ok()?;
+    let intact = (|| {
+        let nl = file.iter().position(|b| *b == b'\n')?;
+        let head = std::str::from_utf8(&file[..nl]).ok()?;
+        let want = head.strip_prefix(CACHE_FORMAT)?.strip_prefix(" sha256=")?;
+        let body = &file[nl + 1..];
+        (sha256_hex(body) == want).then(|| body.to_vec())
+    })();
+    if intact.is_none() {
+        eprintln!(
+            "warning: MLIR cache entry {} is damaged (its SHA-256 does not match the one recorded with it); \
+             discarded, compiling again",
+            path.display()
+        );
+        let _ = std::fs::remove_file(path);
+    }
+    intact
 }
 
 /// PTX of a kernel through the GPU form.
@@ -286,7 +341,7 @@ pub fn compile_gpu(k: &Kernel, opts: GpuOptions) -> Result<GpuPtx, MlirError> {
     let text = module.as_operation().to_string();
     let stage_texts: Vec<String> = stages.iter().map(|(_, p)| p.clone()).collect();
     let key = cache_key(&text, &stage_texts, &format!("ptx:{}:{}", opts.chip, opts.threads));
-    let path = cache_dir().join(format!("{key}.ptx"));
+    let path = cache_dir().map(|d| d.join(format!("{key}.ptx")));
     let done = |ptx: String, cached: bool| GpuPtx {
         ptx,
         entry: info.entry.clone(),
@@ -294,7 +349,7 @@ pub fn compile_gpu(k: &Kernel, opts: GpuOptions) -> Result<GpuPtx, MlirError> {
         scratch_bytes: info.scratch_bytes,
         cached,
     };
-    if let Ok(ptx) = std::fs::read_to_string(&path) {
+    if let Some(ptx) = path.as_deref().and_then(cache_get).and_then(|b| String::from_utf8(b).ok()) {
         return Ok(done(ptx, true));
     }
     dump(&k.name, form, "0-translated", &module)?;
@@ -304,7 +359,9 @@ pub fn compile_gpu(k: &Kernel, opts: GpuOptions) -> Result<GpuPtx, MlirError> {
     }
     let printed = module.as_operation().to_string();
     let ptx = extract_isa(&printed).ok_or_else(|| gpu_err("gpu-module-to-binary produced no PTX".into()))?;
-    cache_put(&path, ptx.as_bytes());
+    if let Some(path) = &path {
+        cache_put(path, ptx.as_bytes());
+    }
     Ok(done(ptx, false))
 }
 

@@ -75,7 +75,8 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
 pub enum PassError {
     #[error("pass `{pass}` produced invalid IR: {error}")]
     Invalid { pass: String, error: VerifyError },
-    #[error("EJC_DUMP_IR: cannot write {path}: {error}")]
+    /// Not the kernel's fault: the dump `EJC_DUMP_IR` asks for could not be written.
+    #[error("EJC_DUMP_IR: could not write the IR dump to {path}: {error}")]
     Dump { path: PathBuf, error: std::io::Error },
 }
 
@@ -95,10 +96,9 @@ pub fn run_pipeline_with(
         std::env::var_os("EJC_DUMP_IR").filter(|d| !d.is_empty()).map(|d| PathBuf::from(d).join(&kernel.name));
     let dump = |step: usize, name: &str, k: &Kernel| -> Result<(), PassError> {
         if let Some(dir) = &dump_dir {
+            std::fs::create_dir_all(dir).map_err(|error| PassError::Dump { path: dir.clone(), error })?;
             let path = dir.join(format!("{step:02}-{name}.tir"));
-            std::fs::create_dir_all(dir)
-                .and_then(|_| std::fs::write(&path, print_kernel(k)))
-                .map_err(|error| PassError::Dump { path, error })?;
+            std::fs::write(&path, print_kernel(k)).map_err(|error| PassError::Dump { path, error })?;
         }
         Ok(())
     };
