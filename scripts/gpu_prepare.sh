@@ -8,7 +8,9 @@
 #   bash scripts/gpu_prepare.sh --ops      # every operation and plan through the generic runtime: flash_decode
 #                                          # (both plans), mean pooling, a flash slice of every code path, and
 #                                          # the benchmark sets (gpu_run.sh --ops, then gpu_run.sh --ops-bench)
-# (four packs: together they would pass the device tool's 64 MiB.)
+#   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
+#                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
+# (five packs: together they would pass the device tool's 64 MiB.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
@@ -23,6 +25,22 @@ if [ "${1:-}" = "--mlir" ]; then
     $EJC build specs/flash.yaml -q --target mlir:gpu --block-m 64 --block-n 32 -o .gpu/mlir
     tar -C .gpu -czf .gpu/artifacts.tgz mlir
     rm -rf .gpu/mlir
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--hostile" ]; then
+    # Kernel-level hostility (gpu_run.sh --hostile): a sample of every operation's kernels
+    # for memcheck/racecheck, zero-sized axes and tensors just past 2^31 elements.
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --variant varlen_causal \
+        --variant sliding_window --dtype bf16 --head-dim 128 --block-m 128 --block-n 128 --num-stages 2 --num-warps 8 \
+        -o .gpu/hostile_flash
+    $EJC build specs/flash.yaml -q --target ptx:sm_80 --variant full --variant causal --variant varlen_causal \
+        --dtype f16 --head-dim 64 --block-m 128 --block-n 64 --num-stages 2 --num-warps 4 -o .gpu/hostile_flash80
+    $EJC build specs/flash_decode.yaml -q --target ptx:sm_90a --variant full --variant gpt_oss --dtype bf16 \
+        --head-dim 128 --block-n 128 -o .gpu/hostile_decode
+    $EJC build specs/mean_pooling.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 -o .gpu/hostile_pool
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz hostile_flash hostile_flash80 hostile_decode hostile_pool
+    rm -rf .gpu/hostile_flash .gpu/hostile_flash80 .gpu/hostile_decode .gpu/hostile_pool
     du -sh .gpu/*
     exit 0
 fi

@@ -11,6 +11,8 @@
 #   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths; EJC_ONLY=TEXT: those candidates)
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
+#   bash scripts/gpu_run.sh --hostile    # samples of every operation (`gpu_prepare.sh --hostile`): zero-sized axes,
+#                                        # memcheck and racecheck, one tensor just past 2^31 elements (EJC_BIG=0: not that)
 #   bash scripts/gpu_run.sh --ops        # every operation and plan (`gpu_prepare.sh --ops`): checks, memcheck, tune/call, CuPy
 #   bash scripts/gpu_run.sh --ops-bench  # decode rows (both plans vs cuDNN, FA2), pooling vs torch, 3 flash rows
 #   bash scripts/gpu_run.sh --ops-cli    # the compiler on the GPU: `ejc tune --backend cuda` stores a winner that the
@@ -67,6 +69,64 @@ memcheck() {  # memcheck SET FILTER
     echo "compute-sanitizer not found: memcheck skipped" | tee -a "$OUT/summary.txt"
 }
 
+racecheck() {  # racecheck SET FILTER: shared-memory hazards on one sample
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 300 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
+            ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" --seed "$SEED" --filter "$2" 2>&1 | tail -4 | tee -a "$OUT/racecheck.log"
+        local rc=${PIPESTATUS[0]}
+        echo "racecheck $1 $2: exit $rc" | tee -a "$OUT/summary.txt"
+        return "$rc"
+    fi
+    echo "compute-sanitizer not found: racecheck skipped" | tee -a "$OUT/summary.txt"
+}
+
+# one_case SET FILTER SIZES: every candidate matching FILTER on one call of SIZES.
+one_case() {
+    local log="$OUT/case_$1_$(echo "$3" | tr ',=' '_-').log"
+    /usr/bin/time -f "%e s, %M KB peak" timeout "${EJC_TIMEOUT:-400}" ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" --seed "$SEED" \
+        --filter "$2" --size "$3" > "$log" 2>&1
+    local rc=$?
+    grep -E '^(ok|FAIL)|passed|error' "$log" | tail -8
+    echo "case $1 [$2] $3: exit $rc ($(tail -1 "$log"))" | tee -a "$OUT/summary.txt"
+    return "$rc"
+}
+
+if [ "${1:-}" = "--hostile" ]; then
+    ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
+    if [ "${EJC_BIG:-1}" = 1 ] || [ "${EJC_BIG:-1}" = 0 ]; then
+        # The awkward cases of every sampled kernel, then zero-sized axes on each.
+        for set in hostile_flash hostile_flash80 hostile_decode hostile_pool; do check_set $set || status=1; done
+        for z in seq_q=0 seq_k=0 seq_q=0,seq_k=0; do
+            for set in hostile_flash hostile_flash80 hostile_decode; do one_case $set _ $z || status=1; done
+        done
+        one_case hostile_pool _ seq=0 || status=1
+        # Sanitizers on a sample of every operation (both entries where a kernel has two).
+        memcheck hostile_flash causal_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws || status=1
+        memcheck hostile_flash80 varlen_causal_f16_d64 || status=1
+        memcheck hostile_decode gpt_oss_bf16_d128_m64_n128_split@ptx:sm_90a/w4_s2_wgmma || status=1
+        memcheck hostile_pool bf16_d128 || status=1
+        racecheck hostile_flash causal_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws || status=1
+        racecheck hostile_flash causal_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma || status=1
+        racecheck hostile_flash80 causal_f16_d64 || status=1
+        racecheck hostile_decode gpt_oss_bf16_d128_m64_n128_split@ptx:sm_90a/w4_s2_wgmma || status=1
+        racecheck hostile_pool bf16_d128 || status=1
+    fi
+    # One tensor just past 2^31 elements: the input of pooling, k and v of decode's
+    # split plan, q (and out) of flash. The f64 reference and inputs on the host take
+    # minutes and up to ~70 GB here (EJC_BIG=0 leaves these out, EJC_BIG=only runs only them).
+    if [ "${EJC_BIG:-1}" = flash ]; then
+        one_case hostile_flash full_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws \
+            batch=1,seq_q=262145,seq_k=3,heads_q=64,heads_kv=64 || status=1
+        exit $status
+    fi
+    if [ "${EJC_BIG:-1}" != 0 ]; then
+        one_case hostile_pool pool_fwd_bf16_d128_h64@ptx:sm_90a/w4 batch=1,seq=1048577,heads=16,chunk_size=32 || status=1
+        one_case hostile_decode split@ptx:sm_90a/w4_s2_wgmma_ws batch=1,seq_q=1,seq_k=262145,heads_q=64,heads_kv=64 || status=1
+        one_case hostile_flash full_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws \
+            batch=1,seq_q=262145,seq_k=3,heads_q=64,heads_kv=64 || status=1
+    fi
+    exit $status
+fi
 if [ "${1:-}" = "--ops" ]; then
     ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
     for set in ops_decode ops_pool ops_flash ops_flash80; do check_set $set || status=1; done

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! ejc-gpu info
-//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]
+//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...]
 //! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--json FILE]
 //! ejc-gpu tune  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR] [--force]
 //! ejc-gpu call  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR]
@@ -21,7 +21,10 @@
 //! autotuner would pick it. `tune` runs the configuration chain with autotuning and
 //! stores the winner in this GPU's tuning cache; `call` runs one call through the
 //! runtime (`ejc_runtime::api::Runtime::call`), which takes the cached choice. Without a
-//! driver every command says so and exits 0.
+//! driver every command says so and exits 0 — after it has checked what it was given:
+//! its flags and their values, the build directory, its manifest and every artifact's
+//! SHA-256, and that the build has GPU artifacts of what was asked; a mistake there is an
+//! error (exit 2) on any machine, not a "skipped" that hides it until a GPU is at hand.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -38,7 +41,7 @@ use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N]\n  ejc-gpu bench DIR --variant V \
+        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...]\n  ejc-gpu bench DIR --variant V \
          --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--json FILE]\n  ejc-gpu tune DIR --variant V \
          --dtype D (--size ... | --shape ...) [--cache-dir DIR] [--force]\n  ejc-gpu call DIR --variant V --dtype D (--size ... | \
          --shape ...) [--cache-dir DIR]"
@@ -48,6 +51,49 @@ fn usage() -> ExitCode {
 
 fn flag(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+}
+
+/// A command's arguments: `DIR` first, then only the flags it knows (`valued` take a value,
+/// `switches` none). An unknown flag, a missing value or a second `DIR` is an error.
+fn check_args(cmd: &str, args: &[String], valued: &[&str], switches: &[&str]) -> Result<(), String> {
+    match args.first() {
+        None => return Err(format!("{cmd}: the build directory (DIR) is missing")),
+        Some(d) if d.starts_with("--") => {
+            return Err(format!("{cmd}: the build directory (DIR) comes first, not `{d}`"))
+        }
+        Some(_) => {}
+    }
+    let mut i = 1;
+    while i < args.len() {
+        let a = args[i].as_str();
+        if valued.contains(&a) {
+            match args.get(i + 1) {
+                Some(v) if !v.starts_with("--") => i += 2,
+                _ => return Err(format!("{cmd}: {a} needs a value")),
+            }
+        } else if switches.contains(&a) {
+            i += 1;
+        } else {
+            let mut known: Vec<&str> = valued.iter().chain(switches).copied().collect();
+            known.sort();
+            return Err(format!("{cmd}: unknown argument `{a}` (flags: {})", known.join(", ")));
+        }
+    }
+    Ok(())
+}
+
+/// The value of a numeric flag, if given; a value that does not parse is an error.
+fn number<T: std::str::FromStr>(args: &[String], name: &str) -> Result<Option<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    flag(args, name).map(|v| v.parse::<T>().map_err(|e| format!("{name} `{v}`: {e}"))).transpose()
+}
+
+/// A mistake in what the command was given: exit 2, on any machine.
+fn bad_input(m: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {m}");
+    ExitCode::from(2)
 }
 
 fn cuda_or_skip() -> Result<Arc<Cuda>, ExitCode> {
@@ -69,7 +115,8 @@ fn fail(m: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// The build's operation and registry (its GPU artifacts).
+/// The build's operation and registry (its GPU artifacts): the manifest is read and every
+/// artifact checked against its SHA-256; a build without GPU artifacts is an error.
 fn open(dir: &str) -> Result<(&'static dyn Operation, Registry), String> {
     let loaded = ejc_runtime::manifest::load(PathBuf::from(dir)).map_err(|e| e.to_string())?;
     let op = ejc_ir::ops::get(&loaded.manifest.spec.op)
@@ -77,6 +124,11 @@ fn open(dir: &str) -> Result<(&'static dyn Operation, Registry), String> {
     let mut reg = Registry::new();
     reg.load_manifest(dir).map_err(|e| e.to_string())?;
     reg.check_signatures().map_err(|e| e.to_string())?;
+    if reg.families(&Query::new(op.name()).platform(Platform::Cuda)).map_or(true, |f| f.is_empty()) {
+        return Err(format!(
+            "{dir}: the build has no GPU artifacts (build with `ejc build --target ptx` or `--target mlir:gpu`)"
+        ));
+    }
     Ok((op, reg))
 }
 
@@ -97,7 +149,8 @@ fn run_on_gpu(
     let mut back = Call::default();
     let outs = op.outputs(f);
     download_into(cuda, &dev, &outs, &mut back).map_err(|e| e.to_string())?;
-    let mut got = host.clone();
+    // Only the outputs: a copy of the inputs would cost as much as the run for large calls.
+    let mut got = HostCall { tensors: Default::default(), scalars: host.scalars.clone() };
     for n in outs {
         if let Some(t) = back.host_tensor(n) {
             got.tensors.insert(n.to_string(), t);
@@ -144,7 +197,10 @@ fn check_candidates<'r>(fam: &Family<'r>) -> Vec<Candidate<'r>> {
 type Case = std::rc::Rc<(HostCall, Sizes, std::collections::BTreeMap<String, ejc_ir::tensor::HostTensor>)>;
 
 fn check(args: &[String]) -> ExitCode {
-    let Some(dir) = args.first() else { return usage() };
+    if let Err(e) = check_args("check", args, &["--filter", "--seed", "--shard", "--size", "--shape"], &[]) {
+        return bad_input(e);
+    }
+    let dir = &args[0];
     let filter = flag(args, "--filter");
     // --shard I/N: every N-th candidate from the I-th, so N processes check a build in
     // parallel (loading PTX is the driver's JIT compile: CPU-bound, one core each).
@@ -158,16 +214,39 @@ fn check(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let seed: u64 = flag(args, "--seed").and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    });
+    let seed: u64 = match number(args, "--seed") {
+        Ok(s) => s.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        }),
+        Err(e) => return bad_input(e),
+    };
+    // Everything given is checked before the driver is looked for.
+    let (op, reg) = match open(dir) {
+        Ok(x) => x,
+        Err(e) => return bad_input(e),
+    };
+    // --size / --shape: one case of these sizes (the rest the first check case's)
+    // instead of the operation's awkward cases: zero-sized axes, tensors past 2^31
+    // elements (scripts/gpu_run.sh --hostile).
+    let given: Option<Sizes> = match (flag(args, "--shape"), flag(args, "--size")) {
+        (None, None) => None,
+        (shape, size) => {
+            let mut d = match shape.map(|s| parse_shape(op, &s)) {
+                Some(Ok(d)) => d,
+                Some(Err(e)) => return bad_input(format!("--shape: {e}")),
+                None => Sizes::new(),
+            };
+            if let Some(s) = size {
+                if let Err(e) = parse_dims(op, &s, &mut d) {
+                    return bad_input(format!("--size: {e}"));
+                }
+            }
+            Some(d)
+        }
+    };
     let cuda = match cuda_or_skip() {
         Ok(c) => c,
         Err(code) => return code,
-    };
-    let (op, reg) = match open(dir) {
-        Ok(x) => x,
-        Err(e) => return fail(e),
     };
     println!("device: {}   op: {}   seed: {seed} (--seed {seed} replays)", cuda.device_name(), op.name());
     let cc = cuda.compute_capability();
@@ -202,8 +281,19 @@ fn check(args: &[String]) -> ExitCode {
         let mut worst: Vec<(String, f64)> = Vec::new();
         let mut err = None;
         let mut aligned_ran = false;
-        for (i, dims) in op.check_dims(&fam.instance.keys).iter().enumerate() {
-            let key = format!("{:?} {i}", fam.instance);
+        // A case with an empty tensor may launch nothing (a zero grid), or take the
+        // general entry (a tensor map cannot describe an empty axis): the aligned entry
+        // is then not required to run.
+        let mut empty_case = false;
+        let mut all_dims = op.check_dims(&fam.instance.keys);
+        if let Some(g) = &given {
+            // The instance's compile-time keys (head_dim) stay the artifact's.
+            let mut d = all_dims.first().cloned().unwrap_or_default();
+            d.extend(g.iter().filter(|(k, _)| !fam.instance.keys.contains_key(*k)).map(|(k, v)| (k.clone(), *v)));
+            all_dims = vec![d];
+        }
+        for (i, dims) in all_dims.iter().enumerate() {
+            let key = format!("{:?} {i} {}", fam.instance, ejc_ir::op::dims_text(op, dims));
             let case = match cases.get(&key) {
                 Some(c) => c.clone(),
                 None => {
@@ -227,6 +317,7 @@ fn check(args: &[String]) -> ExitCode {
                 }
             };
             let (call, sizes, want) = (&case.0, &case.1, &case.2);
+            empty_case |= call.tensors.values().any(|t| t.shape.contains(&0));
             match run_on_gpu(&cuda, op, &fam.features, &cand, call, sizes, choice) {
                 Ok((got, aligned)) => {
                     aligned_ran |= aligned;
@@ -253,7 +344,11 @@ fn check(args: &[String]) -> ExitCode {
             (EntryChoice::General, false) => " [general]",
             _ => "",
         };
-        if choice == EntryChoice::Best && !aligned_ran && cand.launches.iter().any(|e| e.aligned.is_some()) {
+        if choice == EntryChoice::Best
+            && !aligned_ran
+            && !empty_case
+            && cand.launches.iter().any(|e| e.aligned.is_some())
+        {
             // The aligned entry was meant to run here: contiguous inputs meet its condition.
             fail_n += 1;
             println!("FAIL {label}: the aligned entry did not run on contiguous inputs");
@@ -286,9 +381,19 @@ struct Target<'r> {
     dims: Sizes,
 }
 
-fn target<'r>(args: &[String], op: &'static dyn Operation, reg: &'r Registry, cc: u32) -> Result<Target<'r>, String> {
+/// What a bench/tune/call asks for, checked against the build (no GPU needed): the GPU
+/// families of that variant, dtype and keys, and the sizes.
+struct Asked<'r> {
+    fams: Vec<Family<'r>>,
+    dtype: DType,
+    dims: Sizes,
+    what: String,
+}
+
+fn asked<'r>(args: &[String], op: &'static dyn Operation, reg: &'r Registry) -> Result<Asked<'r>, String> {
     let variant = flag(args, "--variant").ok_or("--variant is required")?;
-    let dtype: DType = flag(args, "--dtype").ok_or("--dtype is required")?.parse()?;
+    let dtype: DType =
+        flag(args, "--dtype").ok_or("--dtype is required")?.parse().map_err(|e| format!("--dtype: {e}"))?;
     let mut dims = match flag(args, "--shape") {
         Some(s) => parse_shape(op, &s).map_err(|e| format!("--shape: {e}"))?,
         None => Sizes::new(),
@@ -301,30 +406,49 @@ fn target<'r>(args: &[String], op: &'static dyn Operation, reg: &'r Registry, cc
     let fams = reg
         .families(&Query::new(op.name()).platform(Platform::Cuda).variant(&variant).dtype(dtype).keys(&keys))
         .map_err(|e| e.to_string())?;
-    let fam = fams.into_iter().find(|f| runs_on(&f.backend, cc)).ok_or_else(|| {
-        format!("no artifact of variant {variant}, {dtype}, {keys:?} runs on this GPU (compute capability {cc})")
-    })?;
+    if fams.is_empty() {
+        return Err(format!("the build has no GPU artifact of variant {variant}, {dtype}, {keys:?}"));
+    }
+    Ok(Asked { fams, dtype, dims, what: format!("variant {variant}, {dtype}, {keys:?}") })
+}
+
+/// The family of `asked` that runs on a GPU of compute capability `cc`.
+fn target(asked: Asked<'_>, cc: u32) -> Result<Target<'_>, String> {
+    let Asked { fams, dtype, dims, what } = asked;
+    let fam = fams
+        .into_iter()
+        .find(|f| runs_on(&f.backend, cc))
+        .ok_or_else(|| format!("no artifact of {what} runs on this GPU (compute capability {cc})"))?;
     Ok(Target { fam, dtype, dims })
 }
 
 fn bench(args: &[String]) -> ExitCode {
-    let Some(dir) = args.first() else { return usage() };
-    let reps: usize = flag(args, "--reps").and_then(|s| s.parse().ok()).unwrap_or(20);
+    let valued = ["--variant", "--dtype", "--size", "--shape", "--reps", "--only", "--json"];
+    if let Err(e) = check_args("bench", args, &valued, &[]) {
+        return bad_input(e);
+    }
+    let dir = &args[0];
+    let reps: usize = match number(args, "--reps") {
+        Ok(Some(0)) => return bad_input("--reps must be at least 1"),
+        Ok(r) => r.unwrap_or(20),
+        Err(e) => return bad_input(e),
+    };
     let only = flag(args, "--only");
+    let (op, reg) = match open(dir) {
+        Ok(x) => x,
+        Err(e) => return bad_input(e),
+    };
+    let a = match asked(args, op, &reg) {
+        Ok(a) => a,
+        Err(e) => return bad_input(e),
+    };
     let cuda = match cuda_or_skip() {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let (op, reg) = match open(dir) {
-        Ok(x) => x,
-        Err(e) => return fail(e),
-    };
-    let t = match target(args, op, &reg, cuda.compute_capability()) {
+    let t = match target(a, cuda.compute_capability()) {
         Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return bad_input(e),
     };
     let host = match op.random_call(&t.fam.features, t.dtype, &t.dims, 7) {
         Ok(c) => c,
@@ -378,7 +502,9 @@ fn bench(args: &[String]) -> ExitCode {
             "flops": work.flops, "bytes": work.bytes,
             "candidates": rows.iter().map(|r| serde_json::json!({"artifact": r.0, "config": r.1, "ms": r.2, "tflops": r.3, "gbs": r.4})).collect::<Vec<_>>(),
         });
-        let _ = std::fs::write(path, serde_json::to_string_pretty(&j).unwrap_or_default());
+        if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap_or_default()) {
+            return fail(format!("--json {path}: {e}"));
+        }
     }
     ExitCode::SUCCESS
 }
@@ -387,21 +513,26 @@ fn bench(args: &[String]) -> ExitCode {
 fn through_runtime(args: &[String], tune: bool) -> ExitCode {
     use ejc_runtime::api::{CallOptions, PlatformChoice, Runtime, RuntimeOptions};
     use ejc_runtime::chain::Policy;
-    let Some(dir) = args.first() else { return usage() };
+    let (cmd, switches): (&str, &[&str]) = if tune { ("tune", &["--force"]) } else { ("call", &[]) };
+    if let Err(e) = check_args(cmd, args, &["--variant", "--dtype", "--size", "--shape", "--cache-dir"], switches) {
+        return bad_input(e);
+    }
+    let dir = &args[0];
+    let (op, reg) = match open(dir) {
+        Ok(x) => x,
+        Err(e) => return bad_input(e),
+    };
+    let a = match asked(args, op, &reg) {
+        Ok(a) => a,
+        Err(e) => return bad_input(e),
+    };
     let cuda = match cuda_or_skip() {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let (op, reg) = match open(dir) {
-        Ok(x) => x,
-        Err(e) => return fail(e),
-    };
-    let t = match target(args, op, &reg, cuda.compute_capability()) {
+    let t = match target(a, cuda.compute_capability()) {
         Ok(t) => t,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return bad_input(e),
     };
     let policy = if tune {
         Policy { allow_heuristics: false, ..Policy::default() }
@@ -475,6 +606,7 @@ fn through_runtime(args: &[String], tune: bool) -> ExitCode {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("info") if args.len() > 1 => bad_input(format!("info takes no arguments (got `{}`)", args[1])),
         Some("info") => match cuda_or_skip() {
             Ok(c) => {
                 println!("{}", c.device_name());
