@@ -66,7 +66,9 @@ when the tensors are aligned (docs/abi.md). mlir:cpu writes each kernel's verifi
 writes the gpu-dialect module and its PTX from MLIR's NVVM pipeline (`mlir` = both; docs/mlir.md). Without --target, \
 every target the spec lists that this ejc can build is built, and the others are named on stderr. \
 --report runs ptxas on every PTX file (registers, spills, shared memory; one line per entry); with \
---drop-spilling the candidates that spill are left out of the build (a tuned configuration must not spill)."
+--drop-spilling the candidates that spill are left out of the build (a tuned configuration must not spill). \
+A build that fails removes the files and directories it created (what was there before stays), and writes no \
+manifest."
     )]
     Build {
         spec: PathBuf,
@@ -145,9 +147,10 @@ Every plan and configuration of the spec is timed (listed on stderr) and the fas
     #[command(
         after_help = "Examples:\n  ejc tune specs/flash.yaml --variant causal --dtype bf16 --shape 1,2048,2048,8,8,128 --threads 2\n  \
 ejc tune specs/flash_decode.yaml --backend cuda --variant causal --size batch=4,seq_q=1,seq_k=8192,heads_q=32,heads_kv=8,head_dim=128\n\
-The cache lives in $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc (see `ejc cache`), one file per \
-device (a CPU, a GPU). A call tuned here is found by ejc_runtime's calls (`Runtime::call`, `flash_attention`, \
-`ejc-gpu call`) for the same size bucket, features and build, on the same device."
+The cache lives in $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc (see `ejc cache`; with none of \
+them set, in memory only), one file per device (a CPU, a GPU). A call tuned here is found by ejc_runtime's calls \
+(`Runtime::call`, `flash_attention`, `ejc-gpu call`) for the same size bucket, features, build and CPU thread count, \
+on the same device."
     )]
     Tune(TuneArgs),
     /// Inspect or clear this machine's tuning cache.
@@ -155,6 +158,7 @@ device (a CPU, a GPU). A call tuned here is found by ejc_runtime's calls (`Runti
         #[command(subcommand)]
         action: CacheAction,
         /// The cache directory (default: $EJC_CACHE_DIR, else $XDG_CACHE_HOME/ejc, else ~/.cache/ejc).
+        /// `ls` and `show` only read: they create and move nothing.
         #[arg(long, global = true)]
         cache_dir: Option<PathBuf>,
     },
@@ -278,6 +282,11 @@ struct ProblemArgs {
     /// best, using AVX512_BF16 only when asked).
     #[arg(long)]
     isa: Option<String>,
+    /// The most host memory a call's tensors may take, e.g. 64G, 512M or `none`
+    /// (default: $EJC_MEMORY_LIMIT, else 3/4 of this machine's memory). Sizes that need
+    /// more are refused before anything is allocated.
+    #[arg(long, value_name = "SIZE")]
+    memory_limit: Option<String>,
 }
 
 impl ProblemArgs {
@@ -297,6 +306,7 @@ impl ProblemArgs {
             softcap: self.softcap,
             dropout: self.dropout,
             isa: self.isa,
+            memory_limit: self.memory_limit,
         }
     }
 }
@@ -445,7 +455,9 @@ fn main() -> ExitCode {
         Outcome::Ok => ExitCode::SUCCESS,
         Outcome::CheckFailed => ExitCode::from(1),
         Outcome::Error(msg) => {
-            eprintln!("{msg}");
+            // Names and values from a spec or a flag may hold control characters: they
+            // are shown escaped, never sent to the terminal raw.
+            eprintln!("{}", ejc_ir::limits::escape_controls(&msg));
             ExitCode::from(2)
         }
         Outcome::Skipped(msg) => {

@@ -23,6 +23,7 @@ pub mod flash;
 pub mod infer;
 pub mod interp;
 pub mod ir;
+pub mod limits;
 pub mod manifest;
 pub mod op;
 pub mod ops;

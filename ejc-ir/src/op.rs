@@ -305,6 +305,11 @@ pub trait Operation: Sync {
 
     /// Fresh random inputs (never zeros), outputs filled with NaN, default scalars.
     fn random_call(&self, f: &Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String>;
+    /// How many elements the tensors of [`Operation::random_call`]'s call hold in all
+    /// (inputs and outputs, an upper bound), counted with checked arithmetic so that a
+    /// size whose count overflows 64 bits is an error: what `ejc run/bench/tune` judge
+    /// a call's memory by before allocating anything.
+    fn call_elements(&self, f: &Features, dims: &Sizes) -> Result<u64, String>;
     /// The reference outputs of a call (by output name), from the definition.
     fn reference(&self, f: &Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String>;
     /// The output tensors' names.
@@ -423,11 +428,34 @@ pub fn bind(
                         }
                     },
                 };
+                // The value must survive the conversion to the kernel's scalar type:
+                // a window of 2^32 would wrap to 0 in an i32, a cap of 1e39 be
+                // infinite in an f32.
+                if let Type::Scalar(dt) = &p.ty {
+                    crate::limits::check_scalar(*dt, v).map_err(|e| format!("scalar argument `{}`: {e}", p.name))?;
+                }
                 out.push(Bound::Scalar(v));
             }
         }
     }
     Ok(out)
+}
+
+/// `a · b · …` with every step checked: the element count of a tensor of these extents,
+/// or an error naming the sizes when it overflows 64 bits.
+pub fn elements(extents: &[usize]) -> Result<u64, String> {
+    extents
+        .iter()
+        .try_fold(1u64, |acc, d| acc.checked_mul(*d as u64))
+        .ok_or_else(|| format!("a tensor of {extents:?} has more elements than 64 bits can count"))
+}
+
+/// The sum of element counts, checked.
+pub fn total_elements(counts: &[u64]) -> Result<u64, String> {
+    counts
+        .iter()
+        .try_fold(0u64, |acc, c| acc.checked_add(*c))
+        .ok_or_else(|| "the call's tensors have more elements than 64 bits can count".to_string())
 }
 
 /// A kernel's launch grid for a call.
@@ -581,6 +609,9 @@ pub fn dims_text(op: &dyn Operation, dims: &Sizes) -> String {
 pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
     let op = spec.operation();
     let mut out: Vec<KernelInstance> = Vec::new();
+    // The ids listed so far: a spec may declare tens of thousands of kernels (a variant
+    // costs two lines), and a linear search per kernel made listing them quadratic.
+    let mut seen = std::collections::HashSet::new();
     for variant in &spec.variants {
         let plans = spec_plans(spec, variant);
         for &dtype in &spec.dtypes {
@@ -598,7 +629,7 @@ pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
                                 tile,
                             };
                             k.id = op.kernel_id(&spec.name, &k);
-                            if !out.iter().any(|o| o.id == k.id) {
+                            if seen.insert(k.id.clone()) {
                                 out.push(k);
                             }
                         }

@@ -81,6 +81,14 @@ impl HostTensor {
         t
     }
 
+    /// [`HostTensor::view`] that takes `base`'s storage instead of copying it (for
+    /// large inputs: a copy of a 2^31-element tensor costs seconds and 17 GB).
+    pub fn into_view(self, shape: &[usize], strides: &[isize], offset: usize) -> HostTensor {
+        let t = HostTensor { shape: shape.to_vec(), strides: strides.to_vec(), offset, ..self };
+        assert!(t.in_storage(), "HostTensor::into_view reaches outside its storage");
+        t
+    }
+
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
@@ -91,20 +99,22 @@ impl HostTensor {
 
     /// Whether every index of the shape maps inside `data`.
     pub fn in_storage(&self) -> bool {
-        if self.numel() == 0 {
+        // An empty axis, not a zero product: a product can wrap to zero.
+        if self.shape.contains(&0) {
             return true;
         }
-        let mut lo = self.offset as isize;
-        let mut hi = self.offset as isize;
+        // i128: no extent or stride of 64 bits can overflow it.
+        let mut lo = self.offset as i128;
+        let mut hi = self.offset as i128;
         for (&n, &s) in self.shape.iter().zip(&self.strides) {
-            let span = (n as isize - 1) * s;
+            let span = (n as i128 - 1) * s as i128;
             if span < 0 {
                 lo += span;
             } else {
                 hi += span;
             }
         }
-        lo >= 0 && (hi as usize) < self.data.len()
+        lo >= 0 && hi < self.data.len() as i128
     }
 
     /// Storage position of a multi-index (no bounds check beyond debug asserts).

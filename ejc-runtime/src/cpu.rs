@@ -83,16 +83,29 @@ impl HostBuffer {
         HostBuffer { dtype: t.dtype, shape: t.shape.clone(), strides: t.strides.clone(), offset: t.offset, bytes }
     }
 
-    /// A contiguous buffer of zeros.
+    /// A contiguous buffer of zeros. Panics where [`HostBuffer::try_zeros`] fails.
     pub fn zeros(dtype: DType, shape: &[usize]) -> HostBuffer {
-        let n: usize = shape.iter().product();
-        HostBuffer {
+        Self::try_zeros(dtype, shape).unwrap_or_else(|e| panic!("HostBuffer::zeros: {e}"))
+    }
+
+    /// A contiguous buffer of zeros, or an error when its size overflows 64 bits or
+    /// the allocation fails (never an abort).
+    pub fn try_zeros(dtype: DType, shape: &[usize]) -> Result<HostBuffer, String> {
+        let bytes = ejc_ir::limits::checked_product(shape)?
+            .checked_mul(dtype.size_bytes())
+            .ok_or_else(|| format!("a {dtype} buffer of {shape:?} has more bytes than 64 bits count"))?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(bytes).map_err(|_| {
+            format!("cannot allocate {} for a {dtype} buffer of {shape:?}", ejc_ir::limits::show_bytes(bytes as u64))
+        })?;
+        data.resize(bytes, 0u8);
+        Ok(HostBuffer {
             dtype,
             shape: shape.to_vec(),
             strides: HostTensor::contiguous_strides(shape),
             offset: 0,
-            bytes: vec![0u8; n * dtype.size_bytes()],
-        }
+            bytes: data,
+        })
     }
 
     /// Back to a host tensor (same storage layout).
@@ -111,7 +124,8 @@ impl HostBuffer {
     /// Every element reachable through shape and strides lies inside `bytes`.
     pub fn check_bounds(&self) -> Result<(), String> {
         let n_elems = self.bytes.len() / self.dtype.size_bytes();
-        if self.shape.iter().product::<usize>() == 0 {
+        // An empty axis, not a zero product: a product can wrap to zero.
+        if self.shape.contains(&0) {
             return Ok(());
         }
         let (mut lo, mut hi) = (self.offset as i128, self.offset as i128);
@@ -318,8 +332,8 @@ impl CpuKernel {
         if total == 0 {
             return Ok(());
         }
-        let threads =
-            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        // Capped (ejc_ir::limits): a request for 100000 workers is an error, not a hang.
+        let threads = ejc_ir::limits::worker_threads(threads).map_err(CpuError::Invalid)?;
         let shared = Shared { tensors, scalars, grid: grid.as_ptr() };
         let next = AtomicI64::new(0);
         let entry = self.entry;

@@ -272,6 +272,11 @@ impl Cuda {
         scalars: &[Scalar],
         maps: &[TensorMap],
     ) -> Result<(), CudaError> {
+        // An empty grid launches nothing; its tensor maps are not made (a map cannot
+        // describe an empty axis), so the count is checked only for real launches.
+        if grid.contains(&0) && grid.iter().all(|g| *g >= 0) {
+            return Ok(());
+        }
         if maps.len() != k.tensor_maps.len() {
             return Err(CudaError::Invalid(format!(
                 "`{}` takes {} tensor maps, {} given",
@@ -280,11 +285,15 @@ impl Cuda {
                 maps.len()
             )));
         }
-        if grid.iter().any(|g| *g < 0 || *g > u32::MAX as i64) {
-            return Err(CudaError::Invalid(format!("grid {grid:?} is out of range")));
-        }
-        if grid.contains(&0) {
-            return Ok(());
+        // CUDA's limits: x < 2^31, y and z <= 65535. A larger grid is refused here with
+        // the sizes that made it, not by the driver with an opaque code.
+        const MAX: [i64; 3] = [(1 << 31) - 1, 65535, 65535];
+        if let Some(i) = (0..3).find(|&i| grid[i] < 0 || grid[i] > MAX[i]) {
+            return Err(CudaError::Invalid(format!(
+                "`{}`: grid {grid:?} is out of CUDA's range (axis {i} at most {}); the call is too large for \
+                 this kernel's launch",
+                k.entry, MAX[i]
+            )));
         }
         let mut args = Vec::new();
         for t in tensors {
@@ -374,8 +383,13 @@ impl DeviceBuffer {
 impl Cuda {
     /// A contiguous buffer of `shape` in GPU memory, zeroed.
     pub fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<DeviceBuffer, CudaError> {
-        let n: usize = shape.iter().product();
-        let bytes = (n * dtype.size_bytes()).max(1);
+        let bytes = ejc_ir::limits::checked_product(shape)
+            .ok()
+            .and_then(|n| n.checked_mul(dtype.size_bytes()))
+            .ok_or_else(|| {
+                CudaError::Driver(format!("a {dtype} buffer of {shape:?} has more bytes than 64 bits count"))
+            })?
+            .max(1);
         let mem = self
             .stream
             .alloc_zeros::<u8>(bytes)

@@ -147,7 +147,7 @@ impl<'k> HostPlan<'k> {
         let mut temps = BTreeMap::new();
         for t in temporaries {
             let (dtype, shape) = temporary_shape(t, &syms).map_err(invalid)?;
-            temps.insert(t.name.clone(), HostBuffer::zeros(dtype, &shape));
+            temps.insert(t.name.clone(), HostBuffer::try_zeros(dtype, &shape).map_err(invalid)?);
         }
         let lookup = |n: &str| call.tensors.get(n).map(Tensor::info);
         let mut launches = Vec::new();

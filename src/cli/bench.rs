@@ -45,6 +45,9 @@ pub fn run(req: &Request) -> Outcome {
     if req.reps == 0 {
         return Outcome::Error("error: --reps must be at least 1".into());
     }
+    if let Err(e) = ejc_ir::limits::worker_threads(req.threads) {
+        return Outcome::Error(format!("error: --threads: {e}"));
+    }
     let p = match Problem::from_flags(&req.problem) {
         Ok(p) => p,
         Err(o) => return o,

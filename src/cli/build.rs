@@ -73,6 +73,28 @@ pub fn run(req: &Request) -> Outcome {
             }
         }
     }
+    // One artifact per target: `cpu` is the host's ISA, so `--target cpu --target
+    // cpu:avx2` on an AVX2 machine names one target twice (a manifest with duplicate
+    // artifact ids, which the runtime's loader rejects).
+    let mut unique: Vec<Target> = Vec::new();
+    for t in targets {
+        let t = match t {
+            Target::Cpu(None) => Target::Cpu(Some(ejc_codegen::cpu::Isa::host().name().to_string())),
+            Target::Cpu(Some(isa)) => match isa.parse::<ejc_codegen::cpu::Isa>() {
+                Ok(i) => Target::Cpu(Some(i.name().to_string())),
+                Err(e) => return Outcome::Error(format!("error: --target cpu:{isa}: {e}")),
+            },
+            other => other,
+        };
+        if unique.contains(&t) {
+            if !req.quiet {
+                eprintln!("note: target {t} is named more than once; it is built once");
+            }
+        } else {
+            unique.push(t);
+        }
+    }
+    let targets = unique;
     let mut dtypes = Vec::new();
     for d in &req.dtypes {
         match d.parse::<DType>() {
@@ -119,7 +141,7 @@ pub fn run(req: &Request) -> Outcome {
                     report.manifest.artifacts.len(),
                     report.kernels,
                     targets.join(", "),
-                    report.manifest_path.display(),
+                    ejc_ir::limits::escape_controls(&report.manifest_path.display().to_string()),
                     started.elapsed().as_secs_f64()
                 );
             }

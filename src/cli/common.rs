@@ -43,6 +43,9 @@ pub struct ProblemFlags {
     pub softcap: Option<f64>,
     pub dropout: Option<f64>,
     pub isa: Option<String>,
+    /// `--memory-limit`: the host memory a call may allocate (default
+    /// [`ejc_ir::limits::memory_limit`]).
+    pub memory_limit: Option<String>,
 }
 
 /// The validated problem.
@@ -69,10 +72,25 @@ pub fn list<T: std::fmt::Display>(xs: &[T]) -> String {
 fn parse_window(s: &str) -> Result<(i64, i64), String> {
     let nums: Result<Vec<i64>, _> = s.split(',').map(|p| p.trim().parse::<i64>()).collect();
     match nums {
-        Ok(n) if n.len() == 2 && n[0] >= 0 && n[1] >= 0 => Ok((n[0], n[1])),
+        Ok(n) if n.len() == 2 && n[0] >= 0 && n[1] >= 0 => {
+            // Kernels take the window as 32-bit signed sizes: a larger value would wrap.
+            if let Some(big) = n.iter().find(|x| **x > i32::MAX as i64) {
+                return Err(format!(
+                    "{big} is larger than kernels' 32-bit window sizes allow (at most {}; a window as long as \
+                     the sequence already sees every key)",
+                    i32::MAX
+                ));
+            }
+            Ok((n[0], n[1]))
+        }
         _ => Err(format!("`{s}` is not LEFT,RIGHT with two non-negative integers")),
     }
 }
+
+/// Bytes of host memory per element of a call, as `run`/`bench`/`tune` hold it: the
+/// call's tensors (f64 on the host), the reference's or the previous run's copy, and the
+/// kernel-format buffers (f32 or narrower) with slack.
+const HOST_BYTES_PER_ELEMENT: u64 = 3 * 8;
 
 impl Problem {
     pub fn from_flags(f: &ProblemFlags) -> Result<Problem, Outcome> {
@@ -160,6 +178,9 @@ impl Problem {
             if !(c > 0.0 && c.is_finite()) {
                 return Err(err(format!("--softcap {c}: the soft cap must be a positive finite number")));
             }
+            if let Err(e) = ejc_ir::limits::check_scalar(DType::F32, c) {
+                return Err(err(format!("--softcap: {e} (kernels compute the soft cap in f32)")));
+            }
             scalars.insert("logits_soft_cap".into(), c);
         }
         if let Some(p) = f.dropout {
@@ -207,7 +228,48 @@ impl Problem {
                 isa
             }
         };
-        Ok(Problem { spec, op, dtype, dims, keys, variant_names, config, plan: f.plan.clone(), scalars, isa })
+        let p = Problem { spec, op, dtype, dims, keys, variant_names, config, plan: f.plan.clone(), scalars, isa };
+        p.check_memory(f.memory_limit.as_deref())?;
+        Ok(p)
+    }
+
+    /// Refuse sizes whose tensors overflow 64-bit counts or would take more host memory
+    /// than the limit, before anything is allocated.
+    fn check_memory(&self, flag: Option<&str>) -> Result<(), Outcome> {
+        let err = |m: String| Outcome::Error(format!("error: {m}"));
+        let limit = match flag {
+            Some(t) => ejc_ir::limits::parse_bytes(t).map_err(|e| err(format!("--memory-limit: {e}")))?,
+            None => ejc_ir::limits::memory_limit().map_err(err)?,
+        };
+        for v in self.variants() {
+            let n = self
+                .op
+                .call_elements(&v.features, &self.dims)
+                .map_err(|e| err(format!("variant `{}`: {e}", v.name)))?;
+            let bytes = n.checked_mul(HOST_BYTES_PER_ELEMENT);
+            if bytes.is_none_or(|b| b > limit) {
+                let need = bytes.map_or("more than 64 bits can count".to_string(), |b| {
+                    format!("about {}", ejc_ir::limits::show_bytes(b))
+                });
+                let why = match flag {
+                    Some(_) => "--memory-limit".to_string(),
+                    None => match ejc_ir::limits::physical_memory() {
+                        Some(m) => format!("3/4 of this machine's {}", ejc_ir::limits::show_bytes(m)),
+                        None => "the default".to_string(),
+                    },
+                };
+                return Err(err(format!(
+                    "sizes {}: a call of variant `{}` holds {n} elements, {need} of host memory (the inputs, \
+                     outputs and reference at {HOST_BYTES_PER_ELEMENT} bytes each), more than the limit of {} \
+                     ({why}); use smaller sizes, or raise the limit with --memory-limit SIZE or EJC_MEMORY_LIMIT \
+                     (e.g. 200G, or none)",
+                    self.dims_text(),
+                    v.name,
+                    ejc_ir::limits::show_bytes(limit)
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn variants(&self) -> Vec<&Variant> {

@@ -59,7 +59,14 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Outcome::Ok;
     }
-    println!("spec `{}` ({}@{}: {}), {}", spec.name, spec.op, spec.version, op.summary(), path.display());
+    println!(
+        "spec `{}` ({}@{}: {}), {}",
+        spec.name,
+        spec.op,
+        spec.version,
+        op.summary(),
+        ejc_ir::limits::escape_controls(&path.display().to_string())
+    );
     println!("targets: {}", spec.targets.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", "));
     println!("variants:");
     for v in &spec.variants {

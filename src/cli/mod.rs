@@ -31,7 +31,7 @@ pub enum Outcome {
 /// Load a spec, or the outcome that reports its diagnostics.
 pub fn load_spec(path: &Path) -> Result<Spec, Outcome> {
     spec::load_file(path).map_err(|e| {
-        let n = e.diagnostics.len();
+        let n = e.count();
         Outcome::Error(format!("{e}\n\n{n} error{} in {}", if n == 1 { "" } else { "s" }, path.display()))
     })
 }

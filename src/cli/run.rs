@@ -40,6 +40,9 @@ pub fn run(req: &Request) -> Outcome {
     if let Some(o) = unsupported_backend(req.backend) {
         return o;
     }
+    if let Err(e) = ejc_ir::limits::worker_threads(req.threads) {
+        return Outcome::Error(format!("error: --threads: {e}"));
+    }
     let p = match Problem::from_flags(&req.problem) {
         Ok(p) => p,
         Err(o) => return o,

@@ -29,7 +29,7 @@ use ejc_ir::ir::Kernel;
 use ejc_ir::types::Type;
 use melior::ExecutionEngine;
 
-use super::{cache_dir, cache_key, cache_put, dump, Form, MlirError, Session, CPU_STAGES};
+use super::{cache_dir, cache_get, cache_key, cache_put, dump, Form, MlirError, Session, CPU_STAGES};
 use crate::cpu::jit::JitLibrary;
 
 type Packed = unsafe extern "C" fn(*mut *mut c_void);
@@ -66,20 +66,24 @@ fn engine_err(k: &Kernel, m: impl Into<String>) -> MlirError {
 
 impl CpuKernel {
     /// Translate, lower and compile `k`, or load it from the on-disk cache
-    /// ([`super::cache_dir`]).
+    /// ([`super::cache_dir`]; without one, it is compiled every time).
     pub fn compile(k: &Kernel) -> Result<CpuKernel, MlirError> {
-        Self::compile_in(k, &cache_dir())
+        Self::compile_cached(k, cache_dir().as_deref())
     }
 
     /// [`CpuKernel::compile`] with the cache in `cache`.
     pub fn compile_in(k: &Kernel, cache: &std::path::Path) -> Result<CpuKernel, MlirError> {
+        Self::compile_cached(k, Some(cache))
+    }
+
+    fn compile_cached(k: &Kernel, cache: Option<&std::path::Path>) -> Result<CpuKernel, MlirError> {
         let started = Instant::now();
         let s = Session::new();
         let (mut module, info) = s.translate(k, Form::Cpu)?;
         let text = module.as_operation().to_string();
         let stages: Vec<String> = CPU_STAGES.iter().map(|(_, p)| p.to_string()).collect();
         let key = cache_key(&text, &stages, &format!("cpu:{}:{}", std::env::consts::ARCH, Isa::host_max()));
-        let path = cache.join(format!("{key}.o"));
+        let path = cache.map(|c| c.join(format!("{key}.o")));
         let params = k
             .params
             .iter()
@@ -89,7 +93,8 @@ impl CpuKernel {
             })
             .collect();
         let symbol = format!("_mlir_{}", info.entry);
-        if let Ok(obj) = std::fs::read(&path) {
+        // Checked against its recorded SHA-256 before it is loaded (`cache_get`).
+        if let Some(obj) = path.as_deref().and_then(cache_get) {
             if let Ok(jit) = JitLibrary::load(&obj) {
                 if let Ok(f) = jit.entry(&symbol) {
                     let packed: Packed = unsafe { std::mem::transmute::<_, Packed>(f) };
@@ -124,12 +129,14 @@ impl CpuKernel {
         }
         let packed: Packed = unsafe { std::mem::transmute::<*mut (), Packed>(f) };
         // Keep the object for the next process.
-        let tmp = std::env::temp_dir().join(format!("ejc-mlir-{}-{key}.o", std::process::id()));
-        engine.dump_to_object_file(&tmp.to_string_lossy());
-        if let Ok(obj) = std::fs::read(&tmp) {
-            cache_put(&path, &obj);
+        if let Some(path) = &path {
+            let tmp = std::env::temp_dir().join(format!("ejc-mlir-{}-{key}.o", std::process::id()));
+            engine.dump_to_object_file(&tmp.to_string_lossy());
+            if let Ok(obj) = std::fs::read(&tmp) {
+                cache_put(path, &obj);
+            }
+            let _ = std::fs::remove_file(&tmp);
         }
-        let _ = std::fs::remove_file(&tmp);
         Ok(CpuKernel {
             _code: Code::Engine(engine),
             packed,
@@ -167,12 +174,16 @@ impl CpuKernel {
                 ),
             });
         }
-        let total = grid[0].max(0) * grid[1].max(0) * grid[2].max(0);
+        let engine = |message: String| MlirError::Engine { kernel: self.name.clone(), message };
+        let total = grid[0]
+            .max(0)
+            .checked_mul(grid[1].max(0))
+            .and_then(|t| t.checked_mul(grid[2].max(0)))
+            .ok_or_else(|| engine(format!("the grid {grid:?} has more programs than 64 bits count")))?;
         if total == 0 {
             return Ok(());
         }
-        let threads =
-            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let threads = ejc_ir::limits::worker_threads(threads).map_err(engine)?;
         // Argument values up to the program range, shared by every worker.
         let mut head: Vec<u64> = Vec::with_capacity(64);
         let (mut ti, mut si) = (0, 0);

@@ -339,7 +339,9 @@ fn window(d: &mut Decoder, node: &Node, path: &str, causal: bool) -> Option<Wind
     let size_allowed = "a non-negative integer";
     let size_check = |v: i64| match v {
         v if v < 0 => Some("a window size cannot be negative"),
-        v if u32::try_from(v).is_err() => Some("the window size is too large"),
+        v if i32::try_from(v).is_err() => {
+            Some("the window size is too large: kernels take 32-bit signed sizes (at most 2147483647)")
+        }
         _ => None,
     };
     match (&node.kind, value(node)) {
@@ -401,6 +403,9 @@ fn soft_cap(d: &mut Decoder, node: &Node, path: &str) -> Option<SoftCap> {
         Some("the soft cap must be positive")
     } else if cap.is_infinite() {
         Some("the soft cap must be finite (leave the field out for no cap)")
+    } else if crate::limits::check_scalar(crate::types::DType::F32, cap).is_err() {
+        // Kernels compute in f32: 1e39 would be infinite there and 1e-46 zero.
+        Some("the soft cap is outside f32's normal range (about 1.2e-38 to 3.4e38), which kernels compute in")
     } else {
         None
     };

@@ -72,7 +72,7 @@ pub fn random_inputs(features: &Features, dtype: DType, shape: &FlashShape, seed
             normals(&mut rng, dtype, heads_q * seq_q * seq_k, 0.5),
         );
         let s = plane.strides.clone();
-        HostTensor::view(&plane, &[batch, heads_q, seq_q, seq_k], &[0, s[1], s[2], s[3]], 0)
+        plane.into_view(&[batch, heads_q, seq_q, seq_k], &[0, s[1], s[2], s[3]], 0)
     });
     let mask = features.mask.then(|| random_mask(&mut rng, batch, heads_q, seq_q, seq_k));
     let (q_segment_ids, kv_segment_ids) = if features.segment_ids {
@@ -140,7 +140,7 @@ fn normals(rng: &mut StdRng, dtype: DType, n: usize, std: f64) -> Vec<f64> {
 fn head_major(rng: &mut StdRng, dtype: DType, [b, s, h, d]: [usize; 4]) -> HostTensor {
     let storage = HostTensor::from_vec(dtype, &[b, h, s, d], normals(rng, dtype, b * h * s * d, 1.0));
     let st = storage.strides.clone();
-    HostTensor::view(&storage, &[b, s, h, d], &[st[0], st[2], st[1], st[3]], 0)
+    storage.into_view(&[b, s, h, d], &[st[0], st[2], st[1], st[3]], 0)
 }
 
 /// i1 `[B, Hq, Sq, Sk]` broadcast over heads (stored `[B, 1, Sq, Sk]`), true with

@@ -144,25 +144,31 @@ pub fn scalars_of(f: &Features, rt: &FlashRuntime) -> Scalars {
 
 /// A host call from flash inputs (outputs allocated, NaN-filled) and run-time values.
 pub fn host_call(f: &Features, rt: &FlashRuntime, inputs: &FlashInputs) -> HostCall {
+    host_call_owned(f, rt, inputs.clone())
+}
+
+/// [`host_call`] taking the inputs (no copy of them).
+pub fn host_call_owned(f: &Features, rt: &FlashRuntime, inputs: FlashInputs) -> HostCall {
+    let outs = super::abi::alloc_outputs(&inputs);
+    let FlashInputs { q, k, v, bias, mask, q_segment_ids, kv_segment_ids, cu_seqlens_q, cu_seqlens_k, sinks } = inputs;
     let mut tensors = BTreeMap::new();
-    tensors.insert("q".into(), inputs.q.clone());
-    tensors.insert("k".into(), inputs.k.clone());
-    tensors.insert("v".into(), inputs.v.clone());
+    tensors.insert("q".into(), q);
+    tensors.insert("k".into(), k);
+    tensors.insert("v".into(), v);
     let opt = [
-        ("bias", &inputs.bias),
-        ("mask", &inputs.mask),
-        ("q_segment_ids", &inputs.q_segment_ids),
-        ("kv_segment_ids", &inputs.kv_segment_ids),
-        ("cu_seqlens_q", &inputs.cu_seqlens_q),
-        ("cu_seqlens_k", &inputs.cu_seqlens_k),
-        ("sinks", &inputs.sinks),
+        ("bias", bias),
+        ("mask", mask),
+        ("q_segment_ids", q_segment_ids),
+        ("kv_segment_ids", kv_segment_ids),
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("cu_seqlens_k", cu_seqlens_k),
+        ("sinks", sinks),
     ];
     for (n, t) in opt {
         if let Some(t) = t {
-            tensors.insert(n.to_string(), t.clone());
+            tensors.insert(n.to_string(), t);
         }
     }
-    let outs = super::abi::alloc_outputs(inputs);
     tensors.insert("out".into(), outs.out);
     tensors.insert("lse".into(), outs.lse);
     HostCall { tensors, scalars: scalars_of(f, rt) }
@@ -602,7 +608,27 @@ impl Operation for FlashAttentionFwd {
         let shape = shape_of(dims)?;
         let inputs = random_inputs(&f, dtype, &shape, seed);
         let rt = default_runtime(&f, &shape, seed);
-        Ok(host_call(&f, &rt, &inputs))
+        Ok(host_call_owned(&f, &rt, inputs))
+    }
+
+    fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
+        let f = features(f)?;
+        let s = shape_of(dims)?;
+        let FlashShape { batch: b, seq_q: sq, seq_k: sk, heads_q: hq, heads_kv: hk, head_dim: d } = s;
+        let q = op::elements(&[b, sq, hq, d])?;
+        let kv = op::elements(&[b, sk, hk, d])?;
+        let mut counts = vec![q, kv, kv, q, op::elements(&[b, hq, sq])?];
+        if f.bias {
+            counts.push(op::elements(&[hq, sq, sk])?);
+        }
+        if f.mask {
+            counts.push(op::elements(&[b, sq, sk])?);
+        }
+        if f.segment_ids {
+            counts.push(op::elements(&[b, sq])?);
+            counts.push(op::elements(&[b, sk])?);
+        }
+        op::total_elements(&counts)
     }
 
     fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {

@@ -47,6 +47,21 @@ impl FlashShape {
                 self.heads_q, self.heads_kv
             ));
         }
+        // Element counts (and their f64 bytes) fit 64-bit arithmetic, so nothing
+        // downstream wraps.
+        // The score count (never stored) must too: work estimates multiply it.
+        crate::op::elements(&[self.batch, self.heads_q, self.seq_q, self.seq_k, self.head_dim]).map_err(|_| {
+            format!("sizes {self}: batch x heads_q x seq_q x seq_k x head_dim overflows 64-bit arithmetic")
+        })?;
+        for t in [
+            [self.batch, self.seq_q, self.heads_q, self.head_dim],
+            [self.batch, self.seq_k, self.heads_kv, self.head_dim],
+        ] {
+            let n = crate::op::elements(&t).map_err(|e| format!("sizes {self}: {e}"))?;
+            if n > (isize::MAX as u64) / 8 {
+                return Err(format!("sizes {self}: a tensor of {t:?} is larger than this machine can address"));
+            }
+        }
         Ok(())
     }
 

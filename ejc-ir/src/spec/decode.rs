@@ -29,6 +29,7 @@ use sha2::{Digest, Sha256};
 use super::diag::{suggest, Diagnostic, Source, SpecError, ROOT};
 use super::yaml::{self, join, Node, NodeKind, Style};
 use super::{ScheduleSpace, Spec, Target, Variant};
+use crate::limits::MAX_DIAGNOSTICS;
 use crate::op::{AxisDecl, Features, Operation};
 use crate::types::DType;
 
@@ -41,8 +42,9 @@ use crate::types::DType;
 pub fn load_file(path: impl AsRef<Path>) -> Result<Spec, SpecError> {
     let path = path.as_ref();
     let file = path.display().to_string();
-    let bytes = std::fs::read(path)
-        .map_err(|e| SpecError::single(Diagnostic::new(&file, 0, 0, "", format!("cannot read the spec: {e}"))))?;
+    let cannot = |e: String| SpecError::single(Diagnostic::new(&file, 0, 0, "", format!("cannot read the spec: {e}")));
+    let cap = crate::limits::spec_bytes().map_err(cannot)?;
+    let bytes = crate::limits::read_capped(path, cap, "spec", "EJC_MAX_SPEC_BYTES").map_err(cannot)?;
     match std::str::from_utf8(&bytes) {
         Ok(text) => decode(&file, text, sha256_hex(&bytes)),
         Err(e) => Err(SpecError::single(not_utf8(&file, &bytes, e.valid_up_to()))),
@@ -78,7 +80,7 @@ fn not_utf8(file: &str, bytes: &[u8], valid_up_to: usize) -> Diagnostic {
     let mut d = Diagnostic::new(file, line, column, "", "the spec is not valid UTF-8 text")
         .with_found(format!("the byte 0x{byte:02x}"))
         .with_allowed("UTF-8 text");
-    d.source_line = Some(String::from_utf8_lossy(&bytes[line_start..line_end]).into_owned());
+    d.set_source(&String::from_utf8_lossy(&bytes[line_start..line_end]));
     d
 }
 
@@ -86,7 +88,7 @@ fn decode(file: &str, text: &str, hash: String) -> Result<Spec, SpecError> {
     // A byte-order mark is not part of the first key; editors on some systems add one.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let src = Source::new(file, text);
-    let mut d = Decoder { src: &src, diags: Vec::new() };
+    let mut d = Decoder { src: &src, diags: Vec::new(), omitted: 0, spare: None };
     let spec = yaml::parse(&src, text, &mut d.diags).map(|root| d.spec(&root, file, hash));
     let mut diags = d.diags;
     match spec {
@@ -95,7 +97,9 @@ fn decode(file: &str, text: &str, hash: String) -> Result<Spec, SpecError> {
             // Source order; the sort is stable, so problems at one position keep the
             // order they were found in.
             diags.sort_by_key(|d| (d.line, d.column));
-            Err(SpecError { diagnostics: diags })
+            let omitted = d.omitted + diags.len().saturating_sub(MAX_DIAGNOSTICS);
+            diags.truncate(MAX_DIAGNOSTICS);
+            Err(SpecError { diagnostics: diags, omitted })
         }
     }
 }
@@ -258,6 +262,10 @@ pub fn or_list(items: &[&str]) -> String {
 pub struct Decoder<'s> {
     src: &'s Source<'s>,
     diags: Vec<Diagnostic>,
+    /// Problems found beyond the ones kept.
+    omitted: usize,
+    /// Where a problem beyond the cap is written (and dropped).
+    spare: Option<Diagnostic>,
 }
 
 /// The entries of a mapping whose keys have been checked against the known fields.
@@ -288,7 +296,14 @@ impl<'n> Fields<'n> {
 
 impl Decoder<'_> {
     pub fn error(&mut self, node: &Node, path: &str, message: impl Into<String>) -> &mut Diagnostic {
-        self.diags.push(self.src.diag(node.line, node.col, path, message));
+        let d = self.src.diag(node.line, node.col, path, message);
+        // Beyond the cap a problem is counted, not kept: thousands of repeated errors
+        // must not hold thousands of copies of a long line.
+        if self.diags.len() >= 2 * MAX_DIAGNOSTICS {
+            self.omitted += 1;
+            return self.spare.insert(d);
+        }
+        self.diags.push(d);
         let last = self.diags.len() - 1;
         &mut self.diags[last]
     }
@@ -806,7 +821,7 @@ schedule:
         let e = errors(&with_variant("{ sliding_window: [1.5, 99999999999999999999999] }"));
         assert_eq!(e.len(), 2, "{e:?}");
         assert_eq!(e[0].message, "expected an integer");
-        assert_eq!(e[1].message, "the window size is too large");
+        assert_eq!(e[1].message, "the window size is too large: kernels take 32-bit signed sizes (at most 2147483647)");
         assert_eq!(e[1].found.as_deref(), Some("99999999999999999999999"));
         let e = errors(&with_variant("{ sliding_window: true }"));
         assert_eq!(e[0].message, "expected a window");

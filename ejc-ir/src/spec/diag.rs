@@ -32,6 +32,8 @@
 
 use std::fmt;
 
+use crate::limits::{escape_controls, EXCERPT_CHARS, SHOWN_DIAGNOSTICS};
+
 /// One problem in a spec file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Diagnostic {
@@ -51,14 +53,25 @@ pub struct Diagnostic {
     pub found: Option<String>,
     /// What would be accepted there.
     pub allowed: Option<String>,
-    /// The text of line `line`, shown under the message with a caret.
+    /// The text of line `line` (at most [`EXCERPT_CHARS`] characters of it, around
+    /// the column), shown under the message with a caret.
     pub source_line: Option<String>,
+    /// How many characters of the line come before `source_line` (0 unless a long line
+    /// was cut to an excerpt).
+    pub source_start: usize,
+    /// Whether the line goes on after `source_line`.
+    pub source_cut: bool,
 }
 
 /// Everything wrong with a spec file, in source order (at least one diagnostic).
+///
+/// At most [`MAX_DIAGNOSTICS`] are kept and [`SHOWN_DIAGNOSTICS`] printed: a spec with
+/// thousands of repeated errors prints a screenful and a count, not megabytes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpecError {
     pub diagnostics: Vec<Diagnostic>,
+    /// Problems found beyond the ones kept.
+    pub omitted: usize,
 }
 
 /// The path of the top-level mapping.
@@ -82,7 +95,18 @@ impl Diagnostic {
             found: None,
             allowed: None,
             source_line: None,
+            source_start: 0,
+            source_cut: false,
         }
+    }
+
+    /// Attach the text of the diagnostic's line, cut to an excerpt around its column
+    /// when it is long.
+    pub fn set_source(&mut self, line: &str) {
+        let (text, start) = excerpt(line, self.column);
+        self.source_cut = start + text.chars().count() < line.chars().count();
+        self.source_line = Some(text);
+        self.source_start = start;
     }
 
     #[must_use]
@@ -100,16 +124,16 @@ impl Diagnostic {
     /// The first line of the rendering: `error: file:line:col: path: message`.
     #[must_use]
     pub fn short(&self) -> String {
-        let mut out = format!("error: {}", self.file);
+        let mut out = format!("error: {}", escape_controls(&self.file));
         if self.line > 0 {
             out.push_str(&format!(":{}:{}", self.line, self.column));
         }
         out.push_str(": ");
         if !self.path.is_empty() {
-            out.push_str(&self.path);
+            out.push_str(&escape_controls(&self.path));
             out.push_str(": ");
         }
-        out.push_str(&self.message);
+        out.push_str(&escape_controls(&self.message));
         out
     }
 }
@@ -118,23 +142,36 @@ impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.short())?;
         if let Some(found) = &self.found {
-            write!(f, "\n  found: {found}")?;
+            write!(f, "\n  found: {}", escape_controls(found))?;
         }
         if let Some(allowed) = &self.allowed {
-            write!(f, "\n  allowed: {allowed}")?;
+            write!(f, "\n  allowed: {}", escape_controls(allowed))?;
         }
         if let (Some(source), true) = (&self.source_line, self.line > 0) {
             let number = self.line.to_string();
             let gutter = " ".repeat(number.len());
             // Copy tabs from the source line so the caret lines up however the
-            // terminal expands them; every other character is one column wide.
-            let pad: String = source
-                .chars()
-                .chain(std::iter::repeat(' '))
-                .take(self.column.saturating_sub(1))
-                .map(|c| if c == '\t' { '\t' } else { ' ' })
-                .collect();
-            write!(f, "\n{gutter} |\n{number} | {source}\n{gutter} | {pad}^")?;
+            // terminal expands them; an escaped control character is as wide as its
+            // escape, every other character one column.
+            let mut pad = String::new();
+            let mut shown = String::new();
+            if self.source_start > 0 {
+                shown.push('…');
+                pad.push(' ');
+            }
+            let caret = self.column.saturating_sub(1).saturating_sub(self.source_start);
+            for (i, c) in source.chars().enumerate() {
+                let text = escape_controls(c.encode_utf8(&mut [0; 4])).into_owned();
+                if i < caret {
+                    pad.extend(text.chars().map(|t| if t == '\t' { '\t' } else { ' ' }));
+                }
+                shown.push_str(&text);
+            }
+            pad.extend(std::iter::repeat_n(' ', caret.saturating_sub(source.chars().count())));
+            if self.source_cut {
+                shown.push('…');
+            }
+            write!(f, "\n{gutter} |\n{number} | {shown}\n{gutter} | {pad}^")?;
         }
         Ok(())
     }
@@ -143,20 +180,48 @@ impl fmt::Display for Diagnostic {
 impl SpecError {
     /// An error with one diagnostic.
     pub fn single(diagnostic: Diagnostic) -> SpecError {
-        SpecError { diagnostics: vec![diagnostic] }
+        SpecError { diagnostics: vec![diagnostic], omitted: 0 }
+    }
+
+    /// Every problem found, kept or not.
+    pub fn count(&self) -> usize {
+        self.diagnostics.len() + self.omitted
     }
 }
 
 impl fmt::Display for SpecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, d) in self.diagnostics.iter().enumerate() {
+        for (i, d) in self.diagnostics.iter().take(SHOWN_DIAGNOSTICS).enumerate() {
             if i > 0 {
                 f.write_str("\n\n")?;
             }
             write!(f, "{d}")?;
         }
+        let rest = self.count().saturating_sub(SHOWN_DIAGNOSTICS);
+        if rest > 0 {
+            write!(f, "\n\n... and {rest} more error{} (the first {SHOWN_DIAGNOSTICS} are shown)", plural(rest))?;
+        }
         Ok(())
     }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// At most [`EXCERPT_CHARS`] characters of `line` around the 1-based `column`, and how
+/// many characters come before them.
+pub fn excerpt(line: &str, column: usize) -> (String, usize) {
+    let n = line.chars().count();
+    if n <= EXCERPT_CHARS {
+        return (line.to_string(), 0);
+    }
+    let start = column.saturating_sub(1).saturating_sub(EXCERPT_CHARS / 2).min(n - EXCERPT_CHARS);
+    (line.chars().skip(start).take(EXCERPT_CHARS).collect(), start)
 }
 
 impl std::error::Error for SpecError {}
@@ -186,7 +251,9 @@ impl<'a> Source<'a> {
     /// A diagnostic at a 1-based `line` and `column`, with that line's text attached.
     pub fn diag(&self, line: usize, column: usize, path: impl Into<String>, message: impl Into<String>) -> Diagnostic {
         let mut d = Diagnostic::new(self.file, line, column, path, message);
-        d.source_line = self.line(line).map(str::to_string);
+        if let Some(text) = self.line(line) {
+            d.set_source(text);
+        }
         d
     }
 }
@@ -299,7 +366,7 @@ mod tests {
     fn several_diagnostics_are_separated_by_a_blank_line() {
         let a = Diagnostic::new("f", 1, 1, "x", "one");
         let b = Diagnostic::new("f", 2, 1, "y", "two");
-        let e = SpecError { diagnostics: vec![a, b] };
+        let e = SpecError { diagnostics: vec![a, b], omitted: 0 };
         assert_eq!(e.to_string(), "error: f:1:1: x: one\n\nerror: f:2:1: y: two");
     }
 

@@ -370,6 +370,13 @@ impl Operation for MeanPooling {
         Ok(HostCall { tensors, scalars: BTreeMap::from([("chunk_size".to_string(), shape.chunk as f64)]) })
     }
 
+    fn call_elements(&self, _f: &op::Features, dims: &Sizes) -> Result<u64, String> {
+        let s = shape_of(dims)?;
+        let x = op::elements(&[s.batch, s.seq, s.heads, s.head_dim])?;
+        // The pooled side is never larger than the sequence side.
+        op::total_elements(&[x, x, s.batch as u64 + 1])
+    }
+
     fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {
         let p = features(f)?;
         let (input, output) = p.tensors();
