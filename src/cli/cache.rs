@@ -32,9 +32,11 @@ pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
     for device in &devices {
         // Looking never writes (no directory, no lock file, nothing moved aside): a cache
         // that is read-only, or damaged, is listed as it is.
+        // Clearing a cache file that does not exist writes nothing either.
+        let look = PersistentCache::open_read_only(&dir, device);
         let mut cache = match action {
-            Action::Clear => PersistentCache::open(&dir, device),
-            Action::Ls | Action::Show(_) => PersistentCache::open_read_only(&dir, device),
+            Action::Clear if look.path().exists() => PersistentCache::open(&dir, device),
+            _ => look,
         };
         for w in cache.warnings() {
             eprintln!("warning: {w}");
@@ -85,6 +87,9 @@ fn one(action: &Action, cache: &mut PersistentCache, device: &str, index: &mut u
                     }
                 }
             }
+        }
+        Action::Clear if !cache.path().exists() => {
+            println!("removed 0 entries: {} does not exist ({device})", cache.path().display())
         }
         Action::Clear => match cache.clear(None) {
             Ok(n) => println!("removed {n} entries from {} ({device})", cache.path().display()),

@@ -297,3 +297,13 @@ fn a_patched_mlir_object_is_recompiled() {
     let third = ejc(&args, cache.path());
     assert!(format!("{}{}", text(&third.stdout), text(&third.stderr)).contains("from the on-disk cache"));
 }
+
+#[test]
+fn clearing_an_absent_cache_writes_nothing() {
+    let dir = TempDir::new("clear-absent");
+    let cache = dir.path().join("never-made");
+    let o = ejc(&["cache", "clear", "--cache-dir", cache.to_str().unwrap()], dir.path());
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    assert!(text(&o.stdout).contains("removed 0 entries"), "{}", text(&o.stdout));
+    assert!(!cache.exists(), "`ejc cache clear` made {}", cache.display());
+}
