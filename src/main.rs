@@ -182,7 +182,7 @@ struct TuneArgs {
     /// Where to tune: cpu, or cuda (the GPU at hand; its own cache file).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: Backend,
-    /// Worker threads (0 = all cores).
+    /// Worker threads (0 = all cores; at most 4 x the cores, at least 64: EJC_MAX_THREADS raises it).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Timed runs per candidate (the median is kept).
@@ -321,7 +321,8 @@ struct RunArgs {
     /// Seed of the random inputs (default: fresh, printed).
     #[arg(long)]
     seed: Option<u64>,
-    /// Worker threads for the cpu backend (0 = all cores).
+    /// Worker threads for the cpu backend (0 = all cores; at most 4 x the cores, at least 64:
+    /// EJC_MAX_THREADS raises it).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Print one JSON object per kernel instead of text.
@@ -336,7 +337,7 @@ struct BenchArgs {
     /// Where to run: cpu, mlir, or cuda (PTX compiled here for the GPU at hand).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: Backend,
-    /// Worker threads (0 = all cores).
+    /// Worker threads (0 = all cores; at most 4 x the cores, at least 64: EJC_MAX_THREADS raises it).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Timed runs (the median is reported).
