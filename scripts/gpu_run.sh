@@ -80,11 +80,12 @@ racecheck() {  # racecheck SET FILTER: shared-memory hazards on one sample
     echo "compute-sanitizer not found: racecheck skipped" | tee -a "$OUT/summary.txt"
 }
 
-# one_case SET FILTER SIZES: every candidate matching FILTER on one call of SIZES.
+# one_case SET FILTER SIZES [FLAGS...]: every candidate matching FILTER on one call of SIZES
+# (FLAGS: e.g. --entry aligned, one entry only).
 one_case() {
-    local log="$OUT/case_$1_$(echo "$3" | tr ',=' '_-').log"
+    local log="$OUT/case_$1_$(echo "$3" | tr ',=' '_-')${4:+_${4#--}_$5}.log"
     /usr/bin/time -f "%e s, %M KB peak" timeout "${EJC_TIMEOUT:-400}" ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" --seed "$SEED" \
-        --filter "$2" --size "$3" > "$log" 2>&1
+        --filter "$2" --size "$3" "${@:4}" > "$log" 2>&1
     local rc=$?
     grep -E '^(ok|FAIL)|passed|error' "$log" | tail -8
     echo "case $1 [$2] $3: exit $rc ($(tail -1 "$log"))" | tee -a "$OUT/summary.txt"
@@ -114,9 +115,15 @@ if [ "${1:-}" = "--hostile" ]; then
     # One tensor just past 2^31 elements: the input of pooling, k and v of decode's
     # split plan, q (and out) of flash. The f64 reference and inputs on the host take
     # minutes and up to ~70 GB here (EJC_BIG=0 leaves these out, EJC_BIG=only runs only them).
+    # The aligned entries past 2^31 elements, one call each (ENTRY=general for the others).
     if [ "${EJC_BIG:-1}" = flash ]; then
         one_case hostile_flash full_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws \
-            batch=1,seq_q=262145,seq_k=3,heads_q=64,heads_kv=64 || status=1
+            batch=1,seq_q=262145,seq_k=3,heads_q=64,heads_kv=64 --entry "${ENTRY:-aligned}" || status=1
+        exit $status
+    fi
+    if [ "${EJC_BIG:-1}" = decode ]; then
+        one_case hostile_decode split@ptx:sm_90a/w4_s2_wgmma_ws batch=1,seq_q=1,seq_k=262145,heads_q=64,heads_kv=64 \
+            --entry "${ENTRY:-aligned}" || status=1
         exit $status
     fi
     if [ "${EJC_BIG:-1}" != 0 ]; then

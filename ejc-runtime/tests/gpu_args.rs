@@ -124,6 +124,9 @@ fn bad_flags_are_errors_before_the_driver_check() {
     refused(&["check", dir, "--shard", "3/2"], "--shard");
     refused(&["check", dir, "--frobnicate"], "unknown argument `--frobnicate`");
     refused(&["check", dir, "--filter"], "--filter needs a value");
+    refused(&["check", dir, "--entry", "fastest"], "--entry takes general or aligned");
+    refused(&["check", dir, "--size", "seq=-1"], "--size");
+    refused(&["check", dir, "--shape", "1,2"], "--shape");
     refused(&["info", "extra"], "info takes no arguments");
     let with = |extra: &[&'static str]| -> Vec<&str> {
         let mut v = vec!["bench", dir];
@@ -148,6 +151,7 @@ fn well_formed_requests_reach_the_driver_check() {
     let dir = build.arg();
     let cache = TempDir::new("cache");
     let mut requests: Vec<Vec<&str>> = vec![vec!["info"], vec!["check", dir, "--seed", "1", "--shard", "0/2"]];
+    requests.push(vec!["check", dir, "--size", "seq=0", "--entry", "general"]);
     for cmd in ["bench", "tune", "call"] {
         let mut v = vec![cmd, dir];
         v.extend(CALL);

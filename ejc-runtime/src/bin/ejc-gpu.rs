@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! ejc-gpu info
-//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...]
+//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned]
 //! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--json FILE]
 //! ejc-gpu tune  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR] [--force]
 //! ejc-gpu call  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR]
@@ -41,7 +41,7 @@ use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...]\n  ejc-gpu bench DIR --variant V \
+        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned]\n  ejc-gpu bench DIR --variant V \
          --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--json FILE]\n  ejc-gpu tune DIR --variant V \
          --dtype D (--size ... | --shape ...) [--cache-dir DIR] [--force]\n  ejc-gpu call DIR --variant V --dtype D (--size ... | \
          --shape ...) [--cache-dir DIR]"
@@ -197,9 +197,17 @@ fn check_candidates<'r>(fam: &Family<'r>) -> Vec<Candidate<'r>> {
 type Case = std::rc::Rc<(HostCall, Sizes, std::collections::BTreeMap<String, ejc_ir::tensor::HostTensor>)>;
 
 fn check(args: &[String]) -> ExitCode {
-    if let Err(e) = check_args("check", args, &["--filter", "--seed", "--shard", "--size", "--shape"], &[]) {
+    if let Err(e) = check_args("check", args, &["--filter", "--seed", "--shard", "--size", "--shape", "--entry"], &[]) {
         return bad_input(e);
     }
+    // --entry general|aligned: only that entry of each candidate (a case past 2^31
+    // elements costs minutes of host time per run).
+    let entry = match flag(args, "--entry").as_deref() {
+        None => None,
+        Some("general") => Some(EntryChoice::General),
+        Some("aligned") => Some(EntryChoice::Best),
+        Some(other) => return bad_input(format!("--entry takes general or aligned, not `{other}`")),
+    };
     let dir = &args[0];
     let filter = flag(args, "--filter");
     // --shard I/N: every N-th candidate from the I-th, so N processes check a build in
@@ -265,10 +273,12 @@ fn check(args: &[String]) -> ExitCode {
             if filter.as_ref().is_none_or(|f| label.contains(f.as_str())) {
                 // Both entries where a launch has an aligned one: the inputs here are
                 // contiguous, so `Best` takes the aligned entry and `General` the other.
-                if c.launches.iter().any(|e| e.aligned.is_some()) {
+                if c.launches.iter().any(|e| e.aligned.is_some()) && entry != Some(EntryChoice::Best) {
                     work.push((fam.clone(), c.clone(), label.clone(), EntryChoice::General));
                 }
-                work.push((fam.clone(), c, label, EntryChoice::Best));
+                if entry != Some(EntryChoice::General) {
+                    work.push((fam.clone(), c, label, EntryChoice::Best));
+                }
             }
         }
     }
