@@ -67,7 +67,10 @@ writes the gpu-dialect module and its PTX from MLIR's NVVM pipeline (`mlir` = bo
 every target the spec lists that this ejc can build is built, and the others are named on stderr. \
 --report runs ptxas on every PTX file (registers, spills, shared memory; one line per entry); with \
 --drop-spilling the candidates that spill are left out of the build (a tuned configuration must not spill). \
-A build that fails removes the files and directories it created (what was there before stays), and writes no \
+Compiled code (PTX, CPU objects, MLIR's output) is cached on disk, keyed by each kernel's tile IR, the target \
+and the compiler, so a second build of an unchanged spec takes seconds and an edited variant recompiles only its \
+own kernels (the cache directory is the tuning cache's, see `ejc cache`; --no-cache compiles everything). A progress \
+bar shows counts and an ETA on a terminal. A build that fails removes the files and directories it created (what was there before stays), and writes no \
 manifest."
     )]
     Build {
@@ -114,6 +117,10 @@ manifest."
         /// registers (file and manifest entry), so that no tuned configuration spills.
         #[arg(long, requires = "report")]
         drop_spilling: bool,
+        /// Compile everything, neither reading nor writing the compiled-code cache
+        /// (same as EJC_CODE_CACHE=off).
+        #[arg(long)]
+        no_cache: bool,
         /// Print nothing but errors.
         #[arg(short, long)]
         quiet: bool,
@@ -153,7 +160,8 @@ them set, in memory only), one file per device (a CPU, a GPU). A call tuned here
 on the same device."
     )]
     Tune(TuneArgs),
-    /// Inspect or clear this machine's tuning cache.
+    /// Inspect or clear this machine's tuning cache (and, with `clear --code`, the
+    /// compiled-code cache `ejc build` keeps beside it).
     Cache {
         #[command(subcommand)]
         action: CacheAction,
@@ -166,13 +174,19 @@ on the same device."
 
 #[derive(Subcommand)]
 enum CacheAction {
-    /// One line per tuned call: the chosen configuration and the call.
+    /// One line per tuned call: the chosen configuration and the call; then the
+    /// compiled-code cache's size per back end.
     Ls,
     /// Everything about entries (all, or those whose key or call contains FILTER, or
     /// the entry numbered FILTER in `ls`): key parts, every candidate's time and status.
     Show { filter: Option<String> },
-    /// Remove every entry.
-    Clear,
+    /// Remove every tuning entry.
+    Clear {
+        /// Remove the compiled code instead (PTX, CPU objects, MLIR output: the next
+        /// build compiles everything again); tuning entries stay.
+        #[arg(long)]
+        code: bool,
+    },
 }
 
 #[derive(Args)]
@@ -378,8 +392,12 @@ fn main() -> ExitCode {
             paths,
             report,
             drop_spilling,
+            no_cache,
             quiet,
         } => {
+            if no_cache {
+                ejc_codegen::cache::disable();
+            }
             let named = |flag: &str, items: &[String]| -> Result<Vec<(String, u32)>, String> {
                 let mut out = Vec::new();
                 for item in items {
@@ -439,7 +457,8 @@ fn main() -> ExitCode {
             match action {
                 CacheAction::Ls => cli::cache::Action::Ls,
                 CacheAction::Show { filter } => cli::cache::Action::Show(filter.unwrap_or_default()),
-                CacheAction::Clear => cli::cache::Action::Clear,
+                CacheAction::Clear { code: false } => cli::cache::Action::Clear,
+                CacheAction::Clear { code: true } => cli::cache::Action::ClearCode,
             },
             cache_dir,
         ),

@@ -618,3 +618,83 @@ fn mean_pooling_through_the_command_line() {
     assert!(m.artifacts.iter().all(|a| a.grid[1].starts_with("cdiv(heads, ")), "the grid is the kernel's");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `ejc build` with its compiled-code cache in `cache`; stdout's last line.
+fn build_cached(spec: &std::path::Path, out: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(["build", spec.to_str().unwrap(), "-o", out.to_str().unwrap()])
+        .args(extra)
+        .env("EJC_CACHE_DIR", cache)
+        .env_remove("EJC_CODE_CACHE")
+        .output()
+        .expect("ejc runs");
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    text(&o.stdout).lines().last().unwrap_or_default().to_string()
+}
+
+#[test]
+fn build_compiles_each_kernel_once_and_an_edited_variant_alone() {
+    let dir = temp_dir("code-cache");
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("small.yaml");
+    let write = |cap: &str| {
+        let yaml = format!(
+            "name: small\nop: flash_attention_fwd\nversion: 1\nlayout: bshd\ndtypes: [f32, bf16]\nhead_dims: [64]\n\
+             variants:\n  full: {{}}\n  causal:\n    causal: true\n  capped:\n    logits_soft_cap: {cap}\n\
+             schedule:\n  block_m: [64]\n  block_n: [32]\n  num_warps: [4]\n  num_stages: [2]\n\
+             targets: [cpu, \"ptx:sm_80\"]\n"
+        );
+        std::fs::write(&spec, yaml).unwrap();
+    };
+    let (cache, out) = (dir.join("cache"), dir.join("out"));
+    let cpu = ["--target", "cpu", "--dtype", "f32"];
+    write("30.0");
+    let first = build_cached(&spec, &out, &cache, &cpu);
+    assert!(first.ends_with("(3 compiled, 0 from the compiled-code cache)"), "{first}");
+    let so = |out: &std::path::Path| {
+        let m = ejc_runtime::manifest::load(out).unwrap().manifest;
+        m.artifacts.iter().map(|a| a.sha256.clone()).collect::<Vec<_>>()
+    };
+    let cold = so(&out);
+    let again = build_cached(&spec, &out, &cache, &cpu);
+    assert!(again.ends_with("(0 compiled, 3 from the compiled-code cache)"), "{again}");
+    assert_eq!(so(&out), cold, "a library linked from cached objects is the same library");
+    // One variant changed: only its kernel is compiled.
+    write("20.0");
+    let edited = build_cached(&spec, &out, &cache, &cpu);
+    assert!(edited.ends_with("(1 compiled, 2 from the compiled-code cache)"), "{edited}");
+    // PTX: cached code is the code a fresh compilation writes.
+    let ptx = ["--target", "ptx:sm_80", "--dtype", "bf16"];
+    let first = build_cached(&spec, &out, &cache, &ptx);
+    assert!(first.ends_with("(3 compiled, 0 from the compiled-code cache)"), "{first}");
+    let fresh = dir.join("fresh");
+    let nocache = build_cached(&spec, &fresh, &cache, &[&ptx[..], &["--no-cache"]].concat());
+    assert!(!nocache.contains("compiled-code cache"), "--no-cache neither reads nor writes it: {nocache}");
+    let warm = build_cached(&spec, &out, &cache, &ptx);
+    assert!(warm.ends_with("(0 compiled, 3 from the compiled-code cache)"), "{warm}");
+    let files = |d: &std::path::Path| {
+        let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(d.join("ptx/sm_80"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(files(&out), files(&fresh));
+    // `ejc cache ls` counts the entries; `clear --code` removes them and nothing else.
+    let o =
+        Command::new(env!("CARGO_BIN_EXE_ejc")).args(["cache", "ls"]).env("EJC_CACHE_DIR", &cache).output().unwrap();
+    assert!(text(&o.stdout).contains("/ptx (3 entries"), "{}", text(&o.stdout));
+    assert!(text(&o.stdout).contains("/cpu (4 entries"), "{}", text(&o.stdout));
+    let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(["cache", "clear", "--code"])
+        .env("EJC_CACHE_DIR", &cache)
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    assert!(!cache.join("ptx").exists() && !cache.join("cpu").exists());
+    let cold = build_cached(&spec, &out, &cache, &cpu);
+    assert!(cold.ends_with("(3 compiled, 0 from the compiled-code cache)"), "{cold}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

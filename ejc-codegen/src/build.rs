@@ -49,8 +49,20 @@ impl BuildOptions {
 /// Progress events, for a progress bar or log lines.
 #[derive(Clone, Debug)]
 pub enum Progress<'a> {
-    Start { kernels: usize, targets: usize },
-    Kernel { done: usize, total: usize, id: &'a str },
+    Start {
+        kernels: usize,
+        targets: usize,
+    },
+    /// A target's compilations begin: `total` Kernel events follow (`done` counts from 0).
+    Target {
+        target: &'a str,
+        total: usize,
+    },
+    Kernel {
+        done: usize,
+        total: usize,
+        id: &'a str,
+    },
     Finished,
 }
 
@@ -275,6 +287,7 @@ fn build_into(
     for target in &opts.targets {
         match target {
             Target::Ir => {
+                progress(Progress::Target { target: "ir", total: selected.len() });
                 for (n, (inst, kernel)) in selected.iter().zip(&kernels).enumerate() {
                     progress(Progress::Kernel { done: n, total: selected.len(), id: &inst.id });
                     let path = opts.out_dir.join(crate::ir::file_of(kernel));
@@ -293,6 +306,7 @@ fn build_into(
                 let path = opts.out_dir.join(&file);
                 created.mkdir(&opts.out_dir.join("cpu"))?;
                 created.file(&path);
+                progress(Progress::Target { target: &format!("cpu:{}", isa.name()), total: kernels.len() });
                 let codes = compile_cpu_library(&kernels, isa, &path, progress)?;
                 let bytes = std::fs::read(&path).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
                 let sha = sha256_hex(&bytes);
@@ -448,10 +462,13 @@ fn build_ptx(
     }
     let dir = out_dir.join("ptx").join(arch.name());
     created.mkdir(&dir)?;
+    progress(Progress::Target { target: &format!("ptx:{}", arch.name()), total: jobs.len() });
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<crate::ptx::PtxKernel, CodegenError>)>();
-    let mut results: Vec<Option<crate::ptx::PtxKernel>> = (0..jobs.len()).map(|_| None).collect();
+    // Each worker also hashes its PTX for the manifest (a warm build is mostly hashing).
+    type Compiled = (crate::ptx::PtxKernel, String);
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<Compiled, CodegenError>)>();
+    let mut results: Vec<Option<Compiled>> = (0..jobs.len()).map(|_| None).collect();
     std::thread::scope(|scope| -> Result<(), CodegenError> {
         for _ in 0..threads.min(jobs.len().max(1)) {
             let tx = tx.clone();
@@ -459,7 +476,11 @@ fn build_ptx(
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(j) = jobs.get(i) else { break };
-                let _ = tx.send((i, crate::ptx::compile(j.kernel, &j.cand.cfg)));
+                let r = crate::ptx::compile(j.kernel, &j.cand.cfg).map(|k| {
+                    let sha = sha256_hex(k.ptx.as_bytes());
+                    (k, sha)
+                });
+                let _ = tx.send((i, r));
             });
         }
         drop(tx);
@@ -472,7 +493,7 @@ fn build_ptx(
     let mut artifacts = Vec::new();
     let mut too_big = 0;
     for (j, r) in jobs.iter().zip(results) {
-        let Some(k) = r else { continue };
+        let Some((k, sha)) = r else { continue };
         if k.code.smem_bytes > arch.max_shared_memory() {
             too_big += 1;
             continue;
@@ -483,7 +504,7 @@ fn build_ptx(
         created.file(&path);
         std::fs::write(&path, &k.ptx).map_err(|error| CodegenError::Io { path: path.clone(), error })?;
         let target = format!("ptx:{}", arch.name());
-        let mut a = artifact_of(op, j.inst, j.kernel, target.clone(), file, sha256_hex(k.ptx.as_bytes()));
+        let mut a = artifact_of(op, j.inst, j.kernel, target.clone(), file, sha);
         a.config.extend(j.cand.config.clone());
         a.artifact_id = format!("{}@{target}/{suffix}", j.inst.id);
         a.entry = k.code.entry.clone();
@@ -545,10 +566,29 @@ fn build_mlir(
     let base = |inst: &KernelInstance, kernel: &Kernel, target: String, file: String, sha: String| {
         artifact_of(op, inst, kernel, target, file, sha)
     };
-    // Text first (fast, and every kernel must verify).
+    // Text first (every kernel must verify), on every core, through the cache.
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let chunk = kernels.len().div_ceil(threads.max(1)).max(1);
+    let texts: Vec<Result<(String, mlir::Translation), mlir::MlirError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = kernels
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || part.iter().map(|k| mlir::to_mlir_cached(k, mform)).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    vec![Err(mlir::MlirError::Gpu {
+                        kernel: "?".into(),
+                        message: "a translation thread panicked".into(),
+                    })]
+                })
+            })
+            .collect()
+    });
     let mut artifacts = Vec::new();
-    for (inst, kernel) in selected.iter().zip(kernels) {
-        let (text, info) = mlir::to_mlir(kernel, mform)?;
+    for ((inst, kernel), translated) in selected.iter().zip(kernels).zip(texts) {
+        let (text, info) = translated?;
         let file = format!("mlir/{form}/{}.mlir", inst.id);
         let path = opts.out_dir.join(&file);
         created.file(&path);
@@ -565,7 +605,7 @@ fn build_mlir(
         return Ok(artifacts);
     }
     // PTX through MLIR's NVVM pipeline, on every core.
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    progress(Progress::Target { target: &format!("mlir:gpu:{MLIR_GPU_CHIP}"), total: kernels.len() });
     let next = std::sync::atomic::AtomicUsize::new(0);
     let (tx, rx) = std::sync::mpsc::channel::<(usize, Result<mlir::GpuPtx, mlir::MlirError>)>();
     let mut results: Vec<Option<mlir::GpuPtx>> = (0..kernels.len()).map(|_| None).collect();

@@ -22,6 +22,7 @@
 
 pub mod arith;
 pub mod build;
+pub mod cache;
 pub mod cpu;
 pub mod ir;
 pub(crate) mod llvm;

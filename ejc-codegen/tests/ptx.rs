@@ -11,6 +11,7 @@ use common::spec;
 use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, PtxConfig};
 use ejc_ir::spec::Spec;
 use ejc_ir::types::DType;
+use rayon::prelude::*;
 
 use common::split_kv_kernels;
 fn kernel(spec: &Spec, variant: &str, dtype: DType, d: usize, bm: u32, bn: u32) -> ejc_ir::ir::Kernel {
@@ -24,32 +25,38 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
     if tool.is_none() {
         eprintln!("skipped the ptxas half: no ptxas (run scripts/setup.sh or set EJC_PTXAS); PTX is still generated");
     }
-    let mut checked = 0;
+    // 180 compilations, each with ptxas: on every core (`rayon`).
+    let mut cases = Vec::new();
     for v in &spec.variants {
         for dtype in [DType::BF16, DType::F16] {
             for d in [64, 128] {
-                let k = kernel(&spec, &v.name, dtype, d, 128, 64);
                 for (arch, wgmma) in [(Arch::Sm80, false), (Arch::Sm90a, false), (Arch::Sm90a, true)] {
-                    let cfg = PtxConfig { arch, num_warps: 8, num_stages: 2, wgmma, ws: false, sink: false };
-                    let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{e}"));
-                    let mma = if wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
-                    assert!(p.ptx.contains(".entry") && p.ptx.contains(mma), "{} ({cfg:?})", k.name);
-                    assert!(!wgmma || !p.ptx.contains("mma.sync"), "{}: every dot runs as wgmma", k.name);
-                    assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
-                    if let Some(t) = &tool {
-                        let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
-                        let known_gap = fx(v).dropout && d == 128;
-                        if known_gap {
-                            eprintln!("note: {} ({arch}): {r:?}", k.name);
-                        } else {
-                            assert_eq!(r.spill_stores + r.spill_loads, 0, "{} ({arch}) spills: {r:?}", k.name);
-                        }
-                        checked += 1;
-                    }
+                    cases.push((v, dtype, d, arch, wgmma));
                 }
             }
         }
     }
+    let checked: usize = cases
+        .par_iter()
+        .map(|&(v, dtype, d, arch, wgmma)| {
+            let k = kernel(&spec, &v.name, dtype, d, 128, 64);
+            let cfg = PtxConfig { arch, num_warps: 8, num_stages: 2, wgmma, ws: false, sink: false };
+            let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{e}"));
+            let mma = if wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
+            assert!(p.ptx.contains(".entry") && p.ptx.contains(mma), "{} ({cfg:?})", k.name);
+            assert!(!wgmma || !p.ptx.contains("mma.sync"), "{}: every dot runs as wgmma", k.name);
+            assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
+            let Some(t) = &tool else { return 0 };
+            let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
+            let known_gap = fx(v).dropout && d == 128;
+            if known_gap {
+                eprintln!("note: {} ({arch}): {r:?}", k.name);
+            } else {
+                assert_eq!(r.spill_stores + r.spill_loads, 0, "{} ({arch}) spills: {r:?}", k.name);
+            }
+            1
+        })
+        .sum();
     eprintln!("{checked} kernels assembled by ptxas");
 }
 
@@ -142,9 +149,15 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
     use ejc_codegen::ptx::ws_applies;
     let spec = spec();
     let tool = find_ptxas();
-    let mut checked = 0;
+    let mut cases = Vec::new();
     for v in &spec.variants {
         for (d, bm, bn, w) in [(128, 128, 128, 8), (128, 128, 64, 8), (64, 64, 64, 4), (64, 128, 128, 8)] {
+            cases.push((v, d, bm, bn, w));
+        }
+    }
+    let checked: usize = cases
+        .par_iter()
+        .map(|&(v, d, bm, bn, w)| {
             let k = kernel(&spec, &v.name, DType::BF16, d, bm, bn);
             let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma: true, ws: true, sink: false };
             if fx(v).varlen {
@@ -152,7 +165,7 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
                 assert!(e.contains("limit"), "{}: {e}", k.name);
                 let e = compile(&k, &cfg).unwrap_err().to_string();
                 assert!(e.contains("limit"), "{}: {e}", k.name);
-                continue;
+                return 0;
             }
             ws_applies(&k, &cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name));
             let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name));
@@ -167,23 +180,22 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
                 assert!(body.contains(needle), "{}: no {needle}", k.name);
             }
             assert_eq!(p.ptx.contains("setmaxnreg.inc.sync.aligned.u32 240"), w == 8, "{}", k.name);
-            if let Some(t) = &tool {
-                for (entry, r) in ptxas_entries(t, &p.ptx, Arch::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name)) {
-                    // 128 x 128 tiles hold a per-element bias or dropout tile in registers
-                    // too: those variants spill there (`--drop-spilling` leaves them out)
-                    // and take 128 x 64; dropout at head_dim 128 is the known gap above.
-                    let extra_tile = (fx(v).bias || fx(v).dropout) && bn == 128;
-                    let known_gap = fx(v).dropout && d == 128;
-                    if extra_tile || known_gap {
-                        eprintln!("note: {entry} (w{w}): {r:?}");
-                    } else {
-                        assert_eq!(r.spill_stores + r.spill_loads, 0, "{entry} (w{w}) spills: {r:?}");
-                    }
+            let Some(t) = &tool else { return 0 };
+            for (entry, r) in ptxas_entries(t, &p.ptx, Arch::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name)) {
+                // 128 x 128 tiles hold a per-element bias or dropout tile in registers
+                // too: those variants spill there (`--drop-spilling` leaves them out)
+                // and take 128 x 64; dropout at head_dim 128 is the known gap above.
+                let extra_tile = (fx(v).bias || fx(v).dropout) && bn == 128;
+                let known_gap = fx(v).dropout && d == 128;
+                if extra_tile || known_gap {
+                    eprintln!("note: {entry} (w{w}): {r:?}");
+                } else {
+                    assert_eq!(r.spill_stores + r.spill_loads, 0, "{entry} (w{w}) spills: {r:?}");
                 }
-                checked += 1;
             }
-        }
-    }
+            1
+        })
+        .sum();
     eprintln!("{checked} warp-specialised kernels assembled by ptxas, none spilling");
 }
 

@@ -33,7 +33,7 @@ use std::fmt;
 use crate::types::{DType, Type};
 
 /// An SSA value: an index into [`Kernel::values`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Value(pub u32);
 
 impl Value {

@@ -249,7 +249,7 @@ impl Tunable for Tuner<'_, '_> {
         let bar = if self.progress {
             let b = indicatif::ProgressBar::new(candidates.len() as u64);
             b.set_style(
-                indicatif::ProgressStyle::with_template("{spinner} tuning [{bar:30}] {pos}/{len} {msg}")
+                indicatif::ProgressStyle::with_template("{spinner} tuning [{bar:30}] {pos}/{len} ETA {eta:>4} {msg}")
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
                     .progress_chars("=> "),
             );

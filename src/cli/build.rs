@@ -122,22 +122,19 @@ pub fn run(req: &Request) -> Outcome {
     };
     let quiet = req.quiet;
     let started = std::time::Instant::now();
-    let mut on_progress = |p: Progress| {
-        if quiet {
-            return;
-        }
-        match p {
-            Progress::Start { kernels, targets } => eprintln!("building {kernels} kernels for {targets} target(s)"),
-            Progress::Kernel { done, total, .. } if done > 0 && done % 100 == 0 => eprintln!("  {done}/{total}"),
-            _ => {}
-        }
-    };
+    let mut bar = super::progress::BuildProgress::new(quiet);
+    let mut on_progress = |p: Progress| bar.event(p);
     match build(&spec, &opts, &mut on_progress) {
         Ok(report) => {
             if !quiet {
                 let targets: Vec<String> = opts.targets.iter().map(|t| t.to_string()).collect();
+                let (found, compiled) = ejc_codegen::cache::stats();
+                let cache = match (found, compiled) {
+                    (0, 0) => String::new(),
+                    _ => format!(" ({compiled} compiled, {found} from the compiled-code cache)"),
+                };
                 println!(
-                    "wrote {} artifacts ({} kernels x targets {}) and {} in {:.2}s",
+                    "wrote {} artifacts ({} kernels x targets {}) and {} in {:.2}s{cache}",
                     report.manifest.artifacts.len(),
                     report.kernels,
                     targets.join(", "),
@@ -175,18 +172,41 @@ fn ptx_report(manifest: &ejc_ir::manifest::Manifest, dir: &std::path::Path, drop
     println!("{:<72} {:>5} {:>7} {:>7} {:>8}", "artifact", "regs", "spill_st", "spill_ld", "smem");
     let mut spilled = 0;
     let mut dropped: Vec<String> = Vec::new();
-    for a in ptx {
-        let arch: Arch = match a.target.trim_start_matches("ptx:").trim_start_matches("mlir:gpu:").parse() {
-            Ok(a) => a,
-            Err(e) => return Outcome::Error(format!("error: {e}")),
-        };
-        let text = match std::fs::read_to_string(dir.join(&a.file)) {
-            Ok(t) => t,
-            Err(e) => return Outcome::Error(format!("error: {}: {e}", a.file)),
-        };
-        let reports = match ptxas_entries(&tool, &text, arch) {
+    // ptxas on every core (it is single-threaded, ~1-3 s a file); lines print in order.
+    let assemble = |a: &ejc_ir::manifest::Artifact| {
+        let arch: Arch = a.target.trim_start_matches("ptx:").trim_start_matches("mlir:gpu:").parse()?;
+        let text = std::fs::read_to_string(dir.join(&a.file)).map_err(|e| format!("{}: {e}", a.file))?;
+        ptxas_entries(&tool, &text, arch).map_err(|e| format!("{}: {e}", a.artifact_id))
+    };
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(ptx.len());
+    eprintln!("assembling {} PTX file(s) with ptxas on {threads} thread(s) ...", ptx.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut ready = std::collections::BTreeMap::new();
+    let mut ordered = Vec::with_capacity(ptx.len());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let (tx, next, ptx, assemble) = (tx.clone(), &next, &ptx, &assemble);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(a) = ptx.get(i) else { break };
+                if tx.send((i, assemble(a))).is_err() {
+                    break;
+                }
+            });
+        }
+        std::mem::drop(tx);
+        for (i, r) in rx {
+            ready.insert(i, r);
+            while let Some(r) = ready.remove(&ordered.len()) {
+                ordered.push(r);
+            }
+        }
+    });
+    for (a, reports) in ptx.iter().zip(ordered) {
+        let reports = match reports {
             Ok(r) => r,
-            Err(e) => return Outcome::Error(format!("error: {}: {e}", a.artifact_id)),
+            Err(e) => return Outcome::Error(format!("error: {e}")),
         };
         for (entry, r) in reports {
             // The aligned entry (docs/abi.md) gets its own line.

@@ -14,6 +14,8 @@ pub enum Action {
     /// Entries whose key or call description contains this text (all when empty).
     Show(String),
     Clear,
+    /// Remove the compiled-code cache (`ejc_codegen::cache`).
+    ClearCode,
 }
 
 pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
@@ -23,6 +25,9 @@ pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
                 .into(),
         );
     };
+    if let Action::ClearCode = action {
+        return clear_code(&dir);
+    }
     // This CPU's file first (shown even when empty), then every other device's.
     let cpu = cpu_fingerprint();
     let mut devices = vec![cpu.clone()];
@@ -44,6 +49,13 @@ pub fn run(action: Action, cache_dir: Option<PathBuf>) -> Outcome {
         match one(&action, &mut cache, device, &mut index) {
             Ok(n) => shown += n,
             Err(o) => return o,
+        }
+    }
+    if let Action::Ls = action {
+        for kind in ejc_codegen::cache::KINDS {
+            let d = dir.join(kind);
+            let (n, bytes) = ejc_codegen::cache::usage(&d);
+            println!("compiled code: {} ({n} entries, {:.1} MiB)", d.display(), bytes as f64 / (1 << 20) as f64);
         }
     }
     if let Action::Show(filter) = &action {
@@ -95,6 +107,24 @@ fn one(action: &Action, cache: &mut PersistentCache, device: &str, index: &mut u
             Ok(n) => println!("removed {n} entries from {} ({device})", cache.path().display()),
             Err(e) => return Err(Outcome::Error(format!("error: {e}"))),
         },
+        Action::ClearCode => {}
     }
     Ok(n)
+}
+
+/// `clear --code`: remove every back end's compiled code (nothing is written where there
+/// is none).
+fn clear_code(dir: &std::path::Path) -> Outcome {
+    for kind in ejc_codegen::cache::KINDS {
+        let d = dir.join(kind);
+        if !d.exists() {
+            continue;
+        }
+        let (n, bytes) = ejc_codegen::cache::usage(&d);
+        if let Err(e) = std::fs::remove_dir_all(&d) {
+            return Outcome::Error(format!("error: cannot remove {}: {e}", d.display()));
+        }
+        println!("removed {} ({n} entries, {:.1} MiB)", d.display(), bytes as f64 / (1 << 20) as f64);
+    }
+    Outcome::Ok
 }

@@ -87,7 +87,8 @@ pub fn build_candidates(p: &Problem, variants: &[&Variant], target: Target, quie
     let cleanup = || {
         let _ = std::fs::remove_dir_all(&dir);
     };
-    if let Err(e) = build(&p.spec, &opts, &mut |_| {}) {
+    let mut bar = super::progress::BuildProgress::bars_only();
+    if let Err(e) = build(&p.spec, &opts, &mut |e| bar.event(e)) {
         cleanup();
         return Err(Outcome::Error(format!("error: {e}")));
     }

@@ -8,6 +8,7 @@ pub mod check;
 pub mod common;
 pub mod gpu;
 pub mod list;
+pub mod progress;
 pub mod run;
 pub mod tune;
 

@@ -36,7 +36,7 @@ use crate::math;
 use crate::CodegenError;
 
 /// What compiling one kernel produced, besides its function.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct KernelCode {
     pub entry: String,
     /// Bytes of scratch the kernel needs per thread.

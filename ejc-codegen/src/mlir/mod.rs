@@ -157,6 +157,32 @@ pub fn to_mlir(k: &Kernel, form: Form) -> Result<(String, Translation), MlirErro
     Ok((module.as_operation().to_string(), info))
 }
 
+/// [`to_mlir`] through the compiled-code cache (`mlir/`, keyed by the tile IR and the
+/// form): a build of unchanged kernels translates nothing.
+pub fn to_mlir_cached(k: &Kernel, form: Form) -> Result<(String, Translation), MlirError> {
+    let cache = crate::cache::CodeCache::open("mlir");
+    let key = cache
+        .as_ref()
+        .map(|_| crate::cache::CodeCache::key(&["mlir-text", &format!("{form:?}"), &ejc_ir::print::print_kernel(k)]));
+    if let (Some(c), Some(key)) = (&cache, &key) {
+        // First line: `<scratch bytes> <entry>`; then the module.
+        let hit = c.peek(key, "mlir").and_then(|b| {
+            let b = String::from_utf8(b).ok()?;
+            let (head, text) = b.split_once('\n')?;
+            let (scratch, entry) = head.split_once(' ')?;
+            Some((text.to_string(), Translation { entry: entry.to_string(), scratch_bytes: scratch.parse().ok()? }))
+        });
+        if let Some(hit) = hit {
+            return Ok(hit);
+        }
+    }
+    let (text, info) = to_mlir(k, form)?;
+    if let (Some(c), Some(key)) = (&cache, &key) {
+        c.put(key, "mlir", format!("{} {}\n{text}", info.scratch_bytes, info.entry).as_bytes());
+    }
+    Ok((text, info))
+}
+
 /// The CPU stages after translation.
 pub const CPU_STAGES: [(&str, &str); 2] = [
     ("1-expanded", "builtin.module(func.func(arith-expand{include-bf16=true}),canonicalize,cse)"),
@@ -219,95 +245,22 @@ pub(crate) fn dump(kernel: &str, form: Form, stage: &str, module: &Module) -> Re
     std::fs::write(&path, module.as_operation().to_string()).map_err(|error| MlirError::Io { path, error })
 }
 
-/// The on-disk cache of compiled MLIR: `$EJC_CACHE_DIR/mlir`, else
-/// `$XDG_CACHE_HOME/ejc/mlir`, else `~/.cache/ejc/mlir`; none without any of them (code
-/// is then compiled every time, and a warning says so once per process).
+/// The on-disk cache of compiled MLIR: `<cache dir>/mlir` ([`crate::cache`]), or none
+/// (the cache is off, or there is no cache directory: code is then compiled every time).
 pub fn cache_dir() -> Option<PathBuf> {
-    let dir = ejc_ir::cache_dir::default_dir().map(|d| d.join("mlir"));
-    if dir.is_none() {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!(
-                "warning: {}; compiled MLIR is not cached (every process compiles it again)",
-                ejc_ir::cache_dir::NO_DIR
-            )
-        });
-    }
-    dir
+    crate::cache::dir("mlir")
 }
 
-/// The layout of a cache entry: this line (with the SHA-256 of what follows), then the
-/// object or PTX. Part of the cache key too, so entries of another layout are never read.
-const CACHE_FORMAT: &str = "ejc-mlir-cache/2";
-
-/// The cache key of a compilation: the module text, every stage, the target and the
-/// compiler (ejc and MLIR) versions.
+/// The cache key of a compilation: the module text, every stage, the target, MLIR's
+/// version and the compiler's ([`crate::cache::CodeCache::key`]).
 pub(crate) fn cache_key(module_text: &str, stages: &[String], target: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for part in [crate::COMPILER_VERSION, "mlir-22", CACHE_FORMAT, target] {
-        h.update(part.as_bytes());
-        h.update([0]);
-    }
-    for s in stages {
-        h.update(s.as_bytes());
-        h.update([0]);
-    }
-    h.update(module_text.as_bytes());
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    let mut parts: Vec<&str> = vec!["mlir-22", target];
+    parts.extend(stages.iter().map(String::as_str));
+    parts.push(module_text);
+    crate::cache::CodeCache::key(&parts)
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::{Digest, Sha256};
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Write `bytes` to `path` through a temporary file and a rename, so a concurrent
-/// reader never sees half a file. The first line records the SHA-256 of `bytes`
-/// ([`cache_get`] checks it): code loaded from disk is code this process runs, and a
-/// flipped bit or a patched constant must not run silently. A cache that cannot be
-/// written is not an error.
-pub(crate) fn cache_put(path: &Path, bytes: &[u8]) {
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    let mut file = format!("{CACHE_FORMAT} sha256={}\n", sha256_hex(bytes)).into_bytes();
-    file.extend_from_slice(bytes);
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    match std::fs::write(&tmp, &file) {
-        Ok(()) => {
-            if std::fs::rename(&tmp, path).is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
-        }
-        Err(_) => {
-            let _ = std::fs::remove_file(&tmp);
-        }
-    }
-}
-
-/// The entry at `path` if there is one and it is intact: its recorded SHA-256 matches
-/// what follows. A damaged entry is reported, removed, and `None` (the caller compiles
-/// again and writes a new one).
-pub(crate) fn cache_get(path: &Path) -> Option<Vec<u8>> {
-    let file = std::fs::read(path).ok()?;
-    let intact = (|| {
-        let nl = file.iter().position(|b| *b == b'\n')?;
-        let head = std::str::from_utf8(&file[..nl]).ok()?;
-        let want = head.strip_prefix(CACHE_FORMAT)?.strip_prefix(" sha256=")?;
-        let body = &file[nl + 1..];
-        (sha256_hex(body) == want).then(|| body.to_vec())
-    })();
-    if intact.is_none() {
-        eprintln!(
-            "warning: MLIR cache entry {} is damaged (its SHA-256 does not match the one recorded with it); \
-             discarded, compiling again",
-            path.display()
-        );
-        let _ = std::fs::remove_file(path);
-    }
-    intact
-}
+pub(crate) use crate::cache::{get as cache_get, put as cache_put};
 
 /// PTX of a kernel through the GPU form.
 #[derive(Clone, Debug)]
@@ -335,10 +288,10 @@ pub fn compile_gpu(k: &Kernel, opts: GpuOptions) -> Result<GpuPtx, MlirError> {
                 .into(),
         )
     })?;
-    let s = Session::new();
-    let (mut module, info) = s.translate(k, form)?;
+    // The translated module's text keys the PTX; it comes from the cache when the
+    // kernel was translated before, so a hit costs no MLIR work at all.
+    let (text, info) = to_mlir_cached(k, form)?;
     let stages = gpu_stages(&opts.chip, &libdevice);
-    let text = module.as_operation().to_string();
     let stage_texts: Vec<String> = stages.iter().map(|(_, p)| p.clone()).collect();
     let key = cache_key(&text, &stage_texts, &format!("ptx:{}:{}", opts.chip, opts.threads));
     let path = cache_dir().map(|d| d.join(format!("{key}.ptx")));
@@ -352,6 +305,8 @@ pub fn compile_gpu(k: &Kernel, opts: GpuOptions) -> Result<GpuPtx, MlirError> {
     if let Some(ptx) = path.as_deref().and_then(cache_get).and_then(|b| String::from_utf8(b).ok()) {
         return Ok(done(ptx, true));
     }
+    let s = Session::new();
+    let (mut module, _) = s.translate(k, form)?;
     dump(&k.name, form, "0-translated", &module)?;
     for (name, pipeline) in &stages {
         s.run_stage(&mut module, &k.name, name, pipeline)?;

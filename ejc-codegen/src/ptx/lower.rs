@@ -193,7 +193,7 @@ struct TensorInfo {
 }
 
 /// What lowering one kernel produced besides its function.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PtxCode {
     pub entry: String,
     /// Dynamic shared memory the launch must give, in bytes.

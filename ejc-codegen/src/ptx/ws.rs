@@ -25,7 +25,7 @@ use ejc_ir::types::{DType, Type};
 use super::layout::Plan;
 
 /// A load the producer copies with the bulk tensor copy engine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TmaLoad {
     /// The load's result.
     pub load: Value,
