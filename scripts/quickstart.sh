@@ -15,7 +15,8 @@ bash scripts/setup.sh
 source .tools/env.sh
 cargo build --release --locked
 ejc=target/release/ejc
-step() { printf '\n== %s\n' "$*"; }
+start=$SECONDS
+step() { printf '\n== [%ds] %s\n' $((SECONDS - start)) "$*"; }
 step "ejc check"
 $ejc check specs/flash.yaml
 step "ejc build: tile IR and the CPU library of all 540 kernels"
@@ -30,3 +31,4 @@ $ejc run specs/flash.yaml --backend cpu
 $ejc run specs/flash.yaml --backend mlir
 step "ejc tune: one call on this CPU (the winner goes to the tuning cache: ejc cache ls)"
 $ejc tune specs/flash.yaml --variant causal --dtype f32 --shape 1,1024,1024,4,4,64 --threads 2
+step "done"
