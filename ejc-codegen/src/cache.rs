@@ -138,6 +138,40 @@ impl CodeCache {
     }
 }
 
+/// `compile` through the cache of back end `kind`: what it returns is `(meta, code)`, kept as
+/// one line of JSON (`meta`: entry names, shared memory, ...) followed by the code bytes.
+/// `parts` (the key's inputs: target, options, printed tile IR) is only computed when the
+/// cache is on. An entry that does not parse is compiled again and overwritten.
+pub fn cached<M, E>(
+    kind: &str,
+    ext: &str,
+    parts: impl FnOnce() -> Vec<String>,
+    compile: impl FnOnce() -> Result<(M, Vec<u8>), E>,
+) -> Result<(M, Vec<u8>), E>
+where
+    M: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let Some(cache) = CodeCache::open(kind) else { return compile() };
+    let parts = parts();
+    let key = CodeCache::key(&parts.iter().map(String::as_str).collect::<Vec<_>>());
+    let hit = cache.get(&key, ext).and_then(|mut b| {
+        let nl = b.iter().position(|x| *x == b'\n')?;
+        let meta = serde_json::from_slice(&b[..nl]).ok()?;
+        b.drain(..=nl);
+        Some((meta, b))
+    });
+    if let Some(hit) = hit {
+        return Ok(hit);
+    }
+    let (meta, code) = compile()?;
+    if let Ok(mut bytes) = serde_json::to_vec(&meta) {
+        bytes.push(b'\n');
+        bytes.extend_from_slice(&code);
+        cache.put(&key, ext, &bytes);
+    }
+    Ok((meta, code))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

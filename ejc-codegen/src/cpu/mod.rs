@@ -121,34 +121,16 @@ fn emit_function(ctx: &Context, module: &Module, kernel: &Kernel, isa: Isa) -> R
 /// ISA: a kernel compiled before (by `ejc build`, `ejc run`, a test) is not compiled
 /// again.
 pub fn compile_object(kernels: &[Kernel], isa: Isa) -> Result<CompiledObject, CodegenError> {
-    let cache = crate::cache::CodeCache::open("cpu");
-    let key = cache.as_ref().map(|_| {
+    let parts = || {
         let (cpu, features) = isa.llvm_cpu_features();
         let mut parts = vec!["cpu".to_string(), isa.name().to_string(), cpu.to_string(), features.to_string()];
         parts.extend(kernels.iter().map(ejc_ir::print::print_kernel));
-        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
-        crate::cache::CodeCache::key(&parts)
-    });
-    if let (Some(c), Some(key)) = (&cache, &key) {
-        let hit = c.get(key, "o").and_then(|b| {
-            let nl = b.iter().position(|x| *x == b'\n')?;
-            let codes: Vec<lower::KernelCode> = serde_json::from_slice(&b[..nl]).ok()?;
-            Some(CompiledObject { object: b[nl + 1..].to_vec(), isa, kernels: codes })
-        });
-        if let Some(obj) = hit {
-            return Ok(obj);
-        }
-    }
-    let obj = compile_object_uncached(kernels, isa)?;
-    if let (Some(c), Some(key)) = (&cache, &key) {
-        // One line of JSON (each kernel's entry and scratch), then the object file.
-        if let Ok(mut bytes) = serde_json::to_vec(&obj.kernels) {
-            bytes.push(b'\n');
-            bytes.extend_from_slice(&obj.object);
-            c.put(key, "o", &bytes);
-        }
-    }
-    Ok(obj)
+        parts
+    };
+    let (codes, object) = crate::cache::cached("cpu", "o", parts, || {
+        compile_object_uncached(kernels, isa).map(|o| (o.kernels, o.object))
+    })?;
+    Ok(CompiledObject { object, isa, kernels: codes })
 }
 
 fn compile_object_uncached(kernels: &[Kernel], isa: Isa) -> Result<CompiledObject, CodegenError> {

@@ -404,39 +404,17 @@ pub fn compile(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenErr
             message: format!("PTX back end: num_warps must be 1, 2, 4, 8 or 16 (got {})", cfg.num_warps),
         });
     }
-    // The on-disk cache (crate::cache): the printed tile IR is the whole program, the
-    // configuration the rest of the input.
     // EJC_DUMP_LLVM asks for the LLVM IR, which only a compilation makes: no cache then.
-    let dumping = std::env::var_os("EJC_DUMP_LLVM").is_some_and(|d| !d.is_empty());
-    let cache = if dumping { None } else { crate::cache::CodeCache::open("ptx") };
-    let key = cache.as_ref().map(|_| {
-        let cfg_text = format!("{cfg:?}");
-        let ir = ejc_ir::print::print_kernel(kernel);
-        crate::cache::CodeCache::key(&["ptx", cfg.arch.name(), &cfg_text, &ir])
-    });
-    if let (Some(c), Some(key)) = (&cache, &key) {
-        if let Some(k) = c.get(key, "ptx").and_then(|b| cached_ptx(&b)) {
-            return Ok(k);
-        }
+    if std::env::var_os("EJC_DUMP_LLVM").is_some_and(|d| !d.is_empty()) {
+        return compile_uncached(kernel, cfg);
     }
-    let k = compile_uncached(kernel, cfg)?;
-    if let (Some(c), Some(key)) = (&cache, &key) {
-        // One line of JSON (what lowering found: entries, shared memory, TMA maps), then the PTX.
-        if let Ok(mut bytes) = serde_json::to_vec(&k.code) {
-            bytes.push(b'\n');
-            bytes.extend_from_slice(k.ptx.as_bytes());
-            c.put(key, "ptx", &bytes);
-        }
-    }
-    Ok(k)
-}
-
-/// A cache entry's kernel (see [`compile`]), or none if it does not parse.
-fn cached_ptx(bytes: &[u8]) -> Option<PtxKernel> {
-    let nl = bytes.iter().position(|b| *b == b'\n')?;
-    let code: PtxCode = serde_json::from_slice(&bytes[..nl]).ok()?;
-    let ptx = String::from_utf8(bytes[nl + 1..].to_vec()).ok()?;
-    Some(PtxKernel { ptx, code })
+    // The printed tile IR is the whole program, the configuration the rest of the input.
+    let parts = || vec!["ptx".into(), cfg.arch.name().into(), format!("{cfg:?}"), ejc_ir::print::print_kernel(kernel)];
+    let (code, ptx) = crate::cache::cached("ptx", "ptx", parts, || {
+        compile_uncached(kernel, cfg).map(|k| (k.code, k.ptx.into_bytes()))
+    })?;
+    let ptx = String::from_utf8(ptx).map_err(|_| CodegenError::Llvm("PTX that is not UTF-8".into()))?;
+    Ok(PtxKernel { ptx, code })
 }
 
 fn compile_uncached(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenError> {
