@@ -8,6 +8,8 @@
 #   bash scripts/gpu_prepare.sh --ops      # every operation and plan through the generic runtime: flash_decode
 #                                          # (both plans), mean pooling, a flash slice of every code path, and
 #                                          # the benchmark sets (gpu_run.sh --ops, then gpu_run.sh --ops-bench)
+#   bash scripts/gpu_prepare.sh --cpu      # the GPU host's CPU (an AMX Xeon): the compiler and the C runtime, for
+#                                          # gpu_run.sh --cpu (AMX checks, the table against torch, thread scaling)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
 # (five packs: together they would pass the device tool's 64 MiB.)
@@ -15,6 +17,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
 source .tools/env.sh
+if [ "${1:-}" = "--cpu" ]; then
+    # No artifacts: the compiler (LLVM linked in, stripped, xz ~33 MB) builds `cpu:amx` there.
+    cargo build --release -q -p ejc -p ejc-runtime-capi
+    rm -rf .gpu && mkdir -p .gpu
+    strip -o .gpu/ejc target/release/ejc && xz -T0 -6 .gpu/ejc
+    cp target/release/libejc_runtime_capi.so .gpu/
+    cp "$(ldconfig -p | awk '/libffi.so.8 /{print $NF; exit}')" .gpu/ 2>/dev/null || true
+    du -sh .gpu/*
+    exit 0
+fi
 cargo build --release -q -p ejc -p ejc-runtime --features ejc-runtime/cuda --bin ejc --bin ejc-gpu
 rm -rf .gpu && mkdir -p .gpu
 cp target/release/ejc-gpu .gpu/

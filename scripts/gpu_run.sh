@@ -17,6 +17,9 @@
 #   bash scripts/gpu_run.sh --ops-bench  # decode rows (both plans vs cuDNN, FA2), pooling vs torch, 3 flash rows
 #   bash scripts/gpu_run.sh --ops-cli    # the compiler on the GPU: `ejc tune --backend cuda` stores a winner that the
 #                                        # runtime (`ejc-gpu call`, another process) then uses; `ejc run --backend cuda`
+#   bash scripts/gpu_run.sh --cpu [THREADS]  # the host CPU (`gpu_prepare.sh --cpu`): AMX detection, `ejc run --backend cpu`
+#                                        # on every variant x dtype with `--isa amx` (awkward sizes, against the reference),
+#                                        # then bench/compare_cpu.py with cpu:amx at THREADS (default 1,16): ratios, scaling
 # EJC_FILTER=TEXT keeps the artifacts whose id contains TEXT in the checks; EJC_SHARDS=N
 # (default: the CPU count, at most 16) runs N `ejc-gpu check` processes side by side:
 # loading PTX is the driver's JIT compile, CPU-bound, about a second per entry.
@@ -146,6 +149,29 @@ if [ "${1:-}" = "--ops" ]; then
             --cache-dir /tmp/ejc-cache 2>&1 | tail -15 | tee -a "$OUT/tune.log" || status=1
     done
     timeout 120 python3 examples/cupy_launch.py /tmp/ejc-art/ops_flash _ws 2>&1 | tee "$OUT/cupy.log" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "--cpu" ]; then
+    mkdir -p /tmp/ejc-bin && xz -dc .gpu/ejc.xz > /tmp/ejc-bin/ejc && chmod +x /tmp/ejc-bin/ejc
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$PWD/.gpu"
+    E=/tmp/ejc-bin/ejc
+    {
+        lscpu | grep -E "Model name|^CPU\(s\)|Thread|L2|L3|Flags" | sed 's/Flags:.*/Flags (amx, avx512_bf16): '"$(grep -o 'amx[a-z0-9_]*\|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"'/'
+        python3 -c "import torch; print('torch', torch.__version__, torch.backends.cpu.get_cpu_capability())"
+        echo "== ejc run --backend cpu --isa amx: every variant, against the reference (awkward sizes)"
+        for dt in bf16 f16 f32; do
+            for shape in 2,77,93,4,2,64 1,333,517,4,1,128; do
+                timeout 300 $E run specs/flash.yaml --backend cpu --isa amx --dtype $dt --shape $shape \
+                    --block-m 64 --block-n 64 2>&1 | tail -18 || status=1
+            done
+        done
+        echo "== the same through the 32-row tiles (2 x 2 AMX accumulators) and 128-row blocks"
+        timeout 300 $E run specs/flash.yaml --backend cpu --isa amx --dtype bf16 --shape 2,300,411,4,2,128 \
+            --block-m 128 --block-n 128 2>&1 | tail -18 || status=1
+    } > "$OUT/cpu_checks.log" 2>&1
+    cat "$OUT/cpu_checks.log"
+    timeout 500 python3 bench/compare_cpu.py --ejc $E --runtime .gpu/libejc_runtime_capi.so --target cpu:amx \
+        --threads "${2:-1,16}" --reps "${EJC_REPS:-10}" --markdown --json "$OUT/cpu_bench.json" 2>&1 | tee "$OUT/cpu_bench.log" || status=1
     exit $status
 fi
 if [ "${1:-}" = "--ops-cli" ]; then

@@ -292,8 +292,8 @@ struct ProblemArgs {
     /// Attention shorthand: dropout probability (dropout_p; default 0.2).
     #[arg(long)]
     dropout: Option<f64>,
-    /// CPU ISA to compile for: avx512bf16, avx512, avx2, x86-64 (default: the host's
-    /// best, using AVX512_BF16 only when asked).
+    /// CPU ISA to compile for: amx, avx512bf16, avx512, avx2, x86-64 (default: the host's
+    /// best, using AVX512_BF16 without AMX only when asked).
     #[arg(long)]
     isa: Option<String>,
     /// The most host memory a call's tensors may take, e.g. 64G, 512M or `none`

@@ -106,6 +106,10 @@ fn every_isa_this_machine_runs() {
     let spec = spec();
     let seed = seed();
     eprintln!("seed = {seed}");
+    let skipped: Vec<String> = Isa::ALL.into_iter().filter(|i| !i.runs_here()).map(|i| i.to_string()).collect();
+    if !skipped.is_empty() {
+        eprintln!("skipped (this CPU runs up to {}): {}", Isa::host_max(), skipped.join(", "));
+    }
     for isa in Isa::ALL.into_iter().filter(|i| i.runs_here()) {
         let mut kernels = Vec::new();
         let mut cases = Vec::new();
@@ -224,6 +228,59 @@ fn split_kv_partial_then_combine_matches_the_reference() {
                 let ks = [(&partial as _, &kernels[i]), (&combine as _, &kernels[i + 1])];
                 check_split_kv(&spec, v, dtype, ks, shape, seed + j as u64, num_splits, 2);
             }
+        }
+    }
+}
+
+/// `cpu:amx`: bf16 products of whole tiles compile to AMX tile code (one tile
+/// configuration, `tdpbf16ps`), products that do not fit (K = 48 is not a multiple of 32)
+/// and f32 products to vector code; where this CPU has AMX they also run against the
+/// reference (every variant, awkward shapes, both tile blockings: 1 x 2 and 2 x 2
+/// accumulators). Other machines compile only, and say so.
+#[test]
+fn amx_kernels_use_tiles_and_match_the_reference_where_the_cpu_has_amx() {
+    use ejc_codegen::cpu::assembly;
+    let spec = spec();
+    let full = spec.variant("full").unwrap();
+    let asm = assembly(&[kernel(&spec, full, DType::BF16, 64, 64, 32)], Isa::Amx).unwrap();
+    assert!(asm.contains("tdpbf16ps") && asm.contains("ldtilecfg") && asm.contains("tilerelease"), "no AMX code");
+    let asm = assembly(&[kernel(&spec, full, DType::F32, 64, 64, 32)], Isa::Amx).unwrap();
+    assert!(!asm.contains("tdpbf16ps") && asm.contains("vfmadd"), "f32 products on AMX tiles");
+    let asm = assembly(&[kernel(&spec, full, DType::BF16, 48, 64, 48)], Isa::Amx).unwrap();
+    assert!(!asm.contains("tdpbf16ps") && asm.contains("vfmadd"), "K = 48 is not whole AMX tiles");
+    if !Isa::Amx.runs_here() {
+        eprintln!(
+            "skipped: running the AMX kernels (this CPU runs up to {}; {})",
+            Isa::host_max(),
+            ejc_ir::cpu_abi::enable_amx().err().unwrap_or_default()
+        );
+        return;
+    }
+    let seed = seed();
+    eprintln!("seed = {seed}");
+    let mut kernels = Vec::new();
+    let mut cases = Vec::new();
+    for v in &spec.variants {
+        for (d, bm, bn) in [(64, 64, 32), (128, 128, 64)] {
+            let k = kernel(&spec, v, DType::BF16, d, bm, bn);
+            cases.push((v, d, k.name.clone()));
+            kernels.push(k);
+        }
+    }
+    let obj = compile_object(&kernels, Isa::Amx).unwrap();
+    let jit = JitLibrary::load(&obj.object).unwrap();
+    for (i, (v, d, name)) in cases.iter().enumerate() {
+        let k = CpuKernel { entry: jit.entry(name).unwrap(), scratch_bytes: obj.kernels[i].scratch_bytes as usize };
+        for shape in ["2,77,93,4,2,D", "1,1,23,2,2,D", "1,300,411,4,1,D"] {
+            check(
+                &k,
+                abi(&kernels[i]),
+                v,
+                DType::BF16,
+                &shape.replace('D', &d.to_string()),
+                seed,
+                &format!("{name} (amx)"),
+            );
         }
     }
 }

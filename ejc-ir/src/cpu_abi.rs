@@ -112,10 +112,14 @@ pub enum Isa {
     Avx512,
     /// x86-64-v4 plus AVX512_BF16 (`vdpbf16ps`: bf16 pairs dotted into f32).
     Avx512Bf16,
+    /// `Avx512Bf16` plus AMX (AMX-TILE, AMX-BF16): bf16 products on 16 × 32 tiles
+    /// (`tdpbf16ps`), Intel Sapphire Rapids and later. Needs the kernel's permission to use
+    /// the tile registers ([`enable_amx`]), which [`Isa::host_max`] asks for.
+    Amx,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 4] = [Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::X86_64];
+    pub const ALL: [Isa; 5] = [Isa::Amx, Isa::Avx512Bf16, Isa::Avx512, Isa::Avx2, Isa::X86_64];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -123,14 +127,16 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Avx512Bf16 => "avx512bf16",
+            Isa::Amx => "amx",
         }
     }
 
     /// The level ejc builds for on this machine by default: the best one it runs,
-    /// except that AVX512_BF16 is used only when asked for (`cpu:avx512bf16`). On the
-    /// Intel Xeon (Emerald Rapids) that ejc is measured on, `vdpbf16ps` issues at half
-    /// the rate of two FMA pipes, so bf16 kernels run faster converted to f32
-    /// (docs/perf.md has the figures).
+    /// except that AVX512_BF16 without AMX is used only when asked for
+    /// (`cpu:avx512bf16`). On the Intel Xeon (Emerald Rapids) that ejc is measured on,
+    /// `vdpbf16ps` issues at half the rate of two FMA pipes, so bf16 kernels run faster
+    /// converted to f32 unless AMX tiles take the products (docs/perf.md has the
+    /// figures).
     pub fn host() -> Isa {
         match Isa::host_max() {
             Isa::Avx512Bf16 => Isa::Avx512,
@@ -147,6 +153,9 @@ impl Isa {
                 && std::is_x86_feature_detected!("avx512dq")
                 && std::is_x86_feature_detected!("avx512vl");
             if v4 && std::is_x86_feature_detected!("avx512bf16") {
+                if cpuid_amx() && enable_amx().is_ok() {
+                    return Isa::Amx;
+                }
                 return Isa::Avx512Bf16;
             }
             if v4 {
@@ -171,6 +180,7 @@ impl Isa {
             Isa::Avx2 => ("x86-64-v3", ""),
             Isa::Avx512 => ("x86-64-v4", ""),
             Isa::Avx512Bf16 => ("x86-64-v4", "+avx512bf16"),
+            Isa::Amx => ("x86-64-v4", "+avx512bf16,+amx-tile,+amx-bf16"),
         }
     }
 
@@ -179,7 +189,7 @@ impl Isa {
         match self {
             Isa::X86_64 => 4,
             Isa::Avx2 => 8,
-            Isa::Avx512 | Isa::Avx512Bf16 => 16,
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => 16,
         }
     }
 
@@ -187,12 +197,18 @@ impl Isa {
     pub fn registers(self) -> usize {
         match self {
             Isa::X86_64 | Isa::Avx2 => 16,
-            Isa::Avx512 | Isa::Avx512Bf16 => 32,
+            Isa::Avx512 | Isa::Avx512Bf16 | Isa::Amx => 32,
         }
     }
 
+    /// `vdpbf16ps` and the native bf16 conversions.
     pub fn has_bf16_dot(self) -> bool {
-        self == Isa::Avx512Bf16
+        self >= Isa::Avx512Bf16
+    }
+
+    /// AMX tiles with `tdpbf16ps`.
+    pub fn has_amx(self) -> bool {
+        self == Isa::Amx
     }
 }
 
@@ -208,6 +224,59 @@ impl FromStr for Isa {
         Isa::ALL
             .into_iter()
             .find(|i| i.name() == s)
-            .ok_or_else(|| format!("unknown CPU ISA `{s}` (known: avx512bf16, avx512, avx2, x86-64)"))
+            .ok_or_else(|| format!("unknown CPU ISA `{s}` (known: amx, avx512bf16, avx512, avx2, x86-64)"))
     }
+}
+
+/// Whether the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22).
+/// `std::is_x86_feature_detected!` does not know them on stable Rust yet.
+fn cpuid_amx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // Leaf 7 is valid when leaf 0 says so.
+        if std::arch::x86_64::__cpuid(0).eax >= 7 {
+            let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+            return edx & (1 << 24) != 0 && edx & (1 << 22) != 0;
+        }
+    }
+    false
+}
+
+/// Ask the operating system for the AMX tile state (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`; the permission is the whole process's, every thread included).
+/// Kernels built for [`Isa::Amx`] die with SIGILL without it, so the runtime asks before it
+/// runs one ([`Isa::host_max`] does). Asked once; later calls return the first answer.
+pub fn enable_amx() -> Result<(), String> {
+    static ANSWER: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    ANSWER.get_or_init(request_amx).clone()
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn request_amx() -> Result<(), String> {
+    const ARCH_GET_XCOMP_SUPP: libc::c_long = 0x1021;
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    if !cpuid_amx() {
+        return Err("this CPU has no AMX (CPUID leaf 7: AMX-TILE and AMX-BF16)".into());
+    }
+    let mut supported: u64 = 0;
+    // SAFETY: arch_prctl with these codes reads no memory of ours but the one u64 it fills.
+    let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_GET_XCOMP_SUPP, &mut supported as *mut u64) };
+    if rc != 0 || supported & (1 << XFEATURE_XTILEDATA) == 0 {
+        return Err("the kernel does not offer AMX tile state (arch_prctl ARCH_GET_XCOMP_SUPP; Linux 5.16+)".into());
+    }
+    // SAFETY: as above; no memory is passed.
+    let rc = unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) };
+    if rc != 0 {
+        return Err(format!(
+            "the kernel refused AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM: {})",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn request_amx() -> Result<(), String> {
+    Err("AMX kernels are supported on Linux x86-64 only".into())
 }

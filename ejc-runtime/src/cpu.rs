@@ -264,13 +264,31 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The one pool every launch of at most this machine's hardware threads shares: its
+/// workers are the hardware threads, so launches from several caller threads at once
+/// queue on them instead of multiplying them (a pool per thread count would let a
+/// 2-thread and a 16-thread launch run 18 workers on 16 cores).
+fn shared_pool() -> Result<&'static rayon::ThreadPool, CpuError> {
+    static POOL: OnceLock<Result<rayon::ThreadPool, String>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(ejc_ir::limits::available_threads())
+            .thread_name(|i| format!("ejc-cpu-{i}"))
+            .build()
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| CpuError::Threads(e.clone()))
+}
+
 fn pools() -> &'static Mutex<HashMap<usize, Arc<rayon::ThreadPool>>> {
     static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
     POOLS.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// A pool of `threads` workers, made once per size and kept.
-fn pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, CpuError> {
+/// A pool of `threads` workers for a launch that asks for more threads than the machine
+/// has (oversubscription on purpose), made once per size and kept.
+fn oversized_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, CpuError> {
     let mut pools = pools().lock().map_err(|_| CpuError::Threads("thread pool registry poisoned".into()))?;
     if let Some(p) = pools.get(&threads) {
         return Ok(p.clone());
@@ -278,12 +296,27 @@ fn pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, CpuError> {
     let p = Arc::new(
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
-            .thread_name(|i| format!("ejc-cpu-{i}"))
+            .thread_name(|i| format!("ejc-cpu-x{i}"))
             .build()
             .map_err(|e| CpuError::Threads(e.to_string()))?,
     );
     pools.insert(threads, p.clone());
     Ok(p)
+}
+
+/// The workers a launch gets. `0` means every hardware thread, except when the caller is
+/// itself a worker of someone else's rayon pool: its pool already keeps the cores busy,
+/// so the launch runs on the calling thread (as BLAS libraries do inside a parallel
+/// region). An explicit count is honoured.
+fn launch_threads(requested: usize) -> Result<usize, CpuError> {
+    let threads = ejc_ir::limits::worker_threads(requested).map_err(CpuError::Invalid)?;
+    if requested == 0 && rayon::current_thread_index().is_some() {
+        let ours = shared_pool()?.current_thread_index().is_some();
+        if !ours {
+            return Ok(1);
+        }
+    }
+    Ok(threads)
 }
 
 /// Raw pointers the workers share: the kernel only reads the tensor table, the
@@ -333,7 +366,10 @@ impl CpuKernel {
             return Ok(());
         }
         // Capped (ejc_ir::limits): a request for 100000 workers is an error, not a hang.
-        let threads = ejc_ir::limits::worker_threads(threads).map_err(CpuError::Invalid)?;
+        let threads = launch_threads(threads)?;
+        // Kernels built for `cpu:amx` need the process's permission to use the tiles;
+        // asking costs one check after the first time, and fails harmlessly elsewhere.
+        let _ = ejc_ir::cpu_abi::enable_amx();
         let shared = Shared { tensors, scalars, grid: grid.as_ptr() };
         let next = AtomicI64::new(0);
         let entry = self.entry;
@@ -356,10 +392,18 @@ impl CpuKernel {
                 }
             });
         };
-        if threads == 1 || total == 1 {
+        let threads = threads.min(usize::try_from(total).unwrap_or(usize::MAX));
+        if threads == 1 {
             work();
+        } else if threads <= ejc_ir::limits::available_threads() {
+            // `threads` jobs on the shared pool: each takes programs until none is left.
+            shared_pool()?.scope(|s| {
+                for _ in 0..threads {
+                    s.spawn(|_| work());
+                }
+            });
         } else {
-            pool(threads)?.broadcast(|_| work());
+            oversized_pool(threads)?.broadcast(|_| work());
         }
         Ok(())
     }
@@ -386,5 +430,71 @@ impl CpuLibrary {
         let sym: libloading::Symbol<EntryFn> = unsafe { self.lib.get(name.as_bytes()) }
             .map_err(|_| CpuError::NoSymbol { path: self.path.clone(), name: name.to_string() })?;
         Ok(CpuKernel { entry: *sym, scratch_bytes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    static RUNNING: AtomicUsize = AtomicUsize::new(0);
+    static PEAK: AtomicUsize = AtomicUsize::new(0);
+    static FOREIGN: AtomicUsize = AtomicUsize::new(0);
+
+    /// A kernel that records how many programs run at once and on which threads.
+    unsafe extern "C" fn probe(_: *const EjcTensor, _: *const u64, _: *const i64, _: i64, _: i64, _: *mut u8) {
+        let now = RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+        PEAK.fetch_max(now, Ordering::SeqCst);
+        if std::thread::current().name().is_some_and(|n| n.starts_with("user-")) {
+            FOREIGN.fetch_add(1, Ordering::SeqCst);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn ejc_workers() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .map(|d| {
+                d.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                    .filter(|c| c.starts_with("ejc-cpu-"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Several callers, each asking for a different number of threads (and for all of
+    /// them), at once: never more programs running than hardware threads, and no more
+    /// ejc workers than hardware threads. Then a caller that is itself a worker of
+    /// another rayon pool: its launches run on its own thread.
+    #[test]
+    fn launches_from_many_threads_do_not_oversubscribe() {
+        let cores = ejc_ir::limits::available_threads();
+        let k = CpuKernel { entry: probe, scratch_bytes: 64 };
+        let asks: Vec<usize> = (0..=cores).chain([0, 0]).collect();
+        std::thread::scope(|s| {
+            for &t in &asks {
+                s.spawn(move || {
+                    for _ in 0..3 {
+                        unsafe { k.launch(&[], &[], [4 * cores as i64, 1, 1], t) }.unwrap();
+                    }
+                });
+            }
+        });
+        let callers_inline = asks.iter().filter(|t| **t == 1).count();
+        let peak = PEAK.load(Ordering::SeqCst);
+        assert!(peak <= cores + callers_inline, "{peak} programs ran at once on {cores} hardware threads");
+        assert!(ejc_workers() <= cores, "{} ejc workers on {cores} hardware threads", ejc_workers());
+
+        let user = rayon::ThreadPoolBuilder::new().num_threads(2).thread_name(|i| format!("user-{i}")).build().unwrap();
+        FOREIGN.store(0, Ordering::SeqCst);
+        user.install(|| {
+            rayon::join(
+                || unsafe { k.launch(&[], &[], [8, 1, 1], 0) }.unwrap(),
+                || unsafe { k.launch(&[], &[], [8, 1, 1], 0) }.unwrap(),
+            )
+        });
+        assert_eq!(FOREIGN.load(Ordering::SeqCst), 16, "a launch inside another pool left its thread");
     }
 }

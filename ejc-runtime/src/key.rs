@@ -75,6 +75,9 @@ pub fn cpu_fingerprint() -> String {
                 feats.push(name);
             }
         }
+        if ejc_ir::cpu_abi::Isa::host_max().has_amx() {
+            feats.push("amx");
+        }
     }
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     format!("cpu|{model}|{}|{threads}t", feats.join("+"))

@@ -17,6 +17,10 @@
 //!   once per program, is stored transposed. The scores then sit column-major, and the
 //!   online softmax works across rows with vertical vector ops (no horizontal
 //!   reductions).
+//! * **AMX** (`cpu:amx`): bf16 products of whole tiles run on `tdpbf16ps` instead
+//!   (`gemm_amx`: 16 × 16 f32 accumulator tiles, up to 2 × 2, K in steps of 32; A rows
+//!   along K, B in K-pairs). The column-major P feeds the row-major A tile through
+//!   16 × 16 register transposes (`transpose16`) rather than element gathers.
 //! * **Control flow**: `scf.for` is an LLVM loop with phis for scalars and a buffer
 //!   per carried tile; `scf.if` branches with phis / result buffers.
 //!
@@ -261,7 +265,6 @@ impl<'k> Lowering<'k> {
 
     /// Decide each dot's orientation and the layouts its operands should be built in.
     fn plan_dots(&mut self) {
-        let isa = self.isa;
         let mut plans = Vec::new();
         ejc_ir::ir::walk_ops(&self.kernel.body, &mut |op: &'k Op| {
             if let OpKind::Dot { trans_a, trans_b } = op.kind {
@@ -269,8 +272,7 @@ impl<'k> Lowering<'k> {
             }
         });
         for (op, trans_a, trans_b) in plans {
-            let dt = self.ty(op.operands[0]).dtype();
-            let pairs = dt == DType::BF16 && isa.has_bf16_dot();
+            let pairs = self.dot_path(op) != DotPath::F32;
             let storage = if pairs { DType::BF16 } else { DType::F32 };
             let transposed = trans_b && !trans_a;
             if transposed {
@@ -294,6 +296,29 @@ impl<'k> Lowering<'k> {
                 self.wants.entry(op.operands[0]).or_insert(Want { layout: a, storage });
                 self.wants.entry(op.operands[1]).or_insert(Want { layout: Layout::RowMajor, storage });
             }
+        }
+    }
+
+    /// How a dot's products are computed: bf16 products go to AMX tiles where the ISA
+    /// has them and the sizes are whole tiles (16 rows and columns, K in steps of 32), to
+    /// `vdpbf16ps` on AVX512_BF16, and otherwise in f32 (on an AMX machine a bf16 product
+    /// that does not fit the tiles is faster widened to f32 than through `vdpbf16ps`:
+    /// docs/perf.md).
+    fn dot_path(&self, op: &Op) -> DotPath {
+        let a = op.operands[0];
+        if self.ty(a).dtype() != DType::BF16 {
+            return DotPath::F32;
+        }
+        if self.isa.has_amx() {
+            let (m, n) = self.dims(op.results[0]);
+            let trans_a = matches!(op.kind, OpKind::Dot { trans_a: true, .. });
+            let k = if trans_a { self.dims(a).0 } else { self.dims(a).1 };
+            return if m % AMX_ROWS == 0 && n % AMX_ROWS == 0 && k % AMX_K == 0 { DotPath::Amx } else { DotPath::F32 };
+        }
+        if self.isa.has_bf16_dot() {
+            DotPath::Pairs
+        } else {
+            DotPath::F32
         }
     }
 
@@ -758,6 +783,34 @@ impl<'k> Lowering<'k> {
         self.memo.clear();
         let layout = if rows == 1 { Layout::RowMajor } else { dst.layout };
         match layout {
+            Layout::RowMajor
+                if self.vec_width(cols) == 16
+                    && rows.is_multiple_of(16)
+                    && cols.is_multiple_of(16)
+                    && self.preferred_layout(v, 0) == Layout::ColMajor =>
+            {
+                // A column-major source into a row-major tile (the softmax's column-major
+                // P into the row-major A tile of an AMX product): read 16 columns as
+                // vectors, transpose the 16 × 16 block in registers, write 16 rows, instead
+                // of one scalar load per element.
+                self.for_const(0, rows, 16, &mut |cg, r0| {
+                    cg.for_const(0, cols, 16, &mut |cg, c0| {
+                        let mut xs = Vec::with_capacity(16);
+                        for k in 0..16 {
+                            cg.memo.clear();
+                            let c = cg.ir.add(c0, cg.ir.ci64(k));
+                            let x = cg.eval(v, At { r: Idx::Vc(r0, 16), c: Idx::S(c) })?;
+                            xs.push(cg.ir.widen(x, 16));
+                        }
+                        let ys = transpose16(&cg.ir, xs);
+                        for (i, y) in ys.into_iter().enumerate() {
+                            let r = cg.ir.add(r0, cg.ir.ci64(i as i64));
+                            cg.write(&dst, At { r: Idx::S(r), c: Idx::Vc(c0, 16) }, y, dtype);
+                        }
+                        Ok(())
+                    })
+                })?;
+            }
             Layout::RowMajor => {
                 let w = self.vec_width(cols);
                 self.for_const(0, rows, 1, &mut |cg, r| {
@@ -1159,7 +1212,7 @@ impl<'k> Lowering<'k> {
                         let ir = &cg.ir;
                         let src = ir.gep(st, data, ir.add(row_off, cstart));
                         let dst_row = ir.gep(st, dst.ptr, ir.mul(r, ir.ci64(cols as i64)));
-                        ir.memcpy_inline(dst_row, src, cols * esize as usize);
+                        cg.copy_row(dst_row, src, cols * esize as usize);
                         Ok(())
                     },
                     &mut |cg| {
@@ -1181,6 +1234,24 @@ impl<'k> Lowering<'k> {
         })?;
         self.vals[res.index()] = Some(Val::Buf(Buf { ptr, rstride: Some(rstride), ..dst }));
         Ok(())
+    }
+
+    /// Copy `bytes` (a constant) with vector moves of the ISA's width, unrolled;
+    /// `llvm.memcpy.inline` becomes `rep movsb` for rows of a few hundred bytes, whose
+    /// start-up cost made the copies a quarter of an f32 kernel's time (perf, AVX2).
+    fn copy_row(&self, dst: V, src: V, bytes: usize) {
+        let ir = &self.ir;
+        let width = 4 * self.isa.lanes();
+        if !bytes.is_multiple_of(width) || bytes / width > 64 {
+            ir.memcpy_inline(dst, src, bytes);
+            return;
+        }
+        let t = ir.vec(ir.i32(), width / 4);
+        for i in 0..bytes / width {
+            let off = ir.ci64((i * width) as i64);
+            let x = ir.load(t, ir.gep(ir.i8(), src, off), 1);
+            ir.store(x, ir.gep(ir.i8(), dst, off), 1);
+        }
     }
 
     fn constant_of(&self, x: f64, dtype: DType) -> V {
@@ -1495,8 +1566,8 @@ impl<'k> Lowering<'k> {
     fn dot(&mut self, op: &'k Op, trans_a: bool, trans_b: bool) -> R<()> {
         let (a, b, acc) = (op.operands[0], op.operands[1], op.operands[2]);
         let transposed = self.is_transposed(op);
-        let dt = self.ty(a).dtype();
-        let pairs = dt == DType::BF16 && self.isa.has_bf16_dot();
+        let path = self.dot_path(op);
+        let pairs = path != DotPath::F32;
         let storage = if pairs { DType::BF16 } else { DType::F32 };
         let wa = match self.wants.get(&a).copied() {
             Some(w) => w,
@@ -1505,6 +1576,14 @@ impl<'k> Lowering<'k> {
                 // follow how the operand is produced so that building it is contiguous.
                 let pref = self.preferred_layout(a, 0);
                 let layout = match (pairs, trans_a, pref) {
+                    // AMX loads A's tile rows along K.
+                    _ if path == DotPath::Amx => {
+                        if trans_a {
+                            Layout::ColMajor
+                        } else {
+                            Layout::RowMajor
+                        }
+                    }
                     (false, _, p) => p,
                     (true, false, Layout::ColMajor | Layout::PairCols) => Layout::PairCols,
                     (true, false, _) => Layout::RowMajor,
@@ -1533,7 +1612,12 @@ impl<'k> Lowering<'k> {
             // A'(i=n, k) = op(b)(k, n) = b(n, k) when trans_b; B'(k, j=m) = op(a)(m, k) = a(m, k).
             (bbuf, !trans_b, abuf, !trans_a)
         };
-        self.gemm(&out, ci, cj, k, init, (a_role, a_swap), (b_role, b_swap), pairs)?;
+        if path == DotPath::Amx && Self::amx_layouts((a_role, a_swap), (b_role, b_swap)) {
+            self.gemm_amx(&out, ci, cj, k, init, (a_role, a_swap), (b_role, b_swap))?;
+        } else {
+            // Operand layouts that another consumer fixed first: `vdpbf16ps` reads them.
+            self.gemm(&out, ci, cj, k, init, (a_role, a_swap), (b_role, b_swap), pairs)?;
+        }
         self.vals[op.results[0].index()] = Some(Val::Buf(out));
         Ok(())
     }
@@ -1704,6 +1788,147 @@ impl<'k> Lowering<'k> {
             })?;
         }
         Ok(())
+    }
+
+    /// Whether A' and B' are stored as AMX tiles read them: A' rows contiguous along K
+    /// (bf16), B' in K-pairs along its rows (the VNNI layout, bf16).
+    fn amx_layouts(a: (Buf, bool), b: (Buf, bool)) -> bool {
+        let ((abuf, a_swap), (bbuf, b_swap)) = (a, b);
+        let a_ok = match (a_swap, abuf.layout) {
+            (false, Layout::RowMajor) => true,
+            (true, Layout::ColMajor) => abuf.rstride.is_none(),
+            _ => false,
+        };
+        let b_ok = matches!((b_swap, bbuf.layout), (false, Layout::PairRows) | (true, Layout::PairCols));
+        a_ok && b_ok && abuf.storage == DType::BF16 && bbuf.storage == DType::BF16 && bbuf.rstride.is_none()
+    }
+
+    /// C'[I, J] = init + Σ_k A'(i, k) B'(k, j) on AMX tiles: 16 × 16 f32 accumulator
+    /// tiles, up to 2 × 2 of them (with two A' and two B' tiles, the eight tile
+    /// registers), K in steps of 32 (`tdpbf16ps`: a 16 × 32 bf16 A' tile times a
+    /// 16 × (16 pairs) B' tile). Sizes are whole tiles (`dot_path`). LLVM writes the tile
+    /// configuration (`ldtilecfg`) at the function's entry and releases the tiles on
+    /// return.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_amx(
+        &mut self,
+        out: &Buf,
+        ii: usize,
+        jj: usize,
+        kk: usize,
+        init: Init,
+        a: (Buf, bool),
+        b: (Buf, bool),
+    ) -> R<()> {
+        let (abuf, a_swap) = a;
+        let (bbuf, b_swap) = b;
+        let out = *out;
+        let (t, k) = (AMX_ROWS, AMX_K);
+        // The accumulator's start, written into `out` (the C tiles load from it).
+        let zero = matches!(init, Init::Zero);
+        match &init {
+            Init::Zero => {}
+            Init::Buf(src) | Init::Scaled(src, _) => {
+                let (src, scale) = match &init {
+                    Init::Scaled(_, al) => (*src, Some(*al)),
+                    _ => (*src, None),
+                };
+                let vt = self.ir.vec(self.ir.f32(), 16);
+                self.for_const(0, ii, 1, &mut |cg, i| {
+                    let ir = &cg.ir;
+                    let s = scale.map(|al| ir.splat(ir.load(ir.f32(), ir.gep(ir.f32(), al.ptr, i), 4), 16));
+                    for j in (0..jj).step_by(16) {
+                        let j = ir.ci64(j as i64);
+                        let x = ir.load(vt, cg.elem_ptr_rm(&src, i, j, jj), 4);
+                        let x = match s {
+                            Some(s) => ir.fmul(x, s),
+                            None => x,
+                        };
+                        let at = ir.add(ir.mul(i, ir.ci64(jj as i64)), j);
+                        ir.store(x, ir.gep(ir.f32(), out.ptr, at), 4);
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        let mt = if ii.is_multiple_of(2 * t) { 2 } else { 1 };
+        let nt = if jj.is_multiple_of(2 * t) { 2 } else { 1 };
+        // Row strides in bytes: A' rows hold K (bf16); B' rows hold K-pairs (2 bf16 per column).
+        let a_stride = if a_swap {
+            self.ir.ci64(2 * abuf.rows as i64)
+        } else {
+            let ir = &self.ir;
+            match abuf.rstride {
+                Some(r) => ir.mul(r, ir.ci64(2)),
+                None => ir.ci64(2 * abuf.cols as i64),
+            }
+        };
+        let b_stride = self.ir.ci64(4 * if b_swap { bbuf.rows } else { bbuf.cols } as i64);
+        let c_stride = self.ir.ci64(4 * jj as i64);
+        let (rows, colsb) = (self.ir.cint(self.ir.i16(), t as i64), self.ir.cint(self.ir.i16(), 64));
+        self.for_const(0, ii, mt * t, &mut |cg, i0| {
+            cg.for_const(0, jj, nt * t, &mut |cg, j0| {
+                let ir = &cg.ir;
+                let c_at = |x: usize, y: usize| {
+                    let i = ir.add(i0, ir.ci64((x * t) as i64));
+                    let j = ir.add(j0, ir.ci64((y * t) as i64));
+                    ir.gep(ir.f32(), out.ptr, ir.add(ir.mul(i, ir.ci64(jj as i64)), j))
+                };
+                let mut c = Vec::with_capacity(mt * nt);
+                for x in 0..mt {
+                    for y in 0..nt {
+                        c.push(if zero {
+                            ir.call_intrinsic("llvm.x86.tilezero.internal", &[], &[rows, colsb])
+                        } else {
+                            ir.call_intrinsic(
+                                "llvm.x86.tileloadd64.internal",
+                                &[],
+                                &[rows, colsb, c_at(x, y), c_stride],
+                            )
+                        });
+                    }
+                }
+                for k0 in (0..kk).step_by(k) {
+                    let kv = ir.ci64(k0 as i64);
+                    let at: Vec<V> = (0..mt)
+                        .map(|x| {
+                            let i = ir.add(i0, ir.ci64((x * t) as i64));
+                            let (r, cc) = if a_swap { (kv, i) } else { (i, kv) };
+                            let p = cg.elem_ptr(&abuf, r, cc);
+                            ir.call_intrinsic("llvm.x86.tileloadd64.internal", &[], &[rows, colsb, p, a_stride])
+                        })
+                        .collect();
+                    let bt: Vec<V> = (0..nt)
+                        .map(|y| {
+                            let j = ir.add(j0, ir.ci64((y * t) as i64));
+                            let (r, cc) = if b_swap { (j, kv) } else { (kv, j) };
+                            let p = cg.elem_ptr(&bbuf, r, cc);
+                            ir.call_intrinsic("llvm.x86.tileloadd64.internal", &[], &[rows, colsb, p, b_stride])
+                        })
+                        .collect();
+                    for x in 0..mt {
+                        for y in 0..nt {
+                            let acc = c[x * nt + y];
+                            c[x * nt + y] = ir.call_intrinsic(
+                                "llvm.x86.tdpbf16ps.internal",
+                                &[],
+                                &[rows, colsb, colsb, acc, at[x], bt[y]],
+                            );
+                        }
+                    }
+                }
+                for x in 0..mt {
+                    for y in 0..nt {
+                        ir.call_intrinsic(
+                            "llvm.x86.tilestored64.internal",
+                            &[],
+                            &[rows, colsb, c_at(x, y), c_stride, c[x * nt + y]],
+                        );
+                    }
+                }
+                Ok(())
+            })
+        })
     }
 
     /// Pointer to C'(i, j) of an init buffer whose layout matches C' row-major.
@@ -1889,6 +2114,40 @@ impl<'k> Lowering<'k> {
         }
         Ok(())
     }
+}
+
+/// Transpose 16 vectors of 16 lanes: `out[i]` lane `k` = `xs[k]` lane `i`. Four stages;
+/// stage `b` swaps bit `b` of the vector index with bit `b` of the lane index, one
+/// two-input shuffle per vector (64 in all).
+fn transpose16(ir: &Ir, mut xs: Vec<V>) -> Vec<V> {
+    for b in 0..4 {
+        let bit = 1usize << b;
+        let lo: Vec<usize> = (0..16).map(|i| if i & bit == 0 { i } else { 16 + (i ^ bit) }).collect();
+        let hi: Vec<usize> = (0..16).map(|i| if i & bit == 0 { i | bit } else { 16 + i }).collect();
+        let mut next = xs.clone();
+        for k in (0..16).filter(|k| k & bit == 0) {
+            next[k] = ir.shuffle(xs[k], xs[k | bit], &lo);
+            next[k | bit] = ir.shuffle(xs[k], xs[k | bit], &hi);
+        }
+        xs = next;
+    }
+    xs
+}
+
+/// Rows (and f32 columns) of an AMX accumulator tile.
+const AMX_ROWS: usize = 16;
+/// K consumed by one `tdpbf16ps` (16 pairs of bf16).
+const AMX_K: usize = 32;
+
+/// How a dot's products run (`Lowering::dot_path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DotPath {
+    /// f32 FMAs (bf16/f16 inputs widened exactly).
+    F32,
+    /// `vdpbf16ps` on bf16 pairs.
+    Pairs,
+    /// AMX tiles (`tdpbf16ps`).
+    Amx,
 }
 
 /// The accumulator input of a dot.

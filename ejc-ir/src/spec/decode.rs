@@ -112,6 +112,7 @@ const TOP_FIELDS: &[&str] =
 pub(crate) const TARGETS: &[&str] = &[
     "ir",
     "cpu",
+    "cpu:amx",
     "cpu:avx512bf16",
     "cpu:avx512",
     "cpu:avx2",
