@@ -14,6 +14,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # time); here they only say that there is no GPU.
 cargo clippy -p ejc-runtime --features cuda --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# What the CPU tests could not run on this machine (AMX kernels need an AMX CPU; the test
+# above compiled them and checked their tile code either way): said here, not hidden in
+# captured test output.
+cargo test -q -p ejc-codegen --test cpu --locked amx -- --nocapture 2>&1 | grep -E '^skipped|^seed' || true
 cargo run -q -p ejc-runtime --features cuda --bin ejc-gpu --locked -- info
 # ejc-gpu checks its arguments, manifest and artifacts before it looks for a driver
 # (the binary needs the `cuda` feature, which `cargo test --workspace` leaves off).
