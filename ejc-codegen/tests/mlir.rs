@@ -16,6 +16,7 @@ use ejc_ir::ir::Kernel;
 use ejc_ir::spec::Variant;
 use ejc_ir::tensor::compare;
 use ejc_ir::types::{DType, Type};
+use rayon::prelude::*;
 
 /// The MLIR CPU kernel, as the runtime's plan executor launches it.
 struct Launch<'a>(&'a CpuKernel);
@@ -80,15 +81,16 @@ fn cpu_form_matches_the_reference_for_every_variant() {
     let seed = seed();
     println!("seed {seed} (EJC_TEST_SEED replays)");
     let shapes = ["2,77,93,4,2,64", "1,19,140,8,2,64"];
-    for v in &spec.variants {
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let k = kernel(&spec, v, dtype, 64, 64, 32);
-            let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
-            for s in shapes {
-                check(&ck, &k, v, dtype, s, seed);
-            }
+    let cases: Vec<_> =
+        spec.variants.iter().flat_map(|v| [DType::F32, DType::BF16, DType::F16].map(move |dtype| (v, dtype))).collect();
+    // On every core: each case is an MLIR lowering and a JIT compilation.
+    cases.par_iter().for_each(|&(v, dtype)| {
+        let k = kernel(&spec, v, dtype, 64, 64, 32);
+        let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
+        for s in shapes {
+            check(&ck, &k, v, dtype, s, seed);
         }
-    }
+    });
 }
 
 #[test]
@@ -96,14 +98,16 @@ fn cpu_form_matches_the_reference_on_every_tiling_at_head_dim_128() {
     let spec = spec();
     let seed = seed();
     println!("seed {seed} (EJC_TEST_SEED replays)");
-    for name in ["causal", "varlen_causal", "sinks"] {
+    let cases: Vec<_> = ["causal", "varlen_causal", "sinks"]
+        .into_iter()
+        .flat_map(|name| common::tilings(&spec).into_iter().map(move |t| (name, t)))
+        .collect();
+    cases.par_iter().for_each(|&(name, (bm, bn))| {
         let v = spec.variant(name).unwrap();
-        for (bm, bn) in common::tilings(&spec) {
-            let k = kernel(&spec, v, DType::BF16, 128, bm, bn);
-            let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
-            check(&ck, &k, v, DType::BF16, "2,150,131,4,2,128", seed);
-        }
-    }
+        let k = kernel(&spec, v, DType::BF16, 128, bm, bn);
+        let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{e}"));
+        check(&ck, &k, v, DType::BF16, "2,150,131,4,2,128", seed);
+    });
 }
 
 #[test]
@@ -117,22 +121,26 @@ fn gpu_form_ptx_passes_ptxas_for_every_variant() {
         eprintln!("skipped: no libdevice.10.bc beside ptxas (run scripts/setup.sh or set EJC_LIBDEVICE)");
         return;
     }
-    let mut checked = 0;
-    for v in &spec.variants {
-        for (dtype, d) in [(DType::BF16, 64), (DType::F16, 128), (DType::F32, 64)] {
+    let cases: Vec<_> = spec
+        .variants
+        .iter()
+        .flat_map(|v| [(DType::BF16, 64), (DType::F16, 128), (DType::F32, 64)].map(move |(dtype, d)| (v, dtype, d)))
+        .flat_map(|(v, dtype, d)| [Arch::Sm80, Arch::Sm90a].map(move |arch| (v, dtype, d, arch)))
+        .collect();
+    // On every core: each case runs MLIR's NVVM pipeline and ptxas (seconds).
+    let checked = cases
+        .par_iter()
+        .map(|&(v, dtype, d, arch)| {
             let k = kernel(&spec, v, dtype, d, 64, 32);
-            for arch in [Arch::Sm80, Arch::Sm90a] {
-                let opts = GpuOptions { chip: arch.name().into(), threads: 128 };
-                let p = mlir::compile_gpu(&k, opts).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
-                assert!(p.ptx.contains(".visible .entry entry("), "{}: no entry", k.name);
-                assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
-                assert!(!p.ptx.contains(".extern .func"), "{}: unresolved functions (libdevice not linked)", k.name);
-                let r = ptxas(&tool, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
-                assert!(r.registers > 0, "{}: {r:?}", k.name);
-                checked += 1;
-            }
-        }
-    }
+            let opts = GpuOptions { chip: arch.name().into(), threads: 128 };
+            let p = mlir::compile_gpu(&k, opts).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
+            assert!(p.ptx.contains(".visible .entry entry("), "{}: no entry", k.name);
+            assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
+            assert!(!p.ptx.contains(".extern .func"), "{}: unresolved functions (libdevice not linked)", k.name);
+            let r = ptxas(&tool, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
+            assert!(r.registers > 0, "{}: {r:?}", k.name);
+        })
+        .count();
     eprintln!("{checked} MLIR-generated PTX files assembled by ptxas");
 }
 
@@ -402,17 +410,21 @@ fn cpu_form_runs_split_kv_partial_then_combine() {
     let spec = spec();
     let seed = seed();
     println!("seed {seed} (EJC_TEST_SEED replays)");
-    for v in spec.variants.iter().filter(|v| !fx(v).varlen) {
-        for dtype in [DType::F32, DType::BF16] {
-            let (p, c) = split_kv_kernels(&spec, v, dtype, 64, 64, 32);
-            let partial = CpuKernel::compile(&p).unwrap_or_else(|e| panic!("{e}"));
-            let combine = CpuKernel::compile(&c).unwrap_or_else(|e| panic!("{e}"));
-            for shape in ["2,77,93,4,2,64", "1,1,23,2,2,64", "1,19,140,8,2,64"] {
-                for num_splits in [1, 3, 64] {
-                    let ks = [(&Launch(&partial) as _, &p), (&Launch(&combine) as _, &c)];
-                    check_split_kv(&spec, v, dtype, ks, shape, seed, num_splits, 2);
-                }
+    let cases: Vec<_> = spec
+        .variants
+        .iter()
+        .filter(|v| !fx(v).varlen)
+        .flat_map(|v| [DType::F32, DType::BF16].map(move |dtype| (v, dtype)))
+        .collect();
+    cases.par_iter().for_each(|&(v, dtype)| {
+        let (p, c) = split_kv_kernels(&spec, v, dtype, 64, 64, 32);
+        let partial = CpuKernel::compile(&p).unwrap_or_else(|e| panic!("{e}"));
+        let combine = CpuKernel::compile(&c).unwrap_or_else(|e| panic!("{e}"));
+        for shape in ["2,77,93,4,2,64", "1,1,23,2,2,64", "1,19,140,8,2,64"] {
+            for num_splits in [1, 3, 64] {
+                let ks = [(&Launch(&partial) as _, &p), (&Launch(&combine) as _, &c)];
+                check_split_kv(&spec, v, dtype, ks, shape, seed, num_splits, 2);
             }
         }
-    }
+    });
 }

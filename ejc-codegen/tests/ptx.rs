@@ -64,31 +64,34 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
 fn every_tiling_and_warp_count_of_the_schedule_compiles() {
     let spec = spec();
     let tool = find_ptxas();
-    for (bm, bn) in common::tilings(&spec) {
+    let cases: Vec<(u32, u32, u32)> = common::tilings(&spec)
+        .into_iter()
+        .flat_map(|(bm, bn)| spec.schedule.values("num_warps").iter().map(move |&w| (bm, bn, w)))
+        .collect();
+    // On every core: each case is an LLVM compilation and a ptxas run (seconds).
+    cases.par_iter().for_each(|&(bm, bn, w)| {
         let k = kernel(&spec, "gemma2", DType::BF16, 128, bm, bn);
-        for &w in spec.schedule.values("num_warps") {
-            let cfg = PtxConfig {
-                arch: Arch::Sm90a,
-                num_warps: w as usize,
-                num_stages: 2,
-                wgmma: w % 4 == 0,
-                ws: false,
-                sink: false,
-            };
-            match compile(&k, &cfg) {
-                Ok(p) => {
-                    if let Some(t) = &tool {
-                        ptxas(t, &p.ptx, Arch::Sm90a).unwrap_or_else(|e| panic!("{} w{w}: {e}", k.name));
-                    }
-                }
-                // Only a tile that cannot be split over the warps may be refused.
-                Err(e) => {
-                    assert!(!(bm as usize).is_multiple_of(16 * w as usize), "{} w{w}: {e}", k.name);
-                    assert!(e.to_string().contains("16 × num_warps"), "{e}");
+        let cfg = PtxConfig {
+            arch: Arch::Sm90a,
+            num_warps: w as usize,
+            num_stages: 2,
+            wgmma: w % 4 == 0,
+            ws: false,
+            sink: false,
+        };
+        match compile(&k, &cfg) {
+            Ok(p) => {
+                if let Some(t) = &tool {
+                    ptxas(t, &p.ptx, Arch::Sm90a).unwrap_or_else(|e| panic!("{} w{w}: {e}", k.name));
                 }
             }
+            // Only a tile that cannot be split over the warps may be refused.
+            Err(e) => {
+                assert!(!(bm as usize).is_multiple_of(16 * w as usize), "{} w{w}: {e}", k.name);
+                assert!(e.to_string().contains("16 × num_warps"), "{e}");
+            }
         }
-    }
+    });
 }
 
 #[test]
@@ -211,37 +214,39 @@ fn mean_pooling_compiles_and_passes_ptxas_without_spills() {
     if tool.is_none() {
         eprintln!("skipped the ptxas half: no ptxas (run scripts/setup.sh or set EJC_PTXAS); PTX is still generated");
     }
-    let (mut checked, mut most_registers) = (0, 0);
+    let mut cases = Vec::new();
     for (block_h, num_warps) in [(16, 1), (64, 4)] {
         for d in [64, 128] {
             for k in pool_kernels(&[DType::BF16, DType::F16, DType::F32], d, block_h) {
-                let kernel = pool_kernel(&k);
-                let name = pool_name(&k);
                 for (arch, wgmma) in [(Arch::Sm80, false), (Arch::Sm90a, false), (Arch::Sm90a, true)] {
-                    let cfg = PtxConfig { arch, num_warps, num_stages: 2, wgmma, ws: false, sink: false };
-                    // No dot: wgmma has nothing to run here, and `wgmma_applies` (which
-                    // reads a flash kernel's `block_m` attribute) says so.
-                    if wgmma && !wgmma_applies(&kernel, &cfg) {
-                        continue;
-                    }
-                    let p = compile(&kernel, &cfg).unwrap_or_else(|e| panic!("{name} ({cfg:?}): {e}"));
-                    assert!(p.ptx.contains(&format!(".entry {name}(")), "{name}: no entry");
-                    assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{name}");
-                    assert_eq!((p.code.threads, p.code.smem_bytes), (num_warps * 32, 0), "{name}");
-                    if let Some(t) = &tool {
-                        let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{name} ({cfg:?}): {e}"));
-                        assert_eq!(
-                            r.spill_stores + r.spill_loads,
-                            0,
-                            "{name} ({arch}, {num_warps} warps) spills: {r:?}"
-                        );
-                        most_registers = most_registers.max(r.registers);
-                        checked += 1;
-                    }
+                    cases.push((num_warps, k, arch, wgmma));
                 }
             }
         }
     }
+    // On every core; each case gives (assembled, registers).
+    let (checked, most_registers) = cases
+        .par_iter()
+        .map(|(num_warps, k, arch, wgmma)| {
+            let (num_warps, arch, wgmma) = (*num_warps, *arch, *wgmma);
+            let kernel = pool_kernel(k);
+            let name = pool_name(k);
+            let cfg = PtxConfig { arch, num_warps, num_stages: 2, wgmma, ws: false, sink: false };
+            // No dot: wgmma has nothing to run here, and `wgmma_applies` (which
+            // reads a flash kernel's `block_m` attribute) says so.
+            if wgmma && !wgmma_applies(&kernel, &cfg) {
+                return (0, 0);
+            }
+            let p = compile(&kernel, &cfg).unwrap_or_else(|e| panic!("{name} ({cfg:?}): {e}"));
+            assert!(p.ptx.contains(&format!(".entry {name}(")), "{name}: no entry");
+            assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{name}");
+            assert_eq!((p.code.threads, p.code.smem_bytes), (num_warps * 32, 0), "{name}");
+            let Some(t) = &tool else { return (0, 0) };
+            let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{name} ({cfg:?}): {e}"));
+            assert_eq!(r.spill_stores + r.spill_loads, 0, "{name} ({arch}, {num_warps} warps) spills: {r:?}");
+            (1, r.registers)
+        })
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1.max(b.1)));
     eprintln!("{checked} mean-pooling kernels assembled by ptxas, none spilling, at most {most_registers} registers");
 }
 
@@ -266,60 +271,66 @@ fn split_kv_kernels_compile_and_pass_ptxas() {
     use ejc_codegen::ptx::ws_applies;
     let spec = common::decode_spec();
     let tool = find_ptxas();
-    let mut checked = 0;
     let cfg = |arch, wgmma, ws| PtxConfig { arch, num_warps: 4, num_stages: 2, wgmma, ws, sink: false };
     let spills = |t: &std::path::Path, ptx: &str, arch| -> Vec<(String, u32)> {
         ptxas_entries(t, ptx, arch).unwrap().into_iter().map(|(e, r)| (e, r.spill_stores + r.spill_loads)).collect()
     };
-    for v in spec.variants.iter().filter(|v| !fx(v).varlen) {
-        for d in [64, 128] {
-            for bn in [64, 128] {
-                let (partial, combine) = split_kv_kernels(&spec, v, DType::BF16, d, 64, bn);
-                let mut configs = vec![
-                    (&partial, cfg(Arch::Sm80, false, false)),
-                    (&partial, cfg(Arch::Sm90a, true, false)),
-                    // The combine role's own launch: 16 rows on one warp, no product.
-                    (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm80, false, false) }),
-                    (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm90a, false, false) }),
-                ];
-                match ws_applies(&partial, &cfg(Arch::Sm90a, true, true)) {
-                    Ok(()) => configs.push((&partial, cfg(Arch::Sm90a, true, true))),
-                    Err(e) => panic!("{}: no warp specialisation: {e}", partial.name),
+    let cases: Vec<_> = spec
+        .variants
+        .iter()
+        .filter(|v| !fx(v).varlen)
+        .flat_map(|v| [64, 128].into_iter().flat_map(move |d| [64, 128].into_iter().map(move |bn| (v, d, bn))))
+        .collect();
+    // On every core, a (variant, head dim, block_n) at a time; each gives its count.
+    let checked: usize = cases
+        .par_iter()
+        .map(|&(v, d, bn)| {
+            let mut checked = 0;
+            let (partial, combine) = split_kv_kernels(&spec, v, DType::BF16, d, 64, bn);
+            let mut configs = vec![
+                (&partial, cfg(Arch::Sm80, false, false)),
+                (&partial, cfg(Arch::Sm90a, true, false)),
+                // The combine role's own launch: 16 rows on one warp, no product.
+                (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm80, false, false) }),
+                (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm90a, false, false) }),
+            ];
+            match ws_applies(&partial, &cfg(Arch::Sm90a, true, true)) {
+                Ok(()) => configs.push((&partial, cfg(Arch::Sm90a, true, true))),
+                Err(e) => panic!("{}: no warp specialisation: {e}", partial.name),
+            }
+            if bn == 128 {
+                configs.retain(|(k, _)| k.name == partial.name); // the combine has no block_n
+            }
+            for (k, cfg) in configs {
+                let p = compile(k, &cfg).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
+                assert!(p.ptx.contains(&format!(".target {}", cfg.arch.name())), "{}", k.name);
+                if k.name == partial.name {
+                    let mma = if cfg.wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
+                    assert!(p.ptx.contains(mma), "{} ({cfg:?})", k.name);
                 }
-                if bn == 128 {
-                    configs.retain(|(k, _)| k.name == partial.name); // the combine has no block_n
-                }
-                for (k, cfg) in configs {
-                    let p = compile(k, &cfg).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
-                    assert!(p.ptx.contains(&format!(".target {}", cfg.arch.name())), "{}", k.name);
-                    if k.name == partial.name {
-                        let mma =
-                            if cfg.wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
-                        assert!(p.ptx.contains(mma), "{} ({cfg:?})", k.name);
+                let Some(t) = &tool else { continue };
+                checked += 1;
+                for (entry, n) in spills(t, &p.ptx, cfg.arch) {
+                    if n == 0 {
+                        continue;
                     }
-                    let Some(t) = &tool else { continue };
-                    checked += 1;
-                    for (entry, n) in spills(t, &p.ptx, cfg.arch) {
-                        if n == 0 {
-                            continue;
-                        }
-                        assert!(k.name == partial.name, "{entry} ({cfg:?}) spills {n}");
-                        let at_limit = (fx(v).dropout && d == 128) || (cfg.arch == Arch::Sm80 && bn == 128);
-                        if at_limit {
-                            eprintln!("note: {entry} ({cfg:?}) spills {n}");
-                            continue;
-                        }
-                        // Only where the forward kernel does too.
-                        let fwd = kernel(&spec, &v.name, DType::BF16, d, 64, bn);
-                        let fp = compile(&fwd, &cfg).unwrap();
-                        let fwd_entry = entry.replacen(&partial.name, &fwd.name, 1);
-                        let f = spills(t, &fp.ptx, cfg.arch).into_iter().find(|(e, _)| *e == fwd_entry).unwrap().1;
-                        assert!(f > 0, "{entry} ({cfg:?}) spills {n}, {fwd_entry} does not");
-                        eprintln!("note: {entry} ({cfg:?}) spills {n}, {fwd_entry} {f}");
+                    assert!(k.name == partial.name, "{entry} ({cfg:?}) spills {n}");
+                    let at_limit = (fx(v).dropout && d == 128) || (cfg.arch == Arch::Sm80 && bn == 128);
+                    if at_limit {
+                        eprintln!("note: {entry} ({cfg:?}) spills {n}");
+                        continue;
                     }
+                    // Only where the forward kernel does too.
+                    let fwd = kernel(&spec, &v.name, DType::BF16, d, 64, bn);
+                    let fp = compile(&fwd, &cfg).unwrap();
+                    let fwd_entry = entry.replacen(&partial.name, &fwd.name, 1);
+                    let f = spills(t, &fp.ptx, cfg.arch).into_iter().find(|(e, _)| *e == fwd_entry).unwrap().1;
+                    assert!(f > 0, "{entry} ({cfg:?}) spills {n}, {fwd_entry} does not");
+                    eprintln!("note: {entry} ({cfg:?}) spills {n}, {fwd_entry} {f}");
                 }
             }
-        }
-    }
+            checked
+        })
+        .sum();
     eprintln!("{checked} split-KV kernels assembled by ptxas");
 }

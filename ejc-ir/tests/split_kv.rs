@@ -25,6 +25,7 @@ use ejc_ir::print::print_kernel;
 use ejc_ir::spec::{self, Spec, Variant};
 use ejc_ir::tensor::compare;
 use ejc_ir::types::DType;
+use rayon::prelude::*;
 
 /// A flash variant's features, typed.
 fn fx(v: &Variant) -> Features {
@@ -102,10 +103,18 @@ fn errors(got: &FlashOutputs, f: &Features, dtype: DType, shape: &FlashShape, se
 fn every_variant_matches_the_reference_for_every_split_count() {
     let spec = spec();
     let seed = seed();
-    let mut checked = 0;
-    for v in spec.variants.iter().filter(|v| !fx(v).varlen) {
-        let f = &fx(v);
-        for (dtype, tol) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+    let cases: Vec<_> = spec
+        .variants
+        .iter()
+        .filter(|v| !fx(v).varlen)
+        .flat_map(|v| [(DType::F32, 1e-5), (DType::BF16, 1e-2)].map(move |(dtype, tol)| (v, dtype, tol)))
+        .collect();
+    // On every core (the interpreter is the slow part).
+    let checked: usize = cases
+        .par_iter()
+        .map(|&(v, dtype, tol)| {
+            let f = &fx(v);
+            let mut checked = 0;
             // 16 x 16 blocks: several key blocks per split, and split boundaries
             // inside the causal / window diagonals.
             let (partial, combine) = kernels(f, dtype, 64, 16, 16);
@@ -121,8 +130,9 @@ fn every_variant_matches_the_reference_for_every_split_count() {
                     checked += 1;
                 }
             }
-        }
-    }
+            checked
+        })
+        .sum();
     eprintln!("{checked} split-KV cases match the reference");
 }
 

@@ -155,14 +155,15 @@ fn put_does_not_resurrect_cleared_entries() {
 }
 
 /// Build `examples/cache_writer.rs` once (with the profile this test binary was built
-/// with, so no second copy of the dependencies is compiled) and return its path, which
-/// cargo reports in its JSON messages.
+/// with, and with the features of `cargo test --workspace`, as CI runs it, so no second
+/// copy of the dependencies is compiled) and return its path, which cargo reports in its
+/// JSON messages.
 fn cache_writer() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "-q", "-p", "ejc-runtime", "--example", "cache_writer", "--message-format=json"]);
+        cmd.args(["build", "-q", "--workspace", "--example", "cache_writer", "--message-format=json"]);
         // The test binary is `target/<profile dir>/deps/cache-<hash>`.
         let exe = std::env::current_exe().unwrap();
         match exe.parent().and_then(Path::parent).and_then(Path::file_name).and_then(|n| n.to_str()) {
