@@ -68,7 +68,7 @@ every target the spec lists that this ejc can build is built, and the others are
 --report runs ptxas on every PTX file (registers, spills, shared memory; one line per entry); with \
 --drop-spilling the candidates that spill are left out of the build (a tuned configuration must not spill). \
 Compiled code (PTX, CPU objects, MLIR's output) is cached on disk, keyed by each kernel's tile IR, the target \
-and the compiler, so a second build of an unchanged spec takes seconds and an edited variant recompiles only its \
+and the compiler (and --report's ptxas reports, keyed by the PTX and ptxas's version), so a second build of an unchanged spec takes seconds and an edited variant recompiles only its \
 own kernels (the cache directory is the tuning cache's, see `ejc cache`; --no-cache compiles everything). A progress \
 bar shows counts and an ETA on a terminal. A build that fails removes the files and directories it created (what was there before stays), and writes no \
 manifest."
@@ -110,7 +110,8 @@ manifest."
         #[arg(long = "path", value_name = "PATH", value_parser = ["mma", "wgmma", "ws"])]
         paths: Vec<String>,
         /// Assemble every PTX file with ptxas and print registers, spills and shared
-        /// memory per entry point (ptxas from $EJC_PTXAS, .tools/ or the PATH).
+        /// memory per entry point (ptxas from $EJC_PTXAS, .tools/ or the PATH; the report
+        /// of PTX ptxas has seen before comes from the compiled-code cache).
         #[arg(long)]
         report: bool,
         /// With --report: leave out every PTX candidate one of whose entry points spills

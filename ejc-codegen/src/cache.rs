@@ -1,5 +1,5 @@
 //! The on-disk cache of compiled code, for every back end: PTX (`ptx/`), CPU objects
-//! (`cpu/`) and MLIR's output (`mlir/`), under the cache directory
+//! (`cpu/`) and MLIR's output (`mlir/`), and ptxas's reports (`ptxas/`), under the cache directory
 //! ([`ejc_ir::cache_dir::default_dir`]: `$EJC_CACHE_DIR`, else `$XDG_CACHE_HOME/ejc`, else
 //! `~/.cache/ejc`).
 //!
@@ -110,6 +110,17 @@ impl CodeCache {
         let llvm = format!("llvm-{major}.{minor}.{patch}");
         let mut h = Sha256::new();
         for p in [crate::COMPILER_VERSION, FINGERPRINT, llvm.as_str(), FORMAT].iter().chain(parts) {
+            h.update((p.len() as u64).to_le_bytes());
+            h.update(p.as_bytes());
+        }
+        hex(&h.finalize())
+    }
+
+    /// The key of `parts` alone (and the entry layout), for results that depend on
+    /// nothing of ejc's: ptxas's report of a PTX text, keyed by ptxas's version.
+    pub fn key_without_compiler(parts: &[&str]) -> String {
+        let mut h = Sha256::new();
+        for p in [FORMAT].iter().chain(parts) {
             h.update((p.len() as u64).to_le_bytes());
             h.update(p.as_bytes());
         }
@@ -252,8 +263,8 @@ pub fn usage(dir: &Path) -> (usize, u64) {
 }
 
 /// The back ends whose compiled code is cached, as directory names under the cache
-/// directory.
-pub const KINDS: [&str; 3] = ["ptx", "cpu", "mlir"];
+/// directory (`ptxas`: ptxas's reports of PTX files, for `ejc build --report` and the tests).
+pub const KINDS: [&str; 4] = ["ptx", "cpu", "mlir", "ptxas"];
 
 #[cfg(test)]
 mod tests {

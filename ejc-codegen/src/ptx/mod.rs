@@ -487,8 +487,58 @@ pub fn find_ptxas() -> Option<PathBuf> {
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file()))
 }
 
-/// Assemble `ptx` for `arch` with `ptxas -v`; its messages.
+/// Assemble `ptx` for `arch` with `ptxas -v`; its messages. What ptxas says depends only
+/// on the PTX, the target and ptxas itself, so a successful report is kept in the
+/// compiled-code cache (`<cache dir>/ptxas`, keyed by those three: ptxas by its
+/// `--version`): a second `--report` build, or test run, of unchanged PTX runs no ptxas.
+/// A rejection is never kept.
 fn run_ptxas(ptxas: &Path, ptx: &str, arch: Arch) -> Result<String, String> {
+    run_ptxas_cached(crate::cache::CodeCache::open("ptxas").as_ref(), ptxas, ptx, arch)
+}
+
+fn run_ptxas_cached(
+    cache: Option<&crate::cache::CodeCache>,
+    ptxas: &Path,
+    ptx: &str,
+    arch: Arch,
+) -> Result<String, String> {
+    let key = cache
+        .and_then(|_| ptxas_version(ptxas))
+        .map(|version| crate::cache::CodeCache::key_without_compiler(&["ptxas", &version, arch.ptxas_arch(), ptx]));
+    if let (Some(cache), Some(key)) = (cache, &key) {
+        if let Some(text) = cache.peek(key, "txt").and_then(|b| String::from_utf8(b).ok()) {
+            return Ok(text);
+        }
+    }
+    let text = assemble(ptxas, ptx, arch)?;
+    if let (Some(cache), Some(key)) = (cache, &key) {
+        cache.put(key, "txt", text.as_bytes());
+    }
+    Ok(text)
+}
+
+/// `ptxas --version` (once per ptxas per process); none when it does not answer, and then
+/// nothing is cached.
+fn ptxas_version(ptxas: &Path) -> Option<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<PathBuf, Option<String>>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(Default::default);
+    if let Some(v) = seen.lock().ok()?.get(ptxas) {
+        return v.clone();
+    }
+    let v = std::process::Command::new(ptxas)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .filter(|v| !v.trim().is_empty());
+    seen.lock().ok()?.insert(ptxas.to_path_buf(), v.clone());
+    v
+}
+
+fn assemble(ptxas: &Path, ptx: &str, arch: Arch) -> Result<String, String> {
     let dir = std::env::temp_dir().join(format!("ejc-ptxas-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let src = dir.join("k.ptx");
@@ -559,5 +609,58 @@ fn parse_report(text: &str) -> PtxasReport {
         spill_loads: number_before(text, "bytes spill loads"),
         stack_frame: number_before(text, "bytes stack frame"),
         shared_static: number_before(text, "bytes smem"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in ptxas that answers `--version`, writes a report and counts the
+    /// assemblies it runs; rejects PTX containing "bad".
+    fn fake_ptxas(dir: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let exe = dir.join("ptxas");
+        let script = format!(
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'fake ptxas 1.0'; exit 0; fi\n\
+             echo run >> {}/runs\n\
+             for a in \"$@\"; do case $a in *.ptx) grep -q bad \"$a\" && {{ echo 'error: bad PTX' >&2; exit 1; }};; esac; done\n\
+             echo \"ptxas info    : Compiling entry function 'k' for 'sm_90a'\"\n\
+             echo 'ptxas info    : Used 40 registers, 0 bytes spill stores, 0 bytes spill loads'\n",
+            dir.display()
+        );
+        std::fs::write(&exe, script).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        exe
+    }
+
+    #[test]
+    fn ptxas_reports_are_cached_and_rejections_are_not() {
+        let dir = std::env::temp_dir().join(format!("ejc-ptxas-cache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let tool = fake_ptxas(&dir);
+        let cache = crate::cache::CodeCache::at(dir.join("cache"));
+        let runs = || std::fs::read_to_string(dir.join("runs")).map(|t| t.lines().count()).unwrap_or(0);
+        let first = run_ptxas_cached(Some(&cache), &tool, "// ptx one", Arch::Sm90a).unwrap();
+        assert!(first.contains("Used 40 registers"), "{first}");
+        assert_eq!(runs(), 1);
+        // The same PTX and target: from the cache, ptxas not run.
+        assert_eq!(run_ptxas_cached(Some(&cache), &tool, "// ptx one", Arch::Sm90a).unwrap(), first);
+        assert_eq!(runs(), 1);
+        // Another target or other PTX: assembled.
+        run_ptxas_cached(Some(&cache), &tool, "// ptx one", Arch::Sm80).unwrap();
+        run_ptxas_cached(Some(&cache), &tool, "// ptx two", Arch::Sm90a).unwrap();
+        assert_eq!(runs(), 3);
+        // A rejection is reported every time, never kept.
+        for _ in 0..2 {
+            let e = run_ptxas_cached(Some(&cache), &tool, "// bad ptx", Arch::Sm90a).unwrap_err();
+            assert!(e.contains("bad PTX"), "{e}");
+        }
+        assert_eq!(runs(), 5);
+        // Without a cache, every call assembles.
+        run_ptxas_cached(None, &tool, "// ptx one", Arch::Sm90a).unwrap();
+        assert_eq!(runs(), 6);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
