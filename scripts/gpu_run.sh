@@ -12,7 +12,8 @@
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
 #   bash scripts/gpu_run.sh --hostile    # samples of every operation (`gpu_prepare.sh --hostile`): zero-sized axes,
-#                                        # memcheck and racecheck, one tensor just past 2^31 elements (EJC_BIG=0: not that)
+#                                        # memcheck and racecheck, one tensor just past 2^31 elements (EJC_BIG=0: not that;
+#                                        # EJC_BIG=flash|decode: that case's aligned entry alone, EJC_SANITIZE=memcheck under the sanitizer)
 #   bash scripts/gpu_run.sh --ops        # every operation and plan (`gpu_prepare.sh --ops`): checks, memcheck, tune/call, CuPy
 #   bash scripts/gpu_run.sh --ops-bench  # decode rows (both plans vs cuDNN, FA2), pooling vs torch, 3 flash rows
 #   bash scripts/gpu_run.sh --ops-cli    # the compiler on the GPU: `ejc tune --backend cuda` stores a winner that the
@@ -86,11 +87,14 @@ racecheck() {  # racecheck SET FILTER: shared-memory hazards on one sample
 # one_case SET FILTER SIZES [FLAGS...]: every candidate matching FILTER on one call of SIZES
 # (FLAGS: e.g. --entry aligned, one entry only).
 one_case() {
-    local log="$OUT/case_$1_$(echo "$3" | tr ',=' '_-')${4:+_${4#--}_$5}.log"
-    /usr/bin/time -f "%e s, %M KB peak" timeout "${EJC_TIMEOUT:-400}" ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" --seed "$SEED" \
-        --filter "$2" --size "$3" "${@:4}" > "$log" 2>&1
+    local log="$OUT/case_$1_$(echo "$3" | tr ',=' '_-')${4:+_${4#--}_$5}${EJC_SANITIZE:+_$EJC_SANITIZE}.log"
+    # EJC_SANITIZE=memcheck (or racecheck, ...): the case under compute-sanitizer.
+    local sanitize=()
+    [ -n "${EJC_SANITIZE:-}" ] && sanitize=(compute-sanitizer --tool "$EJC_SANITIZE" --error-exitcode 9)
+    /usr/bin/time -f "%e s, %M KB peak" timeout "${EJC_TIMEOUT:-400}" "${sanitize[@]}" ./.gpu/ejc-gpu check "/tmp/ejc-art/$1" \
+        --seed "$SEED" --filter "$2" --size "$3" "${@:4}" > "$log" 2>&1
     local rc=$?
-    grep -E '^(ok|FAIL)|passed|error' "$log" | tail -8
+    grep -E '^(ok|FAIL)|passed|error|ERROR SUMMARY' "$log" | tail -8
     echo "case $1 [$2] $3: exit $rc ($(tail -1 "$log"))" | tee -a "$OUT/summary.txt"
     return "$rc"
 }
