@@ -108,23 +108,13 @@ impl CodeCache {
     pub fn key(parts: &[&str]) -> String {
         let (major, minor, patch) = inkwell::support::get_llvm_version();
         let llvm = format!("llvm-{major}.{minor}.{patch}");
-        let mut h = Sha256::new();
-        for p in [crate::COMPILER_VERSION, FINGERPRINT, llvm.as_str(), FORMAT].iter().chain(parts) {
-            h.update((p.len() as u64).to_le_bytes());
-            h.update(p.as_bytes());
-        }
-        hex(&h.finalize())
+        digest([crate::COMPILER_VERSION, FINGERPRINT, llvm.as_str(), FORMAT].into_iter().chain(parts.iter().copied()))
     }
 
     /// The key of `parts` alone (and the entry layout), for results that depend on
     /// nothing of ejc's: ptxas's report of a PTX text, keyed by ptxas's version.
     pub fn key_without_compiler(parts: &[&str]) -> String {
-        let mut h = Sha256::new();
-        for p in [FORMAT].iter().chain(parts) {
-            h.update((p.len() as u64).to_le_bytes());
-            h.update(p.as_bytes());
-        }
-        hex(&h.finalize())
+        digest([FORMAT].into_iter().chain(parts.iter().copied()))
     }
 
     fn path(&self, key: &str, ext: &str) -> PathBuf {
@@ -181,6 +171,17 @@ where
         cache.put(&key, ext, &bytes);
     }
     Ok((meta, code))
+}
+
+/// SHA-256 of `parts`, each prefixed by its length (so `["ab", "c"]` and `["a", "bc"]`
+/// differ), in hex.
+fn digest<'a>(parts: impl IntoIterator<Item = &'a str>) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p.as_bytes());
+    }
+    hex(&h.finalize())
 }
 
 fn hex(bytes: &[u8]) -> String {

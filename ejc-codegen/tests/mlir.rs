@@ -128,19 +128,17 @@ fn gpu_form_ptx_passes_ptxas_for_every_variant() {
         .flat_map(|(v, dtype, d)| [Arch::Sm80, Arch::Sm90a].map(move |arch| (v, dtype, d, arch)))
         .collect();
     // On every core: each case runs MLIR's NVVM pipeline and ptxas (seconds).
-    let checked = cases
-        .par_iter()
-        .map(|&(v, dtype, d, arch)| {
-            let k = kernel(&spec, v, dtype, d, 64, 32);
-            let opts = GpuOptions { chip: arch.name().into(), threads: 128 };
-            let p = mlir::compile_gpu(&k, opts).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
-            assert!(p.ptx.contains(".visible .entry entry("), "{}: no entry", k.name);
-            assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
-            assert!(!p.ptx.contains(".extern .func"), "{}: unresolved functions (libdevice not linked)", k.name);
-            let r = ptxas(&tool, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
-            assert!(r.registers > 0, "{}: {r:?}", k.name);
-        })
-        .count();
+    cases.par_iter().for_each(|&(v, dtype, d, arch)| {
+        let k = kernel(&spec, v, dtype, d, 64, 32);
+        let opts = GpuOptions { chip: arch.name().into(), threads: 128 };
+        let p = mlir::compile_gpu(&k, opts).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
+        assert!(p.ptx.contains(".visible .entry entry("), "{}: no entry", k.name);
+        assert!(p.ptx.contains(&format!(".target {}", arch.name())), "{}", k.name);
+        assert!(!p.ptx.contains(".extern .func"), "{}: unresolved functions (libdevice not linked)", k.name);
+        let r = ptxas(&tool, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({arch}): {e}", k.name));
+        assert!(r.registers > 0, "{}: {r:?}", k.name);
+    });
+    let checked = cases.len();
     eprintln!("{checked} MLIR-generated PTX files assembled by ptxas");
 }
 
