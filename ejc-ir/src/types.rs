@@ -73,9 +73,8 @@ impl DType {
         match self {
             DType::F64 => x,
             DType::F32 => x as f32 as f64,
-            // Through f32 first would double-round; half converts from f64 directly.
-            DType::F16 => half::f16::from_f64(x).to_f64(),
-            DType::BF16 => half::bf16::from_f64(x).to_f64(),
+            DType::F16 => f64_to_f16(x).to_f64(),
+            DType::BF16 => f64_to_bf16(x).to_f64(),
             DType::I32 => wrap_int(x) as i32 as f64,
             DType::U32 => wrap_int(x) as u32 as f64,
             DType::I1 => {
@@ -87,6 +86,38 @@ impl DType {
             }
         }
     }
+}
+
+/// `x` rounded to the nearest `f16`, ties to even, correctly for every `f64`.
+///
+/// `half::f16::from_f64` and `half::bf16::from_f64` (half 2.7) look only at the upper 32
+/// bits of the `f64`, so bits that decide a near-tie are dropped: `-1.8632821` (f32
+/// `0xbfee8007`) came out as bf16 `0xbfee` where a device's `cvt.rn` gives `0xbfef`.
+/// Rounding through f32 with round-to-odd keeps a sticky bit and cannot double-round
+/// (f32 carries 13 and 16 more bits than f16 and bf16; two are enough).
+pub fn f64_to_f16(x: f64) -> half::f16 {
+    half::f16::from_f32(f64_to_f32_odd(x))
+}
+
+/// `x` rounded to the nearest `bf16`, ties to even, correctly for every `f64`
+/// (see [`f64_to_f16`] for why not `half::bf16::from_f64`).
+pub fn f64_to_bf16(x: f64) -> half::bf16 {
+    half::bf16::from_f32(f64_to_f32_odd(x))
+}
+
+/// `x` rounded to f32 toward zero, with the last mantissa bit set when inexact
+/// ("round to odd"): the inexactness survives as a sticky bit for a second rounding.
+fn f64_to_f32_odd(x: f64) -> f32 {
+    let t = x as f32;
+    if x.is_nan() || f64::from(t) == x {
+        return t;
+    }
+    // Sign-magnitude: one step down in the bits is one step toward zero (inf -> MAX).
+    let mut bits = t.to_bits();
+    if f64::from(t).abs() > x.abs() {
+        bits -= 1;
+    }
+    f32::from_bits(bits | 1)
 }
 
 /// Truncate toward zero and keep the low 64 bits (NaN and infinities become 0, as
@@ -214,6 +245,72 @@ mod tests {
         assert_eq!(DType::U32.round(-1.0), 4294967295.0);
         assert_eq!(DType::I1.round(0.5), 1.0);
         assert!(DType::F32.round(f64::NAN).is_nan());
+    }
+
+    /// The correctly rounded encoding of `x >= 0`, by brute force: among the encodings
+    /// next to `guess` (half's answer, at most one step off), the nearest value, ties to the
+    /// even encoding.
+    fn brute_force(x: f64, guess: u16, val: impl Fn(u16) -> f64) -> u16 {
+        let near = [guess.wrapping_sub(1), guess, guess + 1].map(|c| (c, val(c)));
+        let lo = near.iter().filter(|c| c.1 <= x).max_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+        let hi = near.iter().filter(|c| c.1 >= x).min_by(|a, b| a.1.total_cmp(&b.1)).unwrap();
+        match (x - lo.1).total_cmp(&(hi.1 - x)) {
+            std::cmp::Ordering::Less => lo.0,
+            std::cmp::Ordering::Greater => hi.0,
+            std::cmp::Ordering::Equal => [lo.0, hi.0].into_iter().find(|c| c & 1 == 0).unwrap(),
+        }
+    }
+
+    #[test]
+    fn half_precision_rounding_is_correct_at_near_ties() {
+        // The value that exposed half's truncation: f32 0xbfee8007 is 7 f32 ulps past a
+        // bf16 tie; the bits that say so are in the f64's lower word.
+        let x = f64::from(f32::from_bits(0xbfee_8007));
+        assert_eq!(f64_to_bf16(x).to_bits(), 0xbfef);
+        assert_eq!(DType::BF16.round(x), f64::from(half::bf16::from_bits(0xbfef)));
+        // A tie plus or minus the smallest f64 step: away from the tie both ways.
+        let tie = 1.0 + 1.0 / 256.0;
+        assert_eq!(f64_to_bf16(tie).to_bits(), 0x3f80);
+        assert_eq!(f64_to_bf16(tie + f64::EPSILON).to_bits(), 0x3f81);
+        assert_eq!(f64_to_bf16(-(tie + f64::EPSILON)).to_bits(), 0xbf81);
+        let tie16 = 1.0 + 1.0 / 2048.0;
+        assert_eq!(f64_to_f16(tie16).to_bits(), 0x3c00);
+        assert_eq!(f64_to_f16(tie16 + f64::EPSILON).to_bits(), 0x3c01);
+        assert_eq!(f64_to_f16(tie16 - f64::EPSILON).to_bits(), 0x3c00);
+        // Specials and the edges of the range.
+        assert!(f64_to_bf16(f64::NAN).is_nan());
+        assert_eq!(f64_to_bf16(f64::INFINITY).to_bits(), 0x7f80);
+        assert_eq!(f64_to_bf16(1e300).to_bits(), 0x7f80);
+        assert_eq!(f64_to_bf16(-1e-300).to_bits(), 0x8000);
+        assert_eq!(f64_to_f16(65519.99).to_bits(), 0x7bff);
+        assert_eq!(f64_to_f16(65520.0).to_bits(), 0x7c00);
+        assert_eq!(f64_to_f16(1e-300).to_bits(), 0x0000);
+    }
+
+    #[test]
+    fn half_precision_rounding_matches_brute_force_on_random_values() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x05ee_db16);
+        for i in 0..200_000 {
+            // Random bits over 2^-23..2^27, values near bf16 ties (an f32 tie plus a little),
+            // and small values (f16's subnormals).
+            let x = match i % 3 {
+                0 => f64::from_bits(rng.random::<u64>() & !(0x7ffu64 << 52) | (rng.random_range(1000u64..1050) << 52)),
+                1 => {
+                    f64::from(f32::from_bits(rng.random_range(0x3f00_0000u32..0x4100_0000) | 0x8000))
+                        + rng.random_range(-1e-9..1e-9)
+                }
+                _ => rng.random_range(-1e-5..1e-5),
+            };
+            let x = x.abs();
+            let want = brute_force(x, half::bf16::from_f64(x).to_bits(), |c| half::bf16::from_bits(c).into());
+            assert_eq!(f64_to_bf16(x).to_bits(), want, "bf16 of {x:e}");
+            assert_eq!(f64_to_bf16(-x).to_bits(), want | 0x8000, "bf16 of -{x:e}");
+            if x < 65504.0 {
+                let want = brute_force(x, half::f16::from_f64(x).to_bits(), |c| half::f16::from_bits(c).into());
+                assert_eq!(f64_to_f16(x).to_bits(), want, "f16 of {x:e}");
+            }
+        }
     }
 
     #[test]

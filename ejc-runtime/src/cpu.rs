@@ -53,8 +53,8 @@ fn encode(dtype: DType, x: f64, out: &mut Vec<u8>) {
     match dtype {
         DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
         DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-        DType::F16 => out.extend_from_slice(&half::f16::from_f64(x).to_bits().to_le_bytes()),
-        DType::BF16 => out.extend_from_slice(&half::bf16::from_f64(x).to_bits().to_le_bytes()),
+        DType::F16 => out.extend_from_slice(&ejc_ir::types::f64_to_f16(x).to_bits().to_le_bytes()),
+        DType::BF16 => out.extend_from_slice(&ejc_ir::types::f64_to_bf16(x).to_bits().to_le_bytes()),
         DType::I32 => out.extend_from_slice(&(x as i64 as i32).to_le_bytes()),
         DType::U32 => out.extend_from_slice(&(x as i64 as u32).to_le_bytes()),
         DType::I1 => out.push((x != 0.0) as u8),
@@ -248,8 +248,8 @@ pub fn scalar_slot(dtype: DType, x: f64) -> u64 {
         DType::U32 => (x as i64 as u32) as u64,
         DType::I1 => (x != 0.0) as u64,
         DType::F64 => x.to_bits(),
-        DType::F16 => half::f16::from_f64(x).to_bits() as u64,
-        DType::BF16 => half::bf16::from_f64(x).to_bits() as u64,
+        DType::F16 => ejc_ir::types::f64_to_f16(x).to_bits() as u64,
+        DType::BF16 => ejc_ir::types::f64_to_bf16(x).to_bits() as u64,
     }
 }
 
