@@ -17,19 +17,20 @@ cargo fmt --all --check
 RUSTC_WORKSPACE_WRAPPER="$(command -v clippy-driver || echo "$(rustc --print sysroot)/bin/clippy-driver")"
 export RUSTC_WORKSPACE_WRAPPER
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+# One build for everything: the workspace's features are unified, and the `ejc` package
+# turns on ejc-runtime's `cuda` feature, so the CUDA executor, the GPU runner (`ejc-gpu`)
+# and its argument tests (tests/gpu_args.rs) are built and linted here too. They build
+# without CUDA (the driver is opened at run time) and only say that there is no GPU.
+# (A `-p ejc-runtime --features cuda` build would resolve fewer features for syn, serde,
+# rand and the rest and compile them and ejc-ir a second time: 81 s.)
 cargo test --workspace --locked --no-run
-# The CUDA executor and the GPU runner build without CUDA (the driver is opened at run
-# time); here they only say that there is no GPU.
-cargo test -p ejc-runtime --features cuda --locked --no-run
 cargo test --workspace --locked
 # What the CPU tests could not run on this machine (AMX kernels need an AMX CPU; the test
 # above compiled them and checked their tile code either way): said here, not hidden in
 # captured test output. (`--workspace`, as above: the same build, nothing recompiled.)
 cargo test -q --workspace --test cpu --locked amx -- --nocapture 2>&1 | grep -E '^skipped|^seed' || true
-cargo run -q -p ejc-runtime --features cuda --bin ejc-gpu --locked -- info
-# ejc-gpu checks its arguments, manifest and artifacts before it looks for a driver
-# (the binary needs the `cuda` feature, which `cargo test --workspace` leaves off).
-cargo test -p ejc-runtime --features cuda --test gpu_args --locked
+# The runner the test build made (`cargo run -p ejc-runtime` would rebuild, as above).
+"${CARGO_TARGET_DIR:-target}/debug/ejc-gpu" info
 pending=$(git ls-files --others --exclude-standard | grep -E '\.snap\.new$|\.pending-snap$' || true)
 if [ -n "$pending" ]; then
   echo "unreviewed snapshot files:"; echo "$pending"; exit 1

@@ -4,8 +4,8 @@
 //! the well-formed requests run instead, so those cases only assert where there is no
 //! driver.
 //!
-//! The binary needs the `cuda` feature: `cargo test -p ejc-runtime --features cuda --test
-//! gpu_args` (scripts/test.sh runs it).
+//! The binary needs the `cuda` feature, which `cargo test --workspace` has (the `ejc`
+//! package turns it on); alone: `cargo test -p ejc-runtime --features cuda --test gpu_args`.
 #![cfg(feature = "cuda")]
 
 use std::path::{Path, PathBuf};
