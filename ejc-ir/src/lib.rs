@@ -18,6 +18,7 @@
 pub mod builder;
 pub mod cache_dir;
 pub mod cpu_abi;
+pub mod defuse;
 pub mod dsl;
 pub mod flash;
 pub mod infer;

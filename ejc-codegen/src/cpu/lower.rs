@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 
 use ejc_ir::cpu_abi::{tensor_slots, Isa, MAX_RANK, SCRATCH_ALIGN, TENSOR_SIZE};
+use ejc_ir::defuse::DefUse;
 use ejc_ir::ir::{AxisIndex, BinOp, Block, CmpPred, Kernel, Op, OpKind, UnOp, Value};
 use ejc_ir::types::{DType, Type};
 use llvm_sys::LLVMIntPredicate::*;
@@ -132,8 +133,8 @@ pub struct Lowering<'k> {
     kernel: &'k Kernel,
     isa: Isa,
     vals: Vec<Option<Val>>,
-    defs: HashMap<Value, &'k Op>,
-    uses: Vec<usize>,
+    /// Definitions and uses of the kernel's values.
+    du: DefUse<'k>,
     tensors: Vec<TensorInfo>,
     scratch: V,
     scratch_top: u64,
@@ -154,24 +155,13 @@ impl<'k> Lowering<'k> {
     /// # Safety
     /// `ir` must be positioned in a fresh function with the ABI's signature.
     pub fn new(ir: Ir, kernel: &'k Kernel, isa: Isa) -> Lowering<'k> {
-        let mut defs = HashMap::new();
-        let mut uses = vec![0usize; kernel.values.len()];
-        ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &'k Op| {
-            for r in &op.results {
-                defs.insert(*r, op);
-            }
-            for v in &op.operands {
-                uses[v.index()] += 1;
-            }
-        });
         let scratch = ir.param(5);
         Lowering {
             ir,
             kernel,
             isa,
             vals: vec![None; kernel.values.len()],
-            defs,
-            uses,
+            du: DefUse::new(kernel),
             tensors: Vec::new(),
             scratch,
             scratch_top: 0,
@@ -344,7 +334,7 @@ impl<'k> Lowering<'k> {
         if depth > 16 {
             return Layout::RowMajor;
         }
-        if let Some(op) = self.defs.get(&v) {
+        if let Some(op) = self.du.def(v) {
             let shape = self.ty(v).shape().to_vec();
             if matches!(
                 op.kind,
@@ -683,7 +673,7 @@ impl<'k> Lowering<'k> {
     }
 
     fn eval_op(&mut self, v: Value, at: At, ty: &Type) -> R<V> {
-        let op = *self.defs.get(&v).ok_or_else(|| self.err(format!("no definition for %{}", v.0)))?;
+        let op = self.du.def(v).ok_or_else(|| self.err(format!("no definition for %{}", v.0)))?;
         let dt = ty.dtype();
         Ok(match &op.kind {
             OpKind::Splat { .. } => self.eval(op.operands[0], at)?,
@@ -899,7 +889,7 @@ impl<'k> Lowering<'k> {
             op.kind,
             OpKind::Splat { .. } | OpKind::Arange { .. } | OpKind::ExpandDims { .. } | OpKind::Broadcast { .. }
         );
-        !trivial && op.results.iter().any(|r| self.uses[r.index()] > 1)
+        !trivial && op.results.iter().any(|r| self.du.use_count(*r) > 1)
     }
 
     fn op(&mut self, op: &'k Op) -> R<()> {
@@ -1168,7 +1158,7 @@ impl<'k> Lowering<'k> {
     ) -> R<()> {
         // `dst` is a row-major staging buffer of the tensor's dtype.
         let dtype = self.ty(res).dtype();
-        let t = self.tensor_of(self.defs[&res].operands[0])?;
+        let t = self.tensor_of(self.du.def(res).expect("a defined value").operands[0])?;
         let (data, shape, strides) =
             (self.tensors[t].data, self.tensors[t].shape.clone(), self.tensors[t].strides.clone());
         let st = self.storage_ty(dtype);
@@ -1625,13 +1615,11 @@ impl<'k> Lowering<'k> {
     /// How the dot's accumulator starts: zero, a buffer, or a buffer scaled per row
     /// (`softmax.rescale` fused into the accumulator load).
     fn dot_init(&mut self, acc: Value, transposed: bool) -> R<Init> {
-        let def = self.defs.get(&acc).map(|o| &o.kind);
+        let def = self.du.def(acc).map(|o| &o.kind);
         if let (Some(OpKind::Splat { .. }), Some(Val::Lazy)) = (def, self.vals[acc.index()]) {
-            let op = self.defs[&acc];
+            let op = self.du.def(acc).expect("a defined value");
             if let Some(Val::Scalar(_)) = self.vals[op.operands[0].index()] {
-                if let Some(ejc_ir::ir::Op { kind: OpKind::Const { value, .. }, .. }) =
-                    self.defs.get(&op.operands[0]).copied()
-                {
+                if let Some(ejc_ir::ir::Op { kind: OpKind::Const { value, .. }, .. }) = self.du.def(op.operands[0]) {
                     if *value == 0.0 {
                         return Ok(Init::Zero);
                     }
@@ -1640,7 +1628,7 @@ impl<'k> Lowering<'k> {
         }
         let layout = if transposed { Layout::ColMajor } else { Layout::RowMajor };
         if let (Some(OpKind::SoftmaxRescale), Some(Val::Lazy), false) = (def, self.vals[acc.index()], transposed) {
-            let op = self.defs[&acc];
+            let op = self.du.def(acc).expect("a defined value");
             let x = self.buffer(op.operands[0], Some(Want { layout, storage: DType::F32 }))?;
             let al = self.buffer(op.operands[1], None)?;
             let al = self.as_f32_row(al, op.operands[1])?;

@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use ejc_ir::defuse::DefUse;
 use ejc_ir::ir::{walk_ops, Kernel, Op, OpKind, Value};
 use ejc_ir::types::Type;
 
@@ -121,7 +122,7 @@ pub fn plan(kernel: &Kernel) -> Result<Plan, String> {
     let remat = rematerialisable(kernel);
     let mut uf = Uf { parent: (0..n).collect(), orient: vec![None; n] };
     let mut conflict: Option<Value> = None;
-    let mut defs: HashMap<Value, &Op> = HashMap::new();
+    let du = DefUse::new(kernel);
     let mut dot_a: HashSet<Value> = HashSet::new();
     let mut dot_b: HashSet<Value> = HashSet::new();
     let mut other_use: HashSet<Value> = HashSet::new();
@@ -139,9 +140,6 @@ pub fn plan(kernel: &Kernel) -> Result<Plan, String> {
         };
         let mut c2: Option<Value> = None;
         walk_ops(&kernel.body, &mut |op: &Op| {
-            for r in &op.results {
-                defs.insert(*r, op);
-            }
             match &op.kind {
                 OpKind::Dot { .. } => {
                     dot_a.insert(op.operands[0]);
@@ -217,7 +215,7 @@ pub fn plan(kernel: &Kernel) -> Result<Plan, String> {
         }
     }
     for v in dot_a.iter().chain(&dot_b) {
-        if let Some(op) = defs.get(v) {
+        if let Some(op) = du.def(*v) {
             if matches!(op.kind, OpKind::Load { .. }) && matches!(kernel.ty(*v), Type::Tile(_, s) if s.len() == 2) {
                 plan.smem_loads.insert(*v);
             }

@@ -26,6 +26,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use ejc_ir::defuse::{defined_in, is_scalar_arith, DefUse};
 use ejc_ir::ir::{AxisIndex, Block, Kernel, Op, OpKind, ReduceOp, Value};
 use ejc_ir::types::{DType, Type};
 use llvm_sys::LLVMIntPredicate::*;
@@ -220,7 +221,8 @@ pub struct Lowering<'k> {
     plan: Plan,
     warps: usize,
     vals: Vec<Option<GV>>,
-    defs: HashMap<Value, &'k Op>,
+    /// Definitions and uses of the kernel's values.
+    du: DefUse<'k>,
     tensors: Vec<TensorInfo>,
     pid: [V; 3],
     warp: V,
@@ -332,23 +334,12 @@ impl<'k> Lowering<'k> {
         streams: &[(Value, Value)],
     ) -> Lowering<'k> {
         let null = std::ptr::null_mut();
-        let mut defs = HashMap::new();
-        let mut dot_uses: HashMap<Value, bool> = HashMap::new();
-        ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &'k Op| {
-            for r in &op.results {
-                defs.insert(*r, op);
-            }
-            for (i, v) in op.operands.iter().enumerate() {
-                let as_operand = matches!(op.kind, OpKind::Dot { trans_a: false, .. }) && i < 2;
-                let e = dot_uses.entry(*v).or_insert(true);
-                *e = *e && as_operand;
-            }
-        });
-        let dot_only = dot_uses.into_iter().filter(|(_, only)| *only).map(|(v, _)| v).collect();
+        let du = DefUse::new(kernel);
+        let dot_only = du.values_used_only_as(super::wgmma_operand);
         // `hopper`: `super::wgmma_applies` (warpgroups, 64-row blocks of block_m rows).
         let wgmma = hopper;
         Lowering {
-            defs,
+            du,
             ir,
             kernel,
             plan,
@@ -546,7 +537,7 @@ impl<'k> Lowering<'k> {
             // The rings first, below everything else: the producer starts copying at
             // once, so no tile of the consumers may ever share their memory.
             for t in &ws.tma {
-                let op = *self.defs.get(&t.load).ok_or_else(|| self.err("a TMA load is not in the kernel".into()))?;
+                let op = self.du.def(t.load).ok_or_else(|| self.err("a TMA load is not in the kernel".into()))?;
                 let tmpl = Smem::new(t.rows, t.cols, t.dtype, SmemLayout::Swizzle128, self.ir.ci32(0));
                 let stride = tmpl.bytes().div_ceil(tmpl.align()) * tmpl.align();
                 self.region(op, 0, stride * self.stages, tmpl.align());
@@ -875,7 +866,7 @@ impl<'k> Lowering<'k> {
 
     /// Build rematerialisable rank-1 tile `v` along `o` (recursively).
     fn remat(&mut self, v: Value, o: Orient) -> R<Dist> {
-        let op = *self.defs.get(&v).ok_or_else(|| self.err(format!("%{} has no definition", v.index())))?;
+        let op = self.du.def(v).ok_or_else(|| self.err(format!("%{} has no definition", v.index())))?;
         let (rows, cols) = self.oriented_axes(v, o)?;
         match &op.kind {
             OpKind::Arange { .. } => {
@@ -1152,7 +1143,7 @@ impl<'k> Lowering<'k> {
         if v == from {
             return Ok(to);
         }
-        let op = self.defs.get(&v).copied();
+        let op = self.du.def(v);
         let lowered = self.vals[v.index()].is_some();
         if lowered && !self.scalar_depends_on(v, from) {
             return self.scalar(v);
@@ -1177,24 +1168,12 @@ impl<'k> Lowering<'k> {
         if v == from {
             return true;
         }
-        match self.defs.get(&v) {
-            Some(op) if Self::scalar_arith(op) && matches!(self.ty(v), Type::Scalar(_)) => {
+        match self.du.def(v) {
+            Some(op) if is_scalar_arith(op) && matches!(self.ty(v), Type::Scalar(_)) => {
                 op.operands.iter().any(|x| self.scalar_depends_on(*x, from))
             }
             _ => false,
         }
-    }
-
-    fn scalar_arith(op: &Op) -> bool {
-        matches!(
-            op.kind,
-            OpKind::Const { .. }
-                | OpKind::Binary(_)
-                | OpKind::Unary(_)
-                | OpKind::Cmp(_)
-                | OpKind::Select
-                | OpKind::Cast { .. }
-        )
     }
 
     /// Whether tensor index `x` (i64) is inside axis `ta` and under `limit`.
@@ -1903,7 +1882,7 @@ impl<'k> Lowering<'k> {
             _ => None,
         };
         if let (Some(ca), Ax::Mma(_), 2) = (col_axis, cols, dtype.size_bytes()) {
-            let src = match self.defs.get(&value) {
+            let src = match self.du.def(value) {
                 Some(o) if matches!(o.kind, OpKind::Cast { .. }) && self.ty(o.operands[0]).dtype() == DType::F32 => {
                     Some(self.dist(o.operands[0])?)
                 }
@@ -2402,7 +2381,7 @@ impl<'k> Lowering<'k> {
                 // Registers: the accumulator layout of [m, k] (k in 8-column groups);
                 // an a fragment for k-step ks is groups 2ks and 2ks+1. A tile just cast
                 // from f32 (the softmax probabilities) is rounded pairwise from the f32.
-                let from_f32 = match self.defs.get(&av) {
+                let from_f32 = match self.du.def(av) {
                     Some(o)
                         if matches!(o.kind, OpKind::Cast { .. }) && self.ty(o.operands[0]).dtype() == DType::F32 =>
                     {
@@ -2504,9 +2483,9 @@ impl<'k> Lowering<'k> {
 
     /// Whether `v` is a splat of the constant 0.
     fn is_zero_splat(&self, v: Value) -> bool {
-        let Some(op) = self.defs.get(&v) else { return false };
+        let Some(op) = self.du.def(v) else { return false };
         let OpKind::Splat { .. } = op.kind else { return false };
-        matches!(self.defs.get(&op.operands[0]).map(|c| &c.kind), Some(OpKind::Const { value, .. }) if *value == 0.0)
+        matches!(self.du.def(op.operands[0]).map(|c| &c.kind), Some(OpKind::Const { value, .. }) if *value == 0.0)
     }
 
     /// A dot on Hopper's warpgroup MMA: per 64-row block of this warpgroup and k-step,
@@ -2693,7 +2672,7 @@ impl<'k> Lowering<'k> {
             if matches!(o.kind, OpKind::For) {
                 break;
             }
-            let scalar = Self::scalar_arith(o) && o.results.iter().all(|r| matches!(self.ty(*r), Type::Scalar(_)));
+            let scalar = is_scalar_arith(o) && o.results.iter().all(|r| matches!(self.ty(*r), Type::Scalar(_)));
             if !scalar || o.operands.iter().any(|v| results.contains(v)) {
                 return None;
             }
@@ -2840,25 +2819,12 @@ impl<'k> Lowering<'k> {
         }
         let region = &op.regions[0];
         let iv = region.args[0];
-        let mut inside = HashSet::new();
-        ejc_ir::ir::walk_ops(region, &mut |o: &Op| inside.extend(o.results.iter().copied()));
-        inside.extend(region.args.iter().copied());
-        fn indexable(cg: &Lowering, x: Value, iv: Value, inside: &HashSet<Value>) -> bool {
-            if x == iv || !inside.contains(&x) {
-                return true;
-            }
-            match cg.defs.get(&x) {
-                Some(d) if Lowering::scalar_arith(d) && d.regions.is_empty() => {
-                    matches!(cg.ty(x), Type::Scalar(_)) && d.operands.iter().all(|y| indexable(cg, *y, iv, inside))
-                }
-                _ => false,
-            }
-        }
+        let inside = defined_in(region);
         region
             .ops
             .iter()
             .filter(|o| matches!(o.kind, OpKind::Load { .. }) && self.plan.smem_loads.contains(&o.results[0]))
-            .filter(|o| o.operands.iter().all(|x| indexable(self, *x, iv, &inside)))
+            .filter(|o| o.operands.iter().all(|x| self.du.iteration_scalar(self.kernel, *x, iv, &inside)))
             .collect()
     }
 
@@ -3055,8 +3021,7 @@ impl<'k> Lowering<'k> {
             // at the end of the loop's entry block).
             self.covered = true;
         }
-        let mut inside: HashSet<Value> = region.args.iter().copied().collect();
-        ejc_ir::ir::walk_ops(region, &mut |o: &Op| inside.extend(o.results.iter().copied()));
+        let inside = defined_in(region);
         self.loop_values.push(inside);
         let r = self.block(region);
         self.loop_values.pop();

@@ -487,6 +487,12 @@ pub fn find_ptxas() -> Option<PathBuf> {
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file()))
 }
 
+/// A use as the A or B operand of a product that is not `trans_a`: tiles used only so
+/// are stored in the core-matrix layout `wgmma` reads, and may be copied by TMA.
+pub(crate) fn wgmma_operand(u: &ejc_ir::defuse::Use) -> bool {
+    matches!(u.op.kind, ejc_ir::ir::OpKind::Dot { trans_a: false, .. }) && u.operand < 2
+}
+
 /// Assemble `ptx` for `arch` with `ptxas -v`; its messages. What ptxas says depends only
 /// on the PTX, the target and ptxas itself, so a successful report is kept in the
 /// compiled-code cache (`<cache dir>/ptxas`, keyed by those three: ptxas by its

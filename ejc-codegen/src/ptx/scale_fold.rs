@@ -19,7 +19,8 @@
 
 use std::collections::HashMap;
 
-use ejc_ir::ir::{BinOp, Block, Kernel, Op, OpKind, Value};
+use ejc_ir::defuse::DefUse;
+use ejc_ir::ir::{BinOp, Kernel, Op, OpKind, Value};
 use ejc_ir::types::{DType, Type};
 
 /// What [`fold`] did.
@@ -32,48 +33,28 @@ pub struct Folded {
     pub positive: Vec<String>,
 }
 
-struct Def<'a> {
-    op: &'a Op,
-    /// Index of the value among the op's results.
-    index: usize,
-}
-
-fn defs(kernel: &Kernel) -> (HashMap<Value, Def<'_>>, HashMap<Value, usize>) {
-    let mut defs = HashMap::new();
-    let mut uses: HashMap<Value, usize> = HashMap::new();
-    ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &Op| {
-        for (index, r) in op.results.iter().enumerate() {
-            defs.insert(*r, Def { op, index });
-        }
-        for v in &op.operands {
-            *uses.entry(*v).or_default() += 1;
-        }
-    });
-    (defs, uses)
-}
-
-fn const_of(defs: &HashMap<Value, Def<'_>>, v: Value) -> Option<f64> {
-    match &defs.get(&v)?.op.kind {
+fn const_of(du: &DefUse, v: Value) -> Option<f64> {
+    match &du.def(v)?.kind {
         OpKind::Const { value, .. } => Some(*value),
-        OpKind::Splat { .. } => const_of(defs, defs.get(&v)?.op.operands[0]),
+        OpKind::Splat { .. } => const_of(du, du.def(v)?.operands[0]),
         _ => None,
     }
 }
 
 /// The scalar parameter `c` is a positive multiple of (`c` itself, or `param · k` with
 /// a constant k > 0).
-fn positive_param(kernel: &Kernel, defs: &HashMap<Value, Def<'_>>, c: Value) -> Option<String> {
+fn positive_param(kernel: &Kernel, du: &DefUse, c: Value) -> Option<String> {
     let param = |v: Value| kernel.params.iter().find(|p| p.value == v && p.ty == Type::Scalar(DType::F32));
     if let Some(p) = param(c) {
         return Some(p.name.clone());
     }
-    let d = defs.get(&c)?;
-    if d.op.kind != OpKind::Binary(BinOp::Mul) {
+    let d = du.def(c)?;
+    if d.kind != OpKind::Binary(BinOp::Mul) {
         return None;
     }
-    let (a, b) = (d.op.operands[0], d.op.operands[1]);
+    let (a, b) = (d.operands[0], d.operands[1]);
     for (x, k) in [(a, b), (b, a)] {
-        if let (Some(p), Some(k)) = (param(x), const_of(defs, k)) {
+        if let (Some(p), Some(k)) = (param(x), const_of(du, k)) {
             if k > 0.0 && k.is_finite() {
                 return Some(p.name.clone());
             }
@@ -83,12 +64,12 @@ fn positive_param(kernel: &Kernel, defs: &HashMap<Value, Def<'_>>, c: Value) -> 
 }
 
 /// A scaled score tile: `mul %x, %c` with `c` a scalar f32 → (x, c).
-fn scaled_scores(kernel: &Kernel, defs: &HashMap<Value, Def<'_>>, s: Value) -> Option<(Value, Value)> {
-    let d = defs.get(&s)?;
-    if d.op.kind != OpKind::Binary(BinOp::Mul) {
+fn scaled_scores(kernel: &Kernel, du: &DefUse, s: Value) -> Option<(Value, Value)> {
+    let d = du.def(s)?;
+    if d.kind != OpKind::Binary(BinOp::Mul) {
         return None;
     }
-    let (x, c) = (d.op.operands[0], d.op.operands[1]);
+    let (x, c) = (d.operands[0], d.operands[1]);
     let tile_f32 = matches!(kernel.ty(x), Type::Tile(DType::F32, _));
     (tile_f32 && kernel.ty(c) == &Type::Scalar(DType::F32)).then_some((x, c))
 }
@@ -98,7 +79,7 @@ pub fn fold(kernel: &mut Kernel) -> Folded {
     let mut plan: Vec<(Value, Value)> = Vec::new(); // (scaled tile, raw tile): uses of the first become the second
     let mut out = Folded::default();
     {
-        let (defs, uses) = defs(kernel);
+        let du = DefUse::new(kernel);
         let mut updates = Vec::new();
         ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &Op| {
             if op.kind == OpKind::SoftmaxUpdate {
@@ -106,14 +87,14 @@ pub fn fold(kernel: &mut Kernel) -> Folded {
             }
         });
         for (s, p) in updates {
-            let Some(d) = defs.get(&s) else { continue };
+            let Some(d) = du.def_result(s) else { continue };
             // Case 1: the softmax takes the scaled tile itself.
-            let found = if let Some((x, c)) = scaled_scores(kernel, &defs, s) {
-                (uses.get(&s) == Some(&1)).then_some((s, x, c))
-            } else if matches!(d.op.kind, OpKind::If) && uses.get(&s) == Some(&1) {
+            let found = if let Some((x, c)) = scaled_scores(kernel, &du, s) {
+                (du.use_count(s) == 1).then_some((s, x, c))
+            } else if matches!(d.op.kind, OpKind::If) && du.use_count(s) == 1 {
                 // Case 2: an `scf.if` whose arms yield the scaled tile, or a select of it
                 // against −∞ (the masks).
-                let k = d.index;
+                let k = d.result;
                 let mut scaled: Option<(Value, Value, Value)> = None;
                 let mut refs = 0;
                 let mut ok = true;
@@ -122,18 +103,18 @@ pub fn fold(kernel: &mut Kernel) -> Folded {
                         ok = false;
                         break;
                     };
-                    let src = match defs.get(&y) {
-                        Some(yd) if yd.op.kind == OpKind::Select && uses.get(&y) == Some(&1) => {
-                            let fill = const_of(&defs, yd.op.operands[2]);
+                    let src = match du.def(y) {
+                        Some(yd) if yd.kind == OpKind::Select && du.use_count(y) == 1 => {
+                            let fill = const_of(&du, yd.operands[2]);
                             if fill != Some(f64::NEG_INFINITY) {
                                 ok = false;
                                 break;
                             }
-                            yd.op.operands[1]
+                            yd.operands[1]
                         }
                         _ => y,
                     };
-                    match scaled_scores(kernel, &defs, src) {
+                    match scaled_scores(kernel, &du, src) {
                         Some((x, c)) if scaled.is_none_or(|(m0, _, _)| m0 == src) => {
                             scaled = Some((src, x, c));
                             refs += 1;
@@ -145,14 +126,14 @@ pub fn fold(kernel: &mut Kernel) -> Folded {
                     }
                 }
                 match scaled {
-                    Some((m0, x, c)) if ok && uses.get(&m0) == Some(&refs) => Some((m0, x, c)),
+                    Some((m0, x, c)) if ok && du.use_count(m0) == refs => Some((m0, x, c)),
                     _ => None,
                 }
             } else {
                 None
             };
             let Some((m0, x, c)) = found else { continue };
-            let Some(param) = positive_param(kernel, &defs, c) else { continue };
+            let Some(param) = positive_param(kernel, &du, c) else { continue };
             plan.push((m0, x));
             out.scaled.insert(p, c);
             if !out.positive.contains(&param) {
@@ -162,22 +143,9 @@ pub fn fold(kernel: &mut Kernel) -> Folded {
     }
     if !plan.is_empty() {
         let subst: HashMap<Value, Value> = plan.into_iter().collect();
-        replace_uses(&mut kernel.body, &subst);
+        ejc_ir::passes::substitute(&mut kernel.body, &subst);
     }
     out
-}
-
-fn replace_uses(b: &mut Block, subst: &HashMap<Value, Value>) {
-    for op in &mut b.ops {
-        for v in &mut op.operands {
-            if let Some(n) = subst.get(v) {
-                *v = *n;
-            }
-        }
-        for r in &mut op.regions {
-            replace_uses(r, subst);
-        }
-    }
 }
 
 #[cfg(test)]

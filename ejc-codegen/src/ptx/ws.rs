@@ -17,8 +17,9 @@
 //! padding. The aligned entry takes one tensor map per such load as a
 //! `__grid_constant__` parameter after the ABI's (docs/abi.md, "Tensor maps").
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
+use ejc_ir::defuse::{defined_in, DefUse};
 use ejc_ir::ir::{AxisIndex, Kernel, Op, OpKind, Value};
 use ejc_ir::types::{DType, Type};
 
@@ -49,25 +50,12 @@ impl TmaLoad {
 /// The TMA loads of `kernel` (after `pipeline-dots`), or why warp specialisation does
 /// not apply to it.
 pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
-    let mut defs: HashMap<Value, &Op> = HashMap::new();
-    let mut uses_ok: HashMap<Value, bool> = HashMap::new();
-    ejc_ir::ir::walk_ops(&kernel.body, &mut |op: &Op| {
-        for r in &op.results {
-            defs.insert(*r, op);
-        }
-        for (i, v) in op.operands.iter().enumerate() {
-            let as_operand = matches!(op.kind, OpKind::Dot { trans_a: false, .. }) && i < 2;
-            let e = uses_ok.entry(*v).or_insert(true);
-            *e = *e && as_operand;
-        }
-    });
+    let du = DefUse::new(kernel);
     let mut out = Vec::new();
     for lp in kernel.body.ops.iter().filter(|o| matches!(o.kind, OpKind::For)) {
         let region = &lp.regions[0];
         let iv = region.args[0];
-        let mut inside = HashSet::new();
-        ejc_ir::ir::walk_ops(region, &mut |o: &Op| inside.extend(o.results.iter().copied()));
-        inside.extend(region.args.iter().copied());
+        let inside = defined_in(region);
         let top: HashSet<Value> = region.ops.iter().flat_map(|o| o.results.iter().copied()).collect();
         let mut nested = Vec::new();
         ejc_ir::ir::walk_ops(region, &mut |o: &Op| {
@@ -100,7 +88,7 @@ pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
             if !cols.is_multiple_of(64) || !rows.is_multiple_of(8) || rows > 256 {
                 return Err(why("its tile is not whole 64-column blocks of at most 256 rows"));
             }
-            if !uses_ok.get(&r).copied().unwrap_or(false) {
+            if !du.used_only_as(r, super::wgmma_operand) {
                 return Err(why("read by something other than a dot"));
             }
             let ranges: Vec<(usize, bool)> = axes
@@ -117,36 +105,7 @@ pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
             if ranges.iter().any(|(_, limit)| *limit) {
                 return Err(why("a range has a limit (the copy engine zero-fills only outside the tensor)"));
             }
-            fn indexable(
-                defs: &HashMap<Value, &Op>,
-                kernel: &Kernel,
-                x: Value,
-                iv: Value,
-                inside: &HashSet<Value>,
-            ) -> bool {
-                if x == iv || !inside.contains(&x) {
-                    return true;
-                }
-                match defs.get(&x) {
-                    Some(d)
-                        if d.regions.is_empty()
-                            && matches!(
-                                d.kind,
-                                OpKind::Const { .. }
-                                    | OpKind::Binary(_)
-                                    | OpKind::Unary(_)
-                                    | OpKind::Cmp(_)
-                                    | OpKind::Select
-                                    | OpKind::Cast { .. }
-                            ) =>
-                    {
-                        matches!(kernel.ty(x), Type::Scalar(_))
-                            && d.operands.iter().all(|y| indexable(defs, kernel, *y, iv, inside))
-                    }
-                    _ => false,
-                }
-            }
-            if !op.operands.iter().all(|x| indexable(&defs, kernel, *x, iv, &inside)) {
+            if !op.operands.iter().all(|x| du.iteration_scalar(kernel, *x, iv, &inside)) {
                 return Err(why("its indices are not computed from the loop's induction variable"));
             }
             let box_dims = (0..rank)

@@ -36,8 +36,9 @@
 
 use std::collections::HashMap;
 
-use super::util::{constants, defined_in, has_store, Emit};
+use super::util::{constants, has_store, Emit};
 use super::Pass;
+use crate::defuse::defined_in;
 use crate::ir::{BinOp, Block, Kernel, MaskTerm, Op, OpKind, Value};
 use crate::types::{DType, Type};
 
@@ -117,8 +118,7 @@ fn rewrite_block(block: &mut Block, consts: &Consts, zeros: &Zeros, values: &mut
 /// Rewrite one loop; returns the ops to insert before it.
 fn classify_loop(op: &mut Op, consts: &Consts, zeros: &Zeros, values: &mut Vec<Type>) -> Vec<Op> {
     let iv = op.regions[0].args[0];
-    let mut inside = Vec::new();
-    defined_in(&op.regions[0], &mut inside);
+    let inside = defined_in(&op.regions[0]);
     let invariant = |v: &Value| !inside.contains(v);
     let step = consts.get(&op.operands[2]).map(|c| c.0);
     let lo_is_zero = consts.get(&op.operands[0]).map(|c| c.0) == Some(0.0);

@@ -16,8 +16,10 @@
 //! Loops nested in the body are processed first, so invariants bubble out of every
 //! level.
 
-use super::util::defined_in;
+use std::collections::HashSet;
+
 use super::Pass;
+use crate::defuse::defined_in;
 use crate::ir::{BinOp, Block, Kernel, Op, OpKind, Value};
 
 pub struct Licm;
@@ -41,8 +43,7 @@ fn hoist_in_block(block: &mut Block) {
             hoist_in_block(r);
         }
         if matches!(op.kind, OpKind::For) {
-            let mut inside = Vec::new();
-            defined_in(&op.regions[0], &mut inside);
+            let mut inside = defined_in(&op.regions[0]);
             let mut hoisted = Vec::new();
             take_invariants(&mut op.regions[0], &mut inside, &mut hoisted);
             block.ops.extend(hoisted);
@@ -59,11 +60,13 @@ fn movable(op: &Op) -> bool {
 
 /// Move invariant ops of `block` (and of `scf.if` regions in it) to `out`, in
 /// program order. `inside` holds the values still defined in the loop.
-fn take_invariants(block: &mut Block, inside: &mut Vec<Value>, out: &mut Vec<Op>) {
+fn take_invariants(block: &mut Block, inside: &mut HashSet<Value>, out: &mut Vec<Op>) {
     let ops = std::mem::take(&mut block.ops);
     for mut op in ops {
         if movable(&op) && op.operands.iter().all(|v| !inside.contains(v)) {
-            inside.retain(|v| !op.results.contains(v));
+            for r in &op.results {
+                inside.remove(r);
+            }
             out.push(op);
             continue;
         }

@@ -43,6 +43,9 @@ pub use dce::Dce;
 pub use licm::Licm;
 pub use lower_masks::LowerMasks;
 pub use pipeline_dots::{rotate_loops, PipelineDots, Rotation};
+/// Replace operands by `subst` (following chains) in a block and its nested regions:
+/// for rewrites outside this module (the PTX back end's scale folding).
+pub use util::substitute;
 
 use std::path::PathBuf;
 

@@ -41,29 +41,12 @@ pub fn constants(kernel: &Kernel) -> HashMap<Value, (f64, DType)> {
 
 /// How many times each value is used as an operand.
 pub fn use_counts(kernel: &Kernel) -> Vec<usize> {
-    let mut counts = vec![0usize; kernel.values.len()];
-    crate::ir::walk_ops(&kernel.body, &mut |op: &Op| {
-        for v in &op.operands {
-            counts[v.index()] += 1;
-        }
-    });
-    counts
+    crate::defuse::DefUse::new(kernel).use_counts()
 }
 
 /// Whether a block (or its nested regions) stores to memory.
 pub fn has_store(block: &Block) -> bool {
     block.ops.iter().any(|op| matches!(op.kind, OpKind::Store { .. }) || op.regions.iter().any(has_store))
-}
-
-/// Values defined anywhere inside `block` (arguments, results, nested).
-pub fn defined_in(block: &Block, out: &mut Vec<Value>) {
-    out.extend(&block.args);
-    for op in &block.ops {
-        out.extend(&op.results);
-        for r in &op.regions {
-            defined_in(r, out);
-        }
-    }
 }
 
 /// Appends new ops, typing their results with [`crate::infer::infer`]. Used by
