@@ -557,6 +557,32 @@ fn build_warp_specialised_candidates_and_drop_the_spilling_ones() {
         let maps: Vec<(&str, &[u32])> = al.tensor_maps.iter().map(|t| (t.tensor.as_str(), &t.box_dims[..])).collect();
         assert_eq!(maps, [("k", &[1, 64, 1, 64][..]), ("v", &[1, 64, 1, 64][..])], "{}", a.artifact_id);
     }
+    // EJC_DUMP_SCHEDULE: each entry's schedule, also when the code comes from the cache.
+    let dump = temp_dir("ws-schedule");
+    let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(&args)
+        .env("EJC_DUMP_SCHEDULE", &dump)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("ejc runs");
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let mut files: Vec<String> =
+        std::fs::read_dir(&dump).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    files.sort();
+    let k = "flash_full_bf16_d128_m128_n64";
+    let want: Vec<String> = ["_aligned_w4", "_aligned_w8", "_w4", "_w8"]
+        .iter()
+        .map(|e| format!("{k}{e}_s2_wgmma_ws.sm_90a.schedule.txt"))
+        .collect();
+    assert_eq!(files, want);
+    let aligned = std::fs::read_to_string(dump.join(&want[1])).unwrap();
+    for needle in ["(sm_90a, 8 warps, 2 stages, wgmma, ws)", "TMA ring (producer)", "ping-pong", "wgmma.wait_group"] {
+        assert!(aligned.contains(needle), "no {needle:?} in\n{aligned}");
+    }
+    assert!(aligned.contains("each op headed by its id") && aligned.contains("\n#0 "), "{aligned}");
+    let general = std::fs::read_to_string(dump.join(&want[3])).unwrap();
+    assert!(general.contains("cp.async ring") && !general.contains("TMA"), "{general}");
+    let _ = std::fs::remove_dir_all(&dump);
     if ejc_codegen::ptx::find_ptxas().is_none() {
         eprintln!("skipped --drop-spilling: no ptxas (run scripts/setup.sh)");
         let _ = std::fs::remove_dir_all(&out);

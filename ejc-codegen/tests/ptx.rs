@@ -334,3 +334,96 @@ fn split_kv_kernels_compile_and_pass_ptxas() {
         .sum();
     eprintln!("{checked} split-KV kernels assembled by ptxas");
 }
+
+/// The schedule each entry follows (`ptx::schedule`: product paths and operands, the
+/// loops' copies, hoisted prologues, ping-pong, wgmma waits), pinned for the flash
+/// kernels on every code path: sm_80 `mma.sync`, sm_90a `wgmma` (the key loop rotated by
+/// `pipeline-dots`), with `sink`, and warp-specialised with one and two consumer
+/// warpgroups; and the split-KV partial kernel. A change to any decision shows here.
+#[test]
+fn the_schedules_are_pinned() {
+    use ejc_codegen::ptx::schedules;
+    let spec = spec();
+    let cfg = |arch, num_warps, wgmma, ws, sink| PtxConfig { arch, num_warps, num_stages: 2, wgmma, ws, sink };
+    let cases = [
+        ("causal", 128, 128, 64, "sm80", cfg(Arch::Sm80, 8, false, false, false)),
+        ("causal", 128, 128, 64, "sm90a_wgmma", cfg(Arch::Sm90a, 8, true, false, false)),
+        ("softcap", 64, 128, 64, "sm90a_wgmma_sink", cfg(Arch::Sm90a, 8, true, false, true)),
+        ("causal", 128, 128, 128, "sm90a_ws", cfg(Arch::Sm90a, 8, true, true, false)),
+        ("gpt_oss", 64, 64, 64, "sm90a_ws_w4", cfg(Arch::Sm90a, 4, true, true, false)),
+    ];
+    for (variant, d, bm, bn, tag, cfg) in cases {
+        let k = kernel(&spec, variant, DType::BF16, d, bm, bn);
+        let text: Vec<String> =
+            schedules(&k, &cfg).unwrap_or_else(|e| panic!("{e}")).into_iter().map(|s| s.schedule).collect();
+        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
+            insta::assert_snapshot!(format!("ptx_schedule__{variant}_d{d}_{bm}x{bn}_{tag}"), text.join("\n"));
+        });
+    }
+    let (partial, _) = split_kv_kernels(&spec, spec.variant("gpt_oss").unwrap(), DType::BF16, 64, 64, 64);
+    let text: Vec<String> = schedules(&partial, &cfg(Arch::Sm90a, 4, true, false, false))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|s| s.schedule)
+        .collect();
+    insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!("ptx_schedule__split_kv_partial_gpt_oss_d64_sm90a_wgmma", text.join("\n"));
+    });
+}
+
+/// On every variant and code path, the schedule waits for every asynchronous product
+/// exactly once; `mma.sync` products are never waited for. (While emitting, the emitter
+/// checks that each wait completes exactly the products it names, and refuses to read
+/// a product still in flight: internal errors, which would fail this test.)
+#[test]
+fn every_wgmma_product_is_waited_for_exactly_once() {
+    use ejc_codegen::ptx::schedules;
+    let spec = spec();
+    let mut cases = Vec::new();
+    for v in &spec.variants {
+        for (wgmma, ws, sink, w) in [
+            (false, false, false, 8),
+            (true, false, false, 8),
+            (true, false, true, 8),
+            (true, true, false, 8),
+            (true, true, false, 4),
+        ] {
+            if ws && fx(v).varlen {
+                continue; // refused: bounded tiles (warp_specialised_kernels_… above)
+            }
+            cases.push((v, wgmma, ws, sink, w));
+        }
+    }
+    let checked: usize = cases
+        .par_iter()
+        .map(|&(v, wgmma, ws, sink, w)| {
+            let k = kernel(&spec, &v.name, DType::BF16, 64, 128, 64);
+            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma, ws, sink };
+            let mut n = 0;
+            for s in schedules(&k, &cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name)) {
+                let (entry, text) = (s.entry, s.schedule);
+                let id = |line: &str| line.split_whitespace().next().map(str::to_string);
+                let wgmma_dots: Vec<String> =
+                    text.lines().filter(|l| l.contains("= tile.dot: wgmma")).filter_map(id).collect();
+                let sync_dots = text.lines().filter(|l| l.contains("= tile.dot: mma.sync")).count();
+                let completed: Vec<String> = text
+                    .lines()
+                    .filter_map(|l| l.split("(completes ").nth(1))
+                    .flat_map(|l| l.trim_end_matches(')').split(' ').map(str::to_string).collect::<Vec<_>>())
+                    .collect();
+                let mut sorted = completed.clone();
+                sorted.sort();
+                sorted.dedup();
+                assert_eq!(sorted.len(), completed.len(), "{entry} ({cfg:?}): a product waited for twice\n{text}");
+                let mut want = wgmma_dots.clone();
+                want.sort();
+                assert_eq!(sorted, want, "{entry} ({cfg:?}): every wgmma product waited for\n{text}");
+                assert_eq!(wgmma_dots.is_empty(), !wgmma, "{entry} ({cfg:?}): the path\n{text}");
+                assert!(wgmma || sync_dots > 0, "{entry}: mma.sync products\n{text}");
+                n += 1;
+            }
+            n
+        })
+        .sum();
+    eprintln!("{checked} schedules checked");
+}

@@ -19,7 +19,7 @@
 //! assert!(du.uses(x).iter().all(|u| u.op.results[0] == y));
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::ir::{walk_ops, Block, Kernel, Op, OpKind, Value};
 use crate::types::Type;
@@ -38,11 +38,27 @@ pub struct Use<'k> {
     pub operand: usize,
 }
 
+/// A stable name for an op of a kernel: its position in a pre-order walk (an op before
+/// the ops of its regions), printed `#n`. The same IR gives the same ids in every run
+/// and on every back end, so schedules and dumps can name ops (where the back ends used
+/// to key their maps by an op's address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub u32);
+
+impl std::fmt::Display for OpId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}
+
 /// Definitions and uses of every value of a kernel (nested regions included). Block
 /// arguments and kernel parameters have no defining op.
 pub struct DefUse<'k> {
     defs: Vec<Option<Def<'k>>>,
     uses: Vec<Vec<Use<'k>>>,
+    /// Every op in pre-order: `ops[id]`.
+    ops: Vec<&'k Op>,
+    ids: HashMap<*const Op, OpId>,
 }
 
 impl<'k> DefUse<'k> {
@@ -54,7 +70,11 @@ impl<'k> DefUse<'k> {
     pub fn of_block(block: &'k Block, num_values: usize) -> DefUse<'k> {
         let mut defs = vec![None; num_values];
         let mut uses = vec![Vec::new(); num_values];
+        let mut ops = Vec::new();
+        let mut ids = HashMap::new();
         walk_ops(block, &mut |op: &'k Op| {
+            ids.insert(op as *const Op, OpId(ops.len() as u32));
+            ops.push(op);
             for (result, r) in op.results.iter().enumerate() {
                 defs[r.index()] = Some(Def { op, result });
             }
@@ -62,7 +82,36 @@ impl<'k> DefUse<'k> {
                 uses[v.index()].push(Use { op, operand });
             }
         });
-        DefUse { defs, uses }
+        DefUse { defs, uses, ops, ids }
+    }
+
+    /// The id of `op`, an op of the analysed kernel.
+    ///
+    /// # Panics
+    /// When `op` is not one of the kernel's ops (a caller's bug).
+    pub fn id(&self, op: &Op) -> OpId {
+        *self.ids.get(&(op as *const Op)).expect("an op of the analysed kernel")
+    }
+
+    /// The op with id `id`.
+    pub fn op(&self, id: OpId) -> &'k Op {
+        self.ops[id.0 as usize]
+    }
+
+    /// Every op, in pre-order (by id).
+    pub fn ops(&self) -> &[&'k Op] {
+        &self.ops
+    }
+
+    /// The constant `v` is, or splats: `Some(c)` when `v` is a `const` or a `splat` of
+    /// one (through any number of splats).
+    pub fn constant(&self, v: Value) -> Option<f64> {
+        let op = self.def(v)?;
+        match op.kind {
+            OpKind::Const { value, .. } => Some(value),
+            OpKind::Splat { .. } => self.constant(op.operands[0]),
+            _ => None,
+        }
     }
 
     /// The op defining `v`; none for parameters and block arguments.
@@ -189,5 +238,59 @@ mod tests {
         assert!(du.iteration_scalar(&kern, k, iv, &inside));
         assert!(du.iteration_scalar(&kern, s, iv, &inside), "defined outside the loop");
         assert!(!du.iteration_scalar(&kern, t, iv, &inside));
+    }
+
+    /// Ids are pre-order (an op before its regions' ops), name the ops both ways, and
+    /// head the lines of `print_kernel_with_ids` in the same order.
+    #[test]
+    fn op_ids_are_pre_order_and_match_the_numbered_text() {
+        let mut b = KernelBuilder::new("k");
+        let s = b.const_f32(1.0);
+        let c0 = b.const_i32(0);
+        let c4 = b.const_i32(4);
+        let c1 = b.const_i32(1);
+        let out = b.for_loop(c0, c4, c1, &[s], |b, iv, carried| {
+            let k = b.cast(iv, DType::F32);
+            vec![b.mul(k, carried[0])]
+        });
+        let _ = b.add(out[0], s);
+        let kern = b.finish().unwrap();
+        let du = DefUse::new(&kern);
+        let kinds: Vec<&str> = du.ops().iter().map(|o| o.kind.name()).collect();
+        assert_eq!(
+            kinds,
+            ["const", "const", "const", "const", "scf.for", "arith.cast", "arith.mul", "scf.yield", "arith.add"]
+        );
+        for (i, op) in du.ops().iter().enumerate() {
+            assert_eq!(du.id(op), OpId(i as u32));
+            assert!(std::ptr::eq(du.op(OpId(i as u32)), *op));
+        }
+        assert_eq!(OpId(7).to_string(), "#7");
+        let text = crate::print::print_kernel_with_ids(&kern);
+        let heads: Vec<&str> =
+            text.lines().filter(|l| l.starts_with('#')).map(|l| l.split(' ').next().unwrap()).collect();
+        let want: Vec<String> = (0..du.ops().len()).map(|i| format!("#{i}")).collect();
+        assert_eq!(heads, want, "{text}");
+        // The loop's closing brace carries no id; the plain text is unchanged by ids.
+        assert!(text.lines().any(|l| l.trim() == "}"), "{text}");
+        let plain = crate::print::print_kernel(&kern);
+        let stripped: Vec<String> = text
+            .lines()
+            .map(|l| if l.starts_with('#') || l.starts_with("      ") { l[6..].to_string() } else { l.to_string() })
+            .collect();
+        assert_eq!(stripped.join("\n") + "\n", plain, "{text}");
+    }
+
+    #[test]
+    fn constants_are_found_through_splats() {
+        let mut b = KernelBuilder::new("k");
+        let z = b.const_f32(0.0);
+        let t = b.splat(z, &[4, 4]);
+        let x = b.add(t, t);
+        let kern = b.finish().unwrap();
+        let du = DefUse::new(&kern);
+        assert_eq!(du.constant(z), Some(0.0));
+        assert_eq!(du.constant(t), Some(0.0));
+        assert_eq!(du.constant(x), None);
     }
 }

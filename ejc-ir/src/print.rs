@@ -35,9 +35,24 @@ use crate::ir::{AxisIndex, Block, Kernel, Op, OpKind, Value};
 use crate::types::Type;
 
 pub fn print_kernel(kernel: &Kernel) -> String {
-    let mut p = Printer { kernel, names: HashMap::new(), next: 0, out: String::new() };
+    let mut p = Printer { kernel, names: HashMap::new(), next: 0, out: String::new(), ids: None };
     p.kernel();
     p.out
+}
+
+/// The same text with each op's line headed by its id ([`crate::defuse::OpId`], `#n`:
+/// pre-order), for reading dumps that name ops by id (the PTX schedule). Not parseable.
+pub fn print_kernel_with_ids(kernel: &Kernel) -> String {
+    let mut p = Printer { kernel, names: HashMap::new(), next: 0, out: String::new(), ids: Some(0) };
+    p.kernel();
+    p.out
+}
+
+/// The name each value has in [`print_kernel`]'s text (`%q`, `%14`).
+pub fn value_names(kernel: &Kernel) -> HashMap<Value, String> {
+    let mut p = Printer { kernel, names: HashMap::new(), next: 0, out: String::new(), ids: None };
+    p.kernel();
+    p.names
 }
 
 /// A float in shortest round-trip form (`1.0`, `0.125`, `-inf`, `NaN`, `1e-7`).
@@ -60,6 +75,8 @@ struct Printer<'k> {
     names: HashMap<Value, String>,
     next: usize,
     out: String,
+    /// The next op's id, when lines are headed by ids.
+    ids: Option<u32>,
 }
 
 impl<'k> Printer<'k> {
@@ -142,7 +159,15 @@ impl<'k> Printer<'k> {
     }
 
     fn op(&mut self, op: &Op, depth: usize) {
-        let indent = "  ".repeat(depth);
+        let (indent, close) = match self.ids.as_mut() {
+            Some(n) => {
+                let id = format!("#{n}");
+                *n += 1;
+                let pad = "  ".repeat(depth);
+                (format!("{id:<6}{pad}"), format!("{:<6}{pad}", ""))
+            }
+            None => ("  ".repeat(depth), "  ".repeat(depth)),
+        };
         let results: Vec<String> = op.results.iter().map(|r| self.def(*r)).collect();
         let lhs = if results.is_empty() { String::new() } else { format!("{} = ", results.join(", ")) };
         let name = op.kind.name();
@@ -165,15 +190,15 @@ impl<'k> Printer<'k> {
                     if carried.is_empty() { String::new() } else { format!(" iter_args({})", carried.join(", ")) };
                 let _ = writeln!(self.out, "{indent}{lhs}{name} {iv} = {lo} to {hi} step {step}{iter}{colon_tys} {{");
                 self.block(body, depth + 1);
-                let _ = writeln!(self.out, "{indent}}}");
+                let _ = writeln!(self.out, "{close}}}");
             }
             OpKind::If => {
                 let c = self.name(op.operands[0]);
                 let _ = writeln!(self.out, "{indent}{lhs}{name} {c}{colon_tys} {{");
                 self.block(&op.regions[0], depth + 1);
-                let _ = writeln!(self.out, "{indent}}} else {{");
+                let _ = writeln!(self.out, "{close}}} else {{");
                 self.block(&op.regions[1], depth + 1);
-                let _ = writeln!(self.out, "{indent}}}");
+                let _ = writeln!(self.out, "{close}}}");
             }
             OpKind::Load { axes, pad } => {
                 let t = self.name(op.operands[0]);

@@ -1616,14 +1616,12 @@ impl<'k> Lowering<'k> {
     /// (`softmax.rescale` fused into the accumulator load).
     fn dot_init(&mut self, acc: Value, transposed: bool) -> R<Init> {
         let def = self.du.def(acc).map(|o| &o.kind);
-        if let (Some(OpKind::Splat { .. }), Some(Val::Lazy)) = (def, self.vals[acc.index()]) {
-            let op = self.du.def(acc).expect("a defined value");
-            if let Some(Val::Scalar(_)) = self.vals[op.operands[0].index()] {
-                if let Some(ejc_ir::ir::Op { kind: OpKind::Const { value, .. }, .. }) = self.du.def(op.operands[0]) {
-                    if *value == 0.0 {
-                        return Ok(Init::Zero);
-                    }
-                }
+        // A lazy splat of a scalar constant 0: the product starts from zero.
+        if let (Some(op @ ejc_ir::ir::Op { kind: OpKind::Splat { .. }, .. }), Some(Val::Lazy)) =
+            (self.du.def(acc), self.vals[acc.index()])
+        {
+            if matches!(self.vals[op.operands[0].index()], Some(Val::Scalar(_))) && self.du.constant(acc) == Some(0.0) {
+                return Ok(Init::Zero);
             }
         }
         let layout = if transposed { Layout::ColMajor } else { Layout::RowMajor };

@@ -27,6 +27,7 @@ pub mod layout;
 pub mod lower;
 mod nvvm;
 pub mod scale_fold;
+pub mod schedule;
 pub mod ws;
 
 use std::path::{Path, PathBuf};
@@ -379,6 +380,8 @@ fn emit<'ctx>(
             .with_ws(tma.as_ref().map(|t| lower::WsLowering { tma: t.clone(), regs, producer_warps }))
             .run()?;
             code.tensor_maps = a.tensor_maps;
+            code.schedules
+                .extend(a.schedules.into_iter().map(|s| schedule::EntrySchedule { entry: entry.clone(), ..s }));
             code.positive_scalars = folded.positive;
             code.smem_bytes = code.smem_bytes.max(a.smem_bytes);
             code.aligned_entry = Some(entry);
@@ -390,8 +393,65 @@ fn emit<'ctx>(
     }
 }
 
-/// Compile one kernel to PTX.
-pub fn compile(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenError> {
+/// The schedule of each entry of `kernel` under `cfg` ([`schedule`]), as text headed by
+/// the entry and the configuration. Emits the LLVM IR (no optimisation, no PTX), which is
+/// where the schedule is made and checked.
+pub fn schedules(kernel: &Kernel, cfg: &PtxConfig) -> Result<Vec<schedule::EntrySchedule>, CodegenError> {
+    check_config(kernel, cfg)?;
+    let ctx = Context::create();
+    let (_, code) = emit(&ctx, kernel, cfg)?;
+    let head = config_tag(cfg);
+    Ok(code
+        .schedules
+        .into_iter()
+        .map(|s| schedule::EntrySchedule { schedule: format!("{} ({head})\n{}", s.entry, s.schedule), ..s })
+        .collect())
+}
+
+/// A configuration in words, for dumps: `sm_90a, 8 warps, 2 stages, wgmma, ws`.
+fn config_tag(cfg: &PtxConfig) -> String {
+    let mut t = format!("{}, {} warps, {} stages", cfg.arch.name(), cfg.num_warps, cfg.num_stages);
+    for (flag, on) in [("wgmma", cfg.wgmma), ("ws", cfg.ws), ("sink", cfg.sink)] {
+        if on {
+            t.push_str(", ");
+            t.push_str(flag);
+        }
+    }
+    t
+}
+
+/// Where a dump of `name` under `cfg` goes: `<$var>/<name>_w<warps>_s<stages>[_wgmma][_ws][_sink].<arch>.<suffix>`
+/// (the directory made), or `None` when `$var` is not set.
+fn dump_path(var: &str, name: &str, cfg: &PtxConfig, suffix: &str) -> Result<Option<std::path::PathBuf>, CodegenError> {
+    let Some(dir) = std::env::var_os(var).filter(|d| !d.is_empty()) else { return Ok(None) };
+    let dir = std::path::PathBuf::from(dir);
+    std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
+    Ok(Some(dir.join(format!(
+        "{name}_w{}_s{}{}{}{}.{}.{suffix}",
+        cfg.num_warps,
+        cfg.num_stages,
+        if cfg.wgmma { "_wgmma" } else { "" },
+        if cfg.ws { "_ws" } else { "" },
+        if cfg.sink { "_sink" } else { "" },
+        cfg.arch.name()
+    ))))
+}
+
+/// `EJC_DUMP_SCHEDULE=<dir>`: each entry's schedule under `cfg` ([`dump_path`],
+/// `….schedule.txt`), followed by the entry's tile IR with op ids.
+fn dump_schedules(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), CodegenError> {
+    if std::env::var_os("EJC_DUMP_SCHEDULE").is_none_or(|d| d.is_empty()) {
+        return Ok(());
+    }
+    for s in schedules(kernel, cfg)? {
+        let Some(path) = dump_path("EJC_DUMP_SCHEDULE", &s.entry, cfg, "schedule.txt")? else { continue };
+        let text = format!("{}\n--- the entry's tile IR, each op headed by its id ---\n{}", s.schedule, s.ir);
+        std::fs::write(&path, text).map_err(|error| CodegenError::Io { path, error })?;
+    }
+    Ok(())
+}
+
+fn check_config(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), CodegenError> {
     if cfg.wgmma && cfg.arch != Arch::Sm90a {
         return Err(CodegenError::Kernel {
             kernel: kernel.name.clone(),
@@ -404,6 +464,13 @@ pub fn compile(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenErr
             message: format!("PTX back end: num_warps must be 1, 2, 4, 8 or 16 (got {})", cfg.num_warps),
         });
     }
+    Ok(())
+}
+
+/// Compile one kernel to PTX.
+pub fn compile(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, CodegenError> {
+    check_config(kernel, cfg)?;
+    dump_schedules(kernel, cfg)?;
     // EJC_DUMP_LLVM asks for the LLVM IR, which only a compilation makes: no cache then.
     if std::env::var_os("EJC_DUMP_LLVM").is_some_and(|d| !d.is_empty()) {
         return compile_uncached(kernel, cfg);
@@ -423,17 +490,7 @@ fn compile_uncached(kernel: &Kernel, cfg: &PtxConfig) -> Result<PtxKernel, Codeg
     let tm = target_machine(cfg.arch)?;
     let dump = |stage: &str, text: String| -> Result<(), CodegenError> {
         // EJC_DUMP_LLVM=<dir>: the LLVM IR as emitted and as optimised, per configuration.
-        let Some(dir) = std::env::var_os("EJC_DUMP_LLVM").filter(|d| !d.is_empty()) else { return Ok(()) };
-        let dir = std::path::PathBuf::from(dir);
-        std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
-        let path = dir.join(format!(
-            "{}_w{}_s{}{}.{}.{stage}.ll",
-            kernel.name,
-            cfg.num_warps,
-            cfg.num_stages,
-            if cfg.wgmma { "_wgmma" } else { "" },
-            cfg.arch.name()
-        ));
+        let Some(path) = dump_path("EJC_DUMP_LLVM", &kernel.name, cfg, &format!("{stage}.ll"))? else { return Ok(()) };
         std::fs::write(&path, text).map_err(|error| CodegenError::Io { path, error })
     };
     dump("0-emitted", module.print_to_string().to_string())?;

@@ -33,14 +33,6 @@ pub struct Folded {
     pub positive: Vec<String>,
 }
 
-fn const_of(du: &DefUse, v: Value) -> Option<f64> {
-    match &du.def(v)?.kind {
-        OpKind::Const { value, .. } => Some(*value),
-        OpKind::Splat { .. } => const_of(du, du.def(v)?.operands[0]),
-        _ => None,
-    }
-}
-
 /// The scalar parameter `c` is a positive multiple of (`c` itself, or `param · k` with
 /// a constant k > 0).
 fn positive_param(kernel: &Kernel, du: &DefUse, c: Value) -> Option<String> {
@@ -54,7 +46,7 @@ fn positive_param(kernel: &Kernel, du: &DefUse, c: Value) -> Option<String> {
     }
     let (a, b) = (d.operands[0], d.operands[1]);
     for (x, k) in [(a, b), (b, a)] {
-        if let (Some(p), Some(k)) = (param(x), const_of(du, k)) {
+        if let (Some(p), Some(k)) = (param(x), du.constant(k)) {
             if k > 0.0 && k.is_finite() {
                 return Some(p.name.clone());
             }
@@ -105,7 +97,7 @@ pub fn fold(kernel: &mut Kernel) -> Folded {
                     };
                     let src = match du.def(y) {
                         Some(yd) if yd.kind == OpKind::Select && du.use_count(y) == 1 => {
-                            let fill = const_of(&du, yd.operands[2]);
+                            let fill = du.constant(yd.operands[2]);
                             if fill != Some(f64::NEG_INFINITY) {
                                 ok = false;
                                 break;
