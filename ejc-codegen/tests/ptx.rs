@@ -8,7 +8,11 @@
 
 mod common;
 use common::spec;
-use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, PtxConfig};
+use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, CodePath, PtxConfig};
+
+const MMA: CodePath = CodePath::MmaSync;
+const WGMMA: CodePath = CodePath::Wgmma { sink: false };
+const WS: CodePath = CodePath::WarpSpecialised { sink: false };
 use ejc_ir::spec::Spec;
 use ejc_ir::types::DType;
 use rayon::prelude::*;
@@ -30,17 +34,18 @@ fn every_variant_compiles_and_passes_ptxas_without_spills() {
     for v in &spec.variants {
         for dtype in [DType::BF16, DType::F16] {
             for d in [64, 128] {
-                for (arch, wgmma) in [(Arch::Sm80, false), (Arch::Sm90a, false), (Arch::Sm90a, true)] {
-                    cases.push((v, dtype, d, arch, wgmma));
+                for (arch, path) in [(Arch::Sm80, MMA), (Arch::Sm90a, MMA), (Arch::Sm90a, WGMMA)] {
+                    cases.push((v, dtype, d, arch, path));
                 }
             }
         }
     }
     let checked: usize = cases
         .par_iter()
-        .map(|&(v, dtype, d, arch, wgmma)| {
+        .map(|&(v, dtype, d, arch, path)| {
             let k = kernel(&spec, &v.name, dtype, d, 128, 64);
-            let cfg = PtxConfig { arch, num_warps: 8, num_stages: 2, wgmma, ws: false, sink: false };
+            let cfg = PtxConfig { arch, num_warps: 8, num_stages: 2, path };
+            let wgmma = path.wgmma();
             let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{e}"));
             let mma = if wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
             assert!(p.ptx.contains(".entry") && p.ptx.contains(mma), "{} ({cfg:?})", k.name);
@@ -75,9 +80,7 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
             arch: Arch::Sm90a,
             num_warps: w as usize,
             num_stages: 2,
-            wgmma: w % 4 == 0,
-            ws: false,
-            sink: false,
+            path: if w % 4 == 0 { WGMMA } else { MMA },
         };
         match compile(&k, &cfg) {
             Ok(p) => {
@@ -99,9 +102,7 @@ fn f32_dots_are_refused_with_a_reason() {
     let spec = spec();
     let k = kernel(&spec, "full", DType::F32, 64, 64, 64);
     let e =
-        compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, wgmma: false, ws: false, sink: false })
-            .unwrap_err()
-            .to_string();
+        compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, path: MMA }).unwrap_err().to_string();
     assert!(e.contains("bf16 or f16") && e.contains("CPU back end"), "{e}");
 }
 
@@ -116,7 +117,7 @@ fn the_aligned_entry_drops_the_fallback_and_folds_the_scale() {
     let tool = find_ptxas();
     for (variant, folds) in [("full", true), ("causal", true), ("softcap", false)] {
         let k = kernel(&spec, variant, DType::BF16, 128, 128, 64);
-        let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: 8, num_stages: 2, wgmma: true, ws: false, sink: false };
+        let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: 8, num_stages: 2, path: WGMMA };
         let p = compile(&k, &cfg).unwrap();
         let aligned = p.code.aligned_entry.clone().expect("an aligned entry");
         assert_eq!(aligned, format!("{}_aligned", k.name));
@@ -141,7 +142,7 @@ fn the_aligned_entry_drops_the_fallback_and_folds_the_scale() {
     }
 }
 
-/// Warp specialisation (`PtxConfig::ws`, docs/gpu.md): every variant but varlen's
+/// Warp specialisation (`CodePath::WarpSpecialised`, docs/gpu.md): every variant but varlen's
 /// bounded tiles compiles with a producer warpgroup that copies the key loop's tiles
 /// with the bulk tensor copy engine (one tensor map per loop load, `__grid_constant__`
 /// parameters of the aligned entry), consumers that wait on mbarriers, `setmaxnreg`
@@ -162,7 +163,7 @@ fn warp_specialised_kernels_copy_with_tma_and_do_not_spill() {
         .par_iter()
         .map(|&(v, d, bm, bn, w)| {
             let k = kernel(&spec, &v.name, DType::BF16, d, bm, bn);
-            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma: true, ws: true, sink: false };
+            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, path: WS };
             if fx(v).varlen {
                 let e = ws_applies(&k, &cfg).unwrap_err();
                 assert!(e.contains("limit"), "{}: {e}", k.name);
@@ -218,8 +219,8 @@ fn mean_pooling_compiles_and_passes_ptxas_without_spills() {
     for (block_h, num_warps) in [(16, 1), (64, 4)] {
         for d in [64, 128] {
             for k in pool_kernels(&[DType::BF16, DType::F16, DType::F32], d, block_h) {
-                for (arch, wgmma) in [(Arch::Sm80, false), (Arch::Sm90a, false), (Arch::Sm90a, true)] {
-                    cases.push((num_warps, k, arch, wgmma));
+                for (arch, path) in [(Arch::Sm80, MMA), (Arch::Sm90a, MMA), (Arch::Sm90a, WGMMA)] {
+                    cases.push((num_warps, k, arch, path));
                 }
             }
         }
@@ -227,11 +228,12 @@ fn mean_pooling_compiles_and_passes_ptxas_without_spills() {
     // On every core; each case gives (assembled, registers).
     let (checked, most_registers) = cases
         .par_iter()
-        .map(|(num_warps, k, arch, wgmma)| {
-            let (num_warps, arch, wgmma) = (*num_warps, *arch, *wgmma);
+        .map(|(num_warps, k, arch, path)| {
+            let (num_warps, arch, path) = (*num_warps, *arch, *path);
+            let wgmma = path.wgmma();
             let kernel = pool_kernel(k);
             let name = pool_name(k);
-            let cfg = PtxConfig { arch, num_warps, num_stages: 2, wgmma, ws: false, sink: false };
+            let cfg = PtxConfig { arch, num_warps, num_stages: 2, path };
             // No dot: wgmma has nothing to run here, and `wgmma_applies` (which
             // reads a flash kernel's `block_m` attribute) says so.
             if wgmma && !wgmma_applies(&kernel, &cfg) {
@@ -271,7 +273,7 @@ fn split_kv_kernels_compile_and_pass_ptxas() {
     use ejc_codegen::ptx::ws_applies;
     let spec = common::decode_spec();
     let tool = find_ptxas();
-    let cfg = |arch, wgmma, ws| PtxConfig { arch, num_warps: 4, num_stages: 2, wgmma, ws, sink: false };
+    let cfg = |arch, path| PtxConfig { arch, num_warps: 4, num_stages: 2, path };
     let spills = |t: &std::path::Path, ptx: &str, arch| -> Vec<(String, u32)> {
         ptxas_entries(t, ptx, arch).unwrap().into_iter().map(|(e, r)| (e, r.spill_stores + r.spill_loads)).collect()
     };
@@ -288,14 +290,14 @@ fn split_kv_kernels_compile_and_pass_ptxas() {
             let mut checked = 0;
             let (partial, combine) = split_kv_kernels(&spec, v, DType::BF16, d, 64, bn);
             let mut configs = vec![
-                (&partial, cfg(Arch::Sm80, false, false)),
-                (&partial, cfg(Arch::Sm90a, true, false)),
+                (&partial, cfg(Arch::Sm80, MMA)),
+                (&partial, cfg(Arch::Sm90a, WGMMA)),
                 // The combine role's own launch: 16 rows on one warp, no product.
-                (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm80, false, false) }),
-                (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm90a, false, false) }),
+                (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm80, MMA) }),
+                (&combine, PtxConfig { num_warps: 1, ..cfg(Arch::Sm90a, MMA) }),
             ];
-            match ws_applies(&partial, &cfg(Arch::Sm90a, true, true)) {
-                Ok(()) => configs.push((&partial, cfg(Arch::Sm90a, true, true))),
+            match ws_applies(&partial, &cfg(Arch::Sm90a, WS)) {
+                Ok(()) => configs.push((&partial, cfg(Arch::Sm90a, WS))),
                 Err(e) => panic!("{}: no warp specialisation: {e}", partial.name),
             }
             if bn == 128 {
@@ -305,7 +307,11 @@ fn split_kv_kernels_compile_and_pass_ptxas() {
                 let p = compile(k, &cfg).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
                 assert!(p.ptx.contains(&format!(".target {}", cfg.arch.name())), "{}", k.name);
                 if k.name == partial.name {
-                    let mma = if cfg.wgmma { "wgmma.mma_async.sync.aligned.m64n" } else { "mma.sync.aligned.m16n8k16" };
+                    let mma = if cfg.path.wgmma() {
+                        "wgmma.mma_async.sync.aligned.m64n"
+                    } else {
+                        "mma.sync.aligned.m16n8k16"
+                    };
                     assert!(p.ptx.contains(mma), "{} ({cfg:?})", k.name);
                 }
                 let Some(t) = &tool else { continue };
@@ -344,13 +350,13 @@ fn split_kv_kernels_compile_and_pass_ptxas() {
 fn the_schedules_are_pinned() {
     use ejc_codegen::ptx::schedules;
     let spec = spec();
-    let cfg = |arch, num_warps, wgmma, ws, sink| PtxConfig { arch, num_warps, num_stages: 2, wgmma, ws, sink };
+    let cfg = |arch, num_warps, path| PtxConfig { arch, num_warps, num_stages: 2, path };
     let cases = [
-        ("causal", 128, 128, 64, "sm80", cfg(Arch::Sm80, 8, false, false, false)),
-        ("causal", 128, 128, 64, "sm90a_wgmma", cfg(Arch::Sm90a, 8, true, false, false)),
-        ("softcap", 64, 128, 64, "sm90a_wgmma_sink", cfg(Arch::Sm90a, 8, true, false, true)),
-        ("causal", 128, 128, 128, "sm90a_ws", cfg(Arch::Sm90a, 8, true, true, false)),
-        ("gpt_oss", 64, 64, 64, "sm90a_ws_w4", cfg(Arch::Sm90a, 4, true, true, false)),
+        ("causal", 128, 128, 64, "sm80", cfg(Arch::Sm80, 8, MMA)),
+        ("causal", 128, 128, 64, "sm90a_wgmma", cfg(Arch::Sm90a, 8, WGMMA)),
+        ("softcap", 64, 128, 64, "sm90a_wgmma_sink", cfg(Arch::Sm90a, 8, CodePath::Wgmma { sink: true })),
+        ("causal", 128, 128, 128, "sm90a_ws", cfg(Arch::Sm90a, 8, WS)),
+        ("gpt_oss", 64, 64, 64, "sm90a_ws_w4", cfg(Arch::Sm90a, 4, WS)),
     ];
     for (variant, d, bm, bn, tag, cfg) in cases {
         let k = kernel(&spec, variant, DType::BF16, d, bm, bn);
@@ -361,7 +367,7 @@ fn the_schedules_are_pinned() {
         });
     }
     let (partial, _) = split_kv_kernels(&spec, spec.variant("gpt_oss").unwrap(), DType::BF16, 64, 64, 64);
-    let text: Vec<String> = schedules(&partial, &cfg(Arch::Sm90a, 4, true, false, false))
+    let text: Vec<String> = schedules(&partial, &cfg(Arch::Sm90a, 4, WGMMA))
         .unwrap_or_else(|e| panic!("{e}"))
         .into_iter()
         .map(|s| s.schedule)
@@ -381,24 +387,19 @@ fn every_wgmma_product_is_waited_for_exactly_once() {
     let spec = spec();
     let mut cases = Vec::new();
     for v in &spec.variants {
-        for (wgmma, ws, sink, w) in [
-            (false, false, false, 8),
-            (true, false, false, 8),
-            (true, false, true, 8),
-            (true, true, false, 8),
-            (true, true, false, 4),
-        ] {
-            if ws && fx(v).varlen {
+        for (path, w) in [(MMA, 8), (WGMMA, 8), (CodePath::Wgmma { sink: true }, 8), (WS, 8), (WS, 4)] {
+            if path.ws() && fx(v).varlen {
                 continue; // refused: bounded tiles (warp_specialised_kernels_… above)
             }
-            cases.push((v, wgmma, ws, sink, w));
+            cases.push((v, path, w));
         }
     }
     let checked: usize = cases
         .par_iter()
-        .map(|&(v, wgmma, ws, sink, w)| {
+        .map(|&(v, path, w)| {
             let k = kernel(&spec, &v.name, DType::BF16, 64, 128, 64);
-            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, wgmma, ws, sink };
+            let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: w, num_stages: 2, path };
+            let wgmma = path.wgmma();
             let mut n = 0;
             for s in schedules(&k, &cfg).unwrap_or_else(|e| panic!("{}: {e}", k.name)) {
                 let (entry, text) = (s.entry, s.schedule);

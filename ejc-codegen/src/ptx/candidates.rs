@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use ejc_ir::ir::{walk_ops, Kernel, Op, OpKind};
 use ejc_ir::types::{DType, Type};
 
-use super::{Arch, PtxConfig};
+use super::{Arch, CodePath, PtxConfig};
 
 /// One candidate: a code-generation configuration, its file-name suffix and the values
 /// the manifest records in the artifact's `config`.
@@ -44,13 +44,7 @@ pub struct Candidate {
 impl Candidate {
     /// The code path, as `ejc build --path` names it: `mma`, `wgmma` or `ws`.
     pub fn path(&self) -> &'static str {
-        if self.cfg.ws {
-            "ws"
-        } else if self.cfg.wgmma {
-            "wgmma"
-        } else {
-            "mma"
-        }
+        self.cfg.path.name()
     }
 }
 
@@ -161,34 +155,26 @@ pub fn candidates(
     let mut out = Vec::new();
     for &w in &warps {
         for &s in &stages {
-            let base =
-                PtxConfig { arch, num_warps: w as usize, num_stages: s as usize, wgmma: false, ws: false, sink: false };
+            let base = PtxConfig { arch, num_warps: w as usize, num_stages: s as usize, path: CodePath::MmaSync };
             let mut cfgs = vec![base];
             if arch == Arch::Sm90a && w % 4 == 0 && !products.is_empty() {
-                let wg = PtxConfig { wgmma: true, ..base };
+                let wg = PtxConfig { path: CodePath::Wgmma { sink: false }, ..base };
                 if super::wgmma_applies(kernel, &wg) {
                     cfgs.push(wg);
-                    let ws = PtxConfig { ws: true, ..wg };
+                    let ws = PtxConfig { path: CodePath::WarpSpecialised { sink: false }, ..wg };
                     if super::ws_applies(kernel, &ws).is_ok() {
                         cfgs.push(ws);
                         if sink_pays {
-                            cfgs.push(PtxConfig { sink: true, ..ws });
+                            cfgs.push(PtxConfig { path: CodePath::WarpSpecialised { sink: true }, ..ws });
                         }
                     }
                 }
             }
             for cfg in cfgs {
-                let suffix = format!(
-                    "w{w}_s{s}{}{}{}",
-                    if cfg.wgmma { "_wgmma" } else { "" },
-                    if cfg.ws { "_ws" } else { "" },
-                    if cfg.sink { "_sink" } else { "" }
-                );
+                let suffix = format!("w{w}_s{s}{}", cfg.path.suffix());
                 let mut config = BTreeMap::from([("num_warps".to_string(), w), ("num_stages".to_string(), s)]);
-                for (flag, on) in [("wgmma", cfg.wgmma), ("ws", cfg.ws), ("sink", cfg.sink)] {
-                    if on {
-                        config.insert(flag.to_string(), 1);
-                    }
+                for flag in cfg.path.flags() {
+                    config.insert(flag.to_string(), 1);
                 }
                 let c = Candidate { cfg, suffix, config };
                 if paths.is_empty() || paths.iter().any(|p| p == c.path()) {

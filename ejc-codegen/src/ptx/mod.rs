@@ -2,9 +2,9 @@
 //! end), for `sm_80` and `sm_90a`.
 //!
 //! ```no_run
-//! use ejc_codegen::ptx::{compile, Arch, PtxConfig};
+//! use ejc_codegen::ptx::{compile, Arch, CodePath, PtxConfig};
 //! # fn demo(kernel: ejc_ir::ir::Kernel) {
-//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, wgmma: false, ws: false, sink: false }).unwrap();
+//! let k = compile(&kernel, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 2, path: CodePath::MmaSync }).unwrap();
 //! println!("{} bytes of PTX, {} bytes of shared memory", k.ptx.len(), k.code.smem_bytes);
 //! # }
 //! ```
@@ -107,19 +107,80 @@ pub struct PtxConfig {
     /// Shared-memory buffers per prefetched load of a loop (1 = copy, wait, compute;
     /// 2 = double buffering: the next tile is copied while this one is used; ...).
     pub num_stages: usize,
-    /// Hopper's warpgroup MMA (`sm_90a` only): dots whose operands allow it run as
-    /// `wgmma.mma_async` with B (and a shared-memory A) read through descriptors, and
-    /// the register tiles follow the warpgroup row layout; otherwise `mma.sync`.
-    pub wgmma: bool,
-    /// Warp specialisation (with `wgmma`; [`ws`]): a producer warp or warpgroup
-    /// copies the key loop's tiles with the bulk tensor copy engine in the aligned entry
-    /// while the `num_warps` consumer warps compute; the block has `num_warps +`
-    /// [`ws_producer_warps`] warps.
-    pub ws: bool,
-    /// With `wgmma`: `pipeline-dots` also sinks the softmax into both arms of the masks'
-    /// branch, so that ptxas keeps the value product in flight over it (costs registers:
-    /// on the H100 it helps head_dim 64 and hurts 128; docs/perf.md).
-    pub sink: bool,
+    /// The instructions the products run on, and how their operands arrive.
+    pub path: CodePath,
+}
+
+/// A PTX configuration's code path. Each Hopper path implies `wgmma`, so no combination
+/// of choices is invalid (warp specialisation without `wgmma`, a sunk softmax on
+/// `mma.sync`); `ejc build --path` names them `mma`, `wgmma` and `ws`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CodePath {
+    /// `mma.sync.m16n8k16` per warp, operands by `ldmatrix` (every architecture).
+    #[default]
+    MmaSync,
+    /// Hopper's warpgroup MMA (`sm_90a` only): products whose operands allow it run as
+    /// `wgmma.mma_async` with B (and a shared-memory A) read through descriptors, the
+    /// register tiles follow the warpgroup row layout, and the key loop is rotated by
+    /// `pipeline-dots` so that products overlap the softmax.
+    Wgmma {
+        /// `pipeline-dots` also sinks the softmax into both arms of the masks' branch,
+        /// so that ptxas keeps the value product in flight over it (costs registers: on
+        /// the H100 it helps head_dim 64 and hurts 128; docs/perf.md).
+        sink: bool,
+    },
+    /// `wgmma` with warp specialisation ([`ws`]): a producer warp or warpgroup copies
+    /// the key loop's tiles with the bulk tensor copy engine in the aligned entry while
+    /// the `num_warps` consumer warps compute; the block has `num_warps +`
+    /// [`ws_producer_warps`] warps. `sink` as for [`CodePath::Wgmma`].
+    WarpSpecialised { sink: bool },
+}
+
+impl CodePath {
+    /// Products run as `wgmma` (where their operands allow).
+    pub fn wgmma(self) -> bool {
+        !matches!(self, CodePath::MmaSync)
+    }
+
+    /// Warp-specialised.
+    pub fn ws(self) -> bool {
+        matches!(self, CodePath::WarpSpecialised { .. })
+    }
+
+    /// The softmax sunk into the masks' branch.
+    pub fn sink(self) -> bool {
+        matches!(self, CodePath::Wgmma { sink: true } | CodePath::WarpSpecialised { sink: true })
+    }
+
+    /// The name `ejc build --path` takes: `mma`, `wgmma` or `ws`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CodePath::MmaSync => "mma",
+            CodePath::Wgmma { .. } => "wgmma",
+            CodePath::WarpSpecialised { .. } => "ws",
+        }
+    }
+
+    /// The file-name and configuration suffix: ``, `_wgmma`, `_wgmma_sink`, `_wgmma_ws`,
+    /// `_wgmma_ws_sink`.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            CodePath::MmaSync => "",
+            CodePath::Wgmma { sink: false } => "_wgmma",
+            CodePath::Wgmma { sink: true } => "_wgmma_sink",
+            CodePath::WarpSpecialised { sink: false } => "_wgmma_ws",
+            CodePath::WarpSpecialised { sink: true } => "_wgmma_ws_sink",
+        }
+    }
+
+    /// The flags an artifact's manifest `config` records (`wgmma`, `ws`, `sink`: 1 when
+    /// on, absent otherwise), in that order.
+    pub fn flags(self) -> Vec<&'static str> {
+        [("wgmma", self.wgmma()), ("ws", self.ws()), ("sink", self.sink())]
+            .into_iter()
+            .filter_map(|(f, on)| on.then_some(f))
+            .collect()
+    }
 }
 
 /// One compiled kernel.
@@ -184,7 +245,7 @@ fn llvm_params(ir: &crate::llvm::Ir, kernel: &Kernel) -> Result<Vec<crate::llvm:
 /// warpgroups, and the products' rows split into 64-row blocks over them.
 pub fn wgmma_applies(kernel: &Kernel, cfg: &PtxConfig) -> bool {
     let rows = candidates::product_rows(kernel);
-    cfg.wgmma && cfg.num_warps.is_multiple_of(4) && rows > 0 && rows.is_multiple_of(64 * (cfg.num_warps / 4))
+    cfg.path.wgmma() && cfg.num_warps.is_multiple_of(4) && rows > 0 && rows.is_multiple_of(64 * (cfg.num_warps / 4))
 }
 
 /// The producer's warps in a warp-specialised block of `num_warps` consumer warps: a
@@ -227,7 +288,7 @@ fn rotated(kernel: &Kernel, cfg: &PtxConfig) -> Result<(Kernel, Streams), String
     let mut pipelined = kernel.clone();
     // `sink`: also move the softmax into the masks' branch, so that ptxas keeps the
     // value product in flight over it (docs/gpu.md).
-    let sink = cfg.sink;
+    let sink = cfg.path.sink();
     for r in ejc_ir::passes::rotate_loops(&mut pipelined, sink) {
         streams.extend(r.epilogue_loads);
     }
@@ -251,7 +312,7 @@ fn emit<'ctx>(
     let (pipelined, streams) = rotated(kernel, cfg).map_err(kerr)?;
     let original = kernel;
     let kernel = &pipelined;
-    let tma = if cfg.ws { Some(ws_plan(kernel, cfg).map_err(kerr)?) } else { None };
+    let tma = if cfg.path.ws() { Some(ws_plan(kernel, cfg).map_err(kerr)?) } else { None };
     // Two consumer warpgroups: 240 registers each, the producer 24 (64512 of 65536).
     let regs = if cfg.num_warps == 8 { Some((240, 24)) } else { None };
     let producer_warps = ws_producer_warps(cfg.num_warps);
@@ -275,7 +336,7 @@ fn emit<'ctx>(
             // Calling convention 71 = PTX_Kernel: an `.entry`.
             LLVMSetFunctionCallConv(f, 71);
             let threads =
-                ((cfg.num_warps + if cfg.ws { ws_producer_warps(cfg.num_warps) } else { 0 }) * 32).to_string();
+                ((cfg.num_warps + if cfg.path.ws() { ws_producer_warps(cfg.num_warps) } else { 0 }) * 32).to_string();
             for (k, v) in [("nvvm.maxntid", threads.as_str()), ("nvvm.minctasm", "1")] {
                 let a = LLVMCreateStringAttribute(
                     c,
@@ -309,7 +370,7 @@ fn emit<'ctx>(
         // The general entry of a warp-specialised artifact (unaligned tensors: no copy
         // engine, the producer idle) runs the loop unrotated: the rotation's extra live
         // tile would not fit the consumers' 240 registers next to the copies' addresses.
-        let (general, general_plan, general_streams) = if cfg.ws {
+        let (general, general_plan, general_streams) = if cfg.path.ws() {
             let p = layout::plan(original).map_err(kerr)?;
             (original, p, &[][..])
         } else {
@@ -411,11 +472,9 @@ pub fn schedules(kernel: &Kernel, cfg: &PtxConfig) -> Result<Vec<schedule::Entry
 /// A configuration in words, for dumps: `sm_90a, 8 warps, 2 stages, wgmma, ws`.
 fn config_tag(cfg: &PtxConfig) -> String {
     let mut t = format!("{}, {} warps, {} stages", cfg.arch.name(), cfg.num_warps, cfg.num_stages);
-    for (flag, on) in [("wgmma", cfg.wgmma), ("ws", cfg.ws), ("sink", cfg.sink)] {
-        if on {
-            t.push_str(", ");
-            t.push_str(flag);
-        }
+    for flag in cfg.path.flags() {
+        t.push_str(", ");
+        t.push_str(flag);
     }
     t
 }
@@ -427,12 +486,10 @@ fn dump_path(var: &str, name: &str, cfg: &PtxConfig, suffix: &str) -> Result<Opt
     let dir = std::path::PathBuf::from(dir);
     std::fs::create_dir_all(&dir).map_err(|error| CodegenError::Io { path: dir.clone(), error })?;
     Ok(Some(dir.join(format!(
-        "{name}_w{}_s{}{}{}{}.{}.{suffix}",
+        "{name}_w{}_s{}{}.{}.{suffix}",
         cfg.num_warps,
         cfg.num_stages,
-        if cfg.wgmma { "_wgmma" } else { "" },
-        if cfg.ws { "_ws" } else { "" },
-        if cfg.sink { "_sink" } else { "" },
+        cfg.path.suffix(),
         cfg.arch.name()
     ))))
 }
@@ -452,7 +509,7 @@ fn dump_schedules(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), CodegenError> 
 }
 
 fn check_config(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), CodegenError> {
-    if cfg.wgmma && cfg.arch != Arch::Sm90a {
+    if cfg.path.wgmma() && cfg.arch != Arch::Sm90a {
         return Err(CodegenError::Kernel {
             kernel: kernel.name.clone(),
             message: format!("PTX back end: wgmma needs the sm_90a target (got {})", cfg.arch.name()),

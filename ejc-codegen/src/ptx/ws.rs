@@ -1,4 +1,4 @@
-//! Warp specialisation on Hopper (`PtxConfig::ws`, `sm_90a` with `wgmma`).
+//! Warp specialisation on Hopper (`CodePath::WarpSpecialised`, `sm_90a`).
 //!
 //! The block gets one more warpgroup, the **producer**, after the `num_warps` consumer
 //! warps. In the aligned entry one of its threads walks the key loop's iterations and

@@ -263,7 +263,7 @@ pub struct Lowering<'k> {
     /// Epilogue loads whose tile the loop's ring already holds (after the loop): the
     /// tile, and whether the loop took the `cp.async` path (i1; else it was not copied).
     epilogue_tiles: HashMap<Value, EpilogueTile>,
-    /// Warp specialisation (`PtxConfig::ws`): a producer warpgroup follows the
+    /// Warp specialisation (`CodePath::WarpSpecialised`): a producer warpgroup follows the
     /// `warps` consumer warps; consumers synchronise with a named barrier.
     ws: Option<WsLowering>,
     /// Lowering the producer's program (scalars and bulk tensor copies only).
