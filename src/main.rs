@@ -71,7 +71,10 @@ Compiled code (PTX, CPU objects, MLIR's output) is cached on disk, keyed by each
 and the compiler (and --report's ptxas reports, keyed by the PTX and ptxas's version), so a second build of an unchanged spec takes seconds and an edited variant recompiles only its \
 own kernels (the cache directory is the tuning cache's, see `ejc cache`; --no-cache compiles everything). A progress \
 bar shows counts and an ETA on a terminal. A build that fails removes the files and directories it created (what was there before stays), and writes no \
-manifest."
+manifest.\n\nFor looking inside: EJC_DUMP_IR=<dir> writes the tile IR after every pass; EJC_DUMP_SCHEDULE=<dir> each PTX \
+entry's schedule (product paths and operands, the loops' copies, ping-pong, every wgmma wait) with its tile IR, ops \
+numbered; EJC_DUMP_LLVM=<dir> each PTX configuration's LLVM IR as emitted and as optimised (no cache then); \
+EJC_DUMP_MLIR=<dir> the MLIR module after every stage."
     )]
     Build {
         spec: PathBuf,

@@ -317,6 +317,11 @@ fn help_teaches() {
     }
     let o = ejc(&["run", "--help"]);
     assert!(text(&o.stdout).contains("batch,seq_q,seq_k,heads_q,heads_kv,head_dim"));
+    // `build --help` names the dumps that show what the compiler did.
+    let o = ejc(&["build", "--help"]);
+    for s in ["EJC_DUMP_IR", "EJC_DUMP_SCHEDULE", "EJC_DUMP_LLVM", "EJC_DUMP_MLIR"] {
+        assert!(text(&o.stdout).contains(s), "{s}: {}", text(&o.stdout));
+    }
 }
 
 #[test]
