@@ -10,9 +10,12 @@
 #                                          # the benchmark sets (gpu_run.sh --ops, then gpu_run.sh --ops-bench)
 #   bash scripts/gpu_prepare.sh --cpu      # the GPU host's CPU (an AMX Xeon): the compiler and the C runtime, for
 #                                          # gpu_run.sh --cpu (AMX checks, the table against torch, thread scaling)
+#   bash scripts/gpu_prepare.sh --kernels  # the back ends' generality cases (ejc-codegen/tests/kernels/*.tir: transposed
+#                                          # products, loops of 3 and 4 products) on every PTX path, for
+#                                          # gpu_run.sh --kernels (checked against the interpreter)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
-# (five packs: together they would pass the device tool's 64 MiB.)
+# (six packs: together they would pass the device tool's 64 MiB.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
@@ -24,6 +27,18 @@ if [ "${1:-}" = "--cpu" ]; then
     strip -o .gpu/ejc target/release/ejc && xz -T0 -6 .gpu/ejc
     cp target/release/libejc_runtime_capi.so .gpu/
     cp "$(ldconfig -p | awk '/libffi.so.8 /{print $NF; exit}')" .gpu/ 2>/dev/null || true
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--kernels" ]; then
+    # The runner alone (no LLVM), and the PTX from the test that compiles the cases
+    # (passing ptxas on them), which writes the pack.
+    cargo build --release -q -p ejc-runtime --features cuda --bin ejc-gpu
+    rm -rf .gpu && mkdir -p .gpu
+    cp target/release/ejc-gpu .gpu/
+    EJC_KERNEL_PACK="$PWD/.gpu/kernels" cargo test -q -p ejc-codegen --test ptx -- the_kernel_suite 2>&1 | tail -3
+    tar -C .gpu -czf .gpu/artifacts.tgz kernels
+    rm -rf .gpu/kernels
     du -sh .gpu/*
     exit 0
 fi

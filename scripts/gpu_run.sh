@@ -11,6 +11,8 @@
 #   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths; EJC_ONLY=TEXT: those candidates)
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
+#   bash scripts/gpu_run.sh --kernels    # the generality cases (`gpu_prepare.sh --kernels`) against the interpreter,
+#                                        # then memcheck over them
 #   bash scripts/gpu_run.sh --hostile    # samples of every operation (`gpu_prepare.sh --hostile`): zero-sized axes,
 #                                        # memcheck and racecheck, one tensor just past 2^31 elements (EJC_BIG=0: not that;
 #                                        # EJC_BIG=flash|decode: that case's aligned entry alone, EJC_SANITIZE=memcheck under the sanitizer)
@@ -99,6 +101,19 @@ one_case() {
     return "$rc"
 }
 
+if [ "${1:-}" = "--kernels" ]; then
+    ./.gpu/ejc-gpu check-kernels /tmp/ejc-art/kernels --seed "$SEED" 2>&1 | tee "$OUT/check_kernels.log"
+    rc=${PIPESTATUS[0]}
+    echo "check-kernels: $(tail -1 "$OUT/check_kernels.log") (exit $rc, seed $SEED)" | tee -a "$OUT/summary.txt"
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/ejc-gpu check-kernels /tmp/ejc-art/kernels \
+            --seed "$SEED" 2>&1 | tail -3 | tee -a "$OUT/memcheck.log"
+        m=${PIPESTATUS[0]}
+        echo "memcheck kernels: exit $m" | tee -a "$OUT/summary.txt"
+        [ "$m" -eq 0 ] || rc=1
+    fi
+    exit "$rc"
+fi
 if [ "${1:-}" = "--hostile" ]; then
     ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
     if [ "${EJC_BIG:-1}" = 1 ] || [ "${EJC_BIG:-1}" = 0 ]; then

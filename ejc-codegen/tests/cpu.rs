@@ -284,3 +284,36 @@ fn amx_kernels_use_tiles_and_match_the_reference_where_the_cpu_has_amx() {
         }
     }
 }
+
+/// The generality cases (`tests/kernels/*.tir`: a transposed `a` from memory and from
+/// registers, loops of three and four products) against the interpreter, on every ISA
+/// this machine runs.
+#[test]
+fn the_kernel_suite_matches_the_interpreter() {
+    use common::suite::{assert_matches, pipelined, run_host, suite};
+    let seed = seed();
+    eprintln!("seed = {seed}");
+    let cases = suite();
+    let kernels: Vec<_> = cases.iter().map(pipelined).collect();
+    let mut failures = Vec::new();
+    for isa in Isa::ALL.into_iter().filter(|i| i.runs_here()) {
+        for (c, k) in cases.iter().zip(&kernels) {
+            let obj = compile_object(std::slice::from_ref(k), isa).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+            let jit = JitLibrary::load(&obj.object).unwrap();
+            let ck =
+                CpuKernel { entry: jit.entry(&k.name).unwrap(), scratch_bytes: obj.kernels[0].scratch_bytes as usize };
+            let args = c.args(k, seed).unwrap();
+            // The interpreter runs the kernel as written, before the passes.
+            let want = c.reference(&c.parse().unwrap(), &args).unwrap();
+            let grid = c.grid(k).unwrap();
+            // Safety: the tensors are the kernel's parameters, in order, inside their buffers.
+            let got = run_host(k, &args, grid, |t, s, g| unsafe { ck.launch(t, s, g, 2) }.map_err(|e| e.to_string()))
+                .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+            let label = format!("cpu ({isa}) seed={seed}");
+            if let Err(e) = std::panic::catch_unwind(|| assert_matches(c, k, &got, &want, &label)) {
+                failures.push(e.downcast_ref::<String>().cloned().unwrap_or_default());
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -426,3 +426,24 @@ fn cpu_form_runs_split_kv_partial_then_combine() {
         }
     });
 }
+
+/// The generality cases (`tests/kernels/*.tir`) in MLIR's CPU form against the
+/// interpreter.
+#[test]
+fn the_kernel_suite_matches_the_interpreter() {
+    use common::suite::{assert_matches, pipelined, run_host, suite};
+    let seed = seed();
+    eprintln!("seed = {seed}");
+    for c in suite() {
+        let k = pipelined(&c);
+        let ck = CpuKernel::compile(&k).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        let args = c.args(&k, seed).unwrap();
+        // The interpreter runs the kernel as written, before the passes.
+        let want = c.reference(&c.parse().unwrap(), &args).unwrap();
+        let grid = c.grid(&k).unwrap();
+        // Safety: the tensors are the kernel's parameters, in order, inside their buffers.
+        let got = run_host(&k, &args, grid, |t, s, g| unsafe { ck.launch(t, s, g, 2) }.map_err(|e| e.to_string()))
+            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        assert_matches(&c, &k, &got, &want, &format!("mlir:cpu seed={seed}"));
+    }
+}

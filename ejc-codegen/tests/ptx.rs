@@ -375,6 +375,20 @@ fn the_schedules_are_pinned() {
     insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
         insta::assert_snapshot!("ptx_schedule__split_kv_partial_gpt_oss_d64_sm90a_wgmma", text.join("\n"));
     });
+    // The generality cases on wgmma: a transposed `a` from memory and from registers,
+    // loops of three and four products.
+    for c in common::suite::suite().into_iter().filter(|c| c.name.ends_with("_k131") || c.name.ends_with("_m100_n130"))
+    {
+        let k = common::suite::pipelined(&c);
+        let text: Vec<String> = schedules(&k, &cfg(Arch::Sm90a, 4, WGMMA))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_iter()
+            .map(|s| s.schedule)
+            .collect();
+        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
+            insta::assert_snapshot!(format!("ptx_schedule__suite_{}_sm90a_wgmma", k.name), text.join("\n"));
+        });
+    }
 }
 
 /// On every variant and code path, the schedule waits for every asynchronous product
@@ -427,4 +441,88 @@ fn every_wgmma_product_is_waited_for_exactly_once() {
         })
         .sum();
     eprintln!("{checked} schedules checked");
+}
+
+/// The generality cases (`tests/kernels/*.tir`: a transposed `a` from memory and from
+/// registers, loops of three and four products) compile on every code path they fit
+/// (64-row products: 4 warps), ptxas accepts them without spills, and every product of
+/// the schedule is where the emitter put it (it checks, or fails). With
+/// `EJC_KERNEL_PACK=DIR` the PTX and the cases are written there for
+/// `ejc-gpu check-kernels DIR`, which runs them against the interpreter on a GPU
+/// (scripts/gpu_prepare.sh --kernels).
+#[test]
+fn the_kernel_suite_compiles_on_every_code_path() {
+    use common::suite::{pipelined, suite};
+    use ejc_ir::kernel_case::{PackedCase, PackedPtx};
+    let tool = find_ptxas();
+    let pack = std::env::var_os("EJC_KERNEL_PACK").map(std::path::PathBuf::from);
+    let configs = [
+        (Arch::Sm80, MMA, 2),
+        (Arch::Sm80, MMA, 3),
+        (Arch::Sm90a, MMA, 2),
+        (Arch::Sm90a, WGMMA, 2),
+        (Arch::Sm90a, WGMMA, 3),
+    ];
+    let cases = suite();
+    // One compilation per kernel text and configuration (cases share kernels).
+    let mut kernels: Vec<&str> = cases.iter().map(|c| c.kernel.as_str()).collect();
+    kernels.dedup();
+    let work: Vec<(usize, usize)> = (0..kernels.len()).flat_map(|k| (0..configs.len()).map(move |c| (k, c))).collect();
+    let compiled: Vec<(usize, usize, ejc_codegen::ptx::PtxKernel)> = work
+        .par_iter()
+        .map(|&(ki, ci)| {
+            let c = cases.iter().find(|c| c.kernel == kernels[ki]).unwrap();
+            let k = pipelined(c);
+            let (arch, path, num_stages) = configs[ci];
+            let cfg = PtxConfig { arch, num_warps: 4, num_stages, path };
+            let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
+            let wgmma_dots = p.ptx.matches("wgmma.mma_async").count();
+            let has_dots = k.op_count() > 0 && c.kernel.contains("tile.dot");
+            assert_eq!(
+                wgmma_dots > 0,
+                has_dots && path.wgmma(),
+                "{} ({cfg:?}): products take the configuration's path",
+                k.name
+            );
+            // What the pack does not carry: neither applies to these kernels.
+            assert!(p.code.positive_scalars.is_empty() && p.code.tensor_maps.is_empty(), "{}", k.name);
+            if let Some(t) = &tool {
+                let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
+                assert_eq!(r.spill_stores + r.spill_loads, 0, "{} ({cfg:?}) spills: {r:?}", k.name);
+            }
+            (ki, ci, p)
+        })
+        .collect();
+    if tool.is_none() {
+        eprintln!("skipped the ptxas half: no ptxas (run scripts/setup.sh or set EJC_PTXAS); PTX is still generated");
+    }
+    let Some(dir) = pack else { return };
+    std::fs::create_dir_all(&dir).unwrap();
+    for c in &cases {
+        let ki = kernels.iter().position(|k| *k == c.kernel).unwrap();
+        let mut artifacts = Vec::new();
+        for (_, ci, p) in compiled.iter().filter(|(k, _, _)| *k == ki) {
+            let (arch, path, stages) = configs[*ci];
+            let file = format!(
+                "{}_{}_{}_s{stages}.ptx",
+                c.kernel.split('@').nth(1).unwrap().split('(').next().unwrap(),
+                arch.name(),
+                path.name()
+            );
+            std::fs::write(dir.join(&file), &p.ptx).unwrap();
+            artifacts.push(PackedPtx {
+                label: format!("{} {} w4 s{stages}", arch.name(), path.name()),
+                arch: arch.name().into(),
+                file,
+                entry: p.code.entry.clone(),
+                aligned_entry: p.code.aligned_entry.clone(),
+                aligned_tensors: p.code.aligned_tensors.clone(),
+                threads: p.code.threads as u32,
+                smem_bytes: p.code.smem_bytes as u32,
+            });
+        }
+        let packed = PackedCase { case: c.clone(), artifacts };
+        std::fs::write(dir.join(format!("{}.json", c.name)), serde_json::to_string_pretty(&packed).unwrap()).unwrap();
+    }
+    eprintln!("packed {} cases into {}", cases.len(), dir.display());
 }

@@ -24,6 +24,7 @@ pub mod flash;
 pub mod infer;
 pub mod interp;
 pub mod ir;
+pub mod kernel_case;
 pub mod limits;
 pub mod manifest;
 pub mod op;

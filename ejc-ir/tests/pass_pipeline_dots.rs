@@ -84,6 +84,11 @@ fn leaves_other_loops_alone() {
     let dep = TWO_DOTS.replace("%12 = tile.dot %3, %11, %4 {trans_b}", "%12 = tile.dot %3, %11, %9 {trans_b}");
     let (before, after, _) = apply(&PipelineDots, &dep);
     assert_eq!(print_kernel(&before), print_kernel(&after));
+    // The value product reads the key tile the score product reads: that tile would be
+    // carried to the next iteration in registers.
+    let shared = TWO_DOTS.replace("%19 = tile.dot %16, %18, %17", "%19 = tile.dot %16, %11, %17");
+    let (before, after, _) = apply(&PipelineDots, &shared);
+    assert_eq!(print_kernel(&before), print_kernel(&after));
 }
 
 /// Awkward shapes (b, sq, sk, hq, hkv, d): s_q ≠ s_k both ways, lengths off the block

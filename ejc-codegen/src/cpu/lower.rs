@@ -268,24 +268,32 @@ impl<'k> Lowering<'k> {
             if transposed {
                 self.transposed_dots.push(op as *const Op);
             }
-            // Layout needs, stated for each operand's *stored* shape. The A-role of a
-            // normal product is read one element (or one bf16 pair) at a time, so its
-            // layout is chosen when the dot is emitted, to match how it is produced.
-            if !transposed {
-                let b = match (pairs, trans_b) {
-                    (false, false) => Layout::RowMajor,
-                    (false, true) => Layout::ColMajor,
-                    (true, false) => Layout::PairRows,
-                    (true, true) => Layout::PairCols,
-                };
-                self.wants.entry(op.operands[1]).or_insert(Want { layout: b, storage });
-            } else {
-                // Cᵀ = bᵀ·aᵀ: A-role = bᵀ with b stored [N, K] (read as loaded, pairs along
-                // K are adjacent), B-role = aᵀ with a stored [M, K]: vectors along M.
-                let a = if pairs { Layout::PairCols } else { Layout::ColMajor };
+            // Layout needs, stated for each operand's *stored* shape (a tile several
+            // products read is built for the first; the others convert it).
+            let (a, b) = Self::operand_wants(transposed, pairs, trans_b);
+            if let Some(a) = a {
                 self.wants.entry(op.operands[0]).or_insert(Want { layout: a, storage });
-                self.wants.entry(op.operands[1]).or_insert(Want { layout: Layout::RowMajor, storage });
             }
+            self.wants.entry(op.operands[1]).or_insert(Want { layout: b, storage });
+        }
+    }
+
+    /// The layouts a product needs its operands stored in: `a`'s when fixed (the A-role
+    /// of a normal product is read one element, or one bf16 pair, at a time, so its
+    /// layout is chosen when the dot is emitted, to match how it is produced), and `b`'s.
+    fn operand_wants(transposed: bool, pairs: bool, trans_b: bool) -> (Option<Layout>, Layout) {
+        if !transposed {
+            let b = match (pairs, trans_b) {
+                (false, false) => Layout::RowMajor,
+                (false, true) => Layout::ColMajor,
+                (true, false) => Layout::PairRows,
+                (true, true) => Layout::PairCols,
+            };
+            (None, b)
+        } else {
+            // Cᵀ = bᵀ·aᵀ: A-role = bᵀ with b stored [N, K] (read as loaded, pairs along
+            // K are adjacent), B-role = aᵀ with a stored [M, K]: vectors along M.
+            (Some(if pairs { Layout::PairCols } else { Layout::ColMajor }), Layout::RowMajor)
         }
     }
 
@@ -1559,8 +1567,11 @@ impl<'k> Lowering<'k> {
         let path = self.dot_path(op);
         let pairs = path != DotPath::F32;
         let storage = if pairs { DType::BF16 } else { DType::F32 };
-        let wa = match self.wants.get(&a).copied() {
-            Some(w) => w,
+        // This product's own needs: a tile other products read too may have been built
+        // for another one's (`plan_dots`), and is then converted here.
+        let (want_a, want_b) = Self::operand_wants(transposed, pairs, trans_b);
+        let wa = match want_a {
+            Some(layout) => Want { layout, storage },
             None => {
                 // A-role of a normal product: any layout with K-pairs adjacent works;
                 // follow how the operand is produced so that building it is contiguous.
@@ -1583,7 +1594,7 @@ impl<'k> Lowering<'k> {
                 Want { layout, storage }
             }
         };
-        let wb = self.wants.get(&b).copied().unwrap_or(Want { layout: Layout::RowMajor, storage });
+        let wb = Want { layout: want_b, storage };
         let abuf = self.buffer(a, Some(wa))?;
         let bbuf = self.buffer(b, Some(wb))?;
         let (m, n) = self.dims(op.results[0]);

@@ -141,8 +141,14 @@ pub fn plan(kernel: &Kernel) -> Result<Plan, String> {
         let mut c2: Option<Value> = None;
         walk_ops(&kernel.body, &mut |op: &Op| {
             match &op.kind {
-                OpKind::Dot { .. } => {
-                    dot_a.insert(op.operands[0]);
+                OpKind::Dot { trans_a, .. } => {
+                    // A transposed `a` is read from shared memory (`ldmatrix.trans`) at
+                    // every use, never kept as fragments of its untransposed layout.
+                    if *trans_a {
+                        dot_b.insert(op.operands[0]);
+                    } else {
+                        dot_a.insert(op.operands[0]);
+                    }
                     dot_b.insert(op.operands[1]);
                     other_use.insert(op.operands[2]);
                 }

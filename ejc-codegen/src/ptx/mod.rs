@@ -601,10 +601,14 @@ pub fn find_ptxas() -> Option<PathBuf> {
         .and_then(|paths| std::env::split_paths(&paths).map(|d| d.join("ptxas")).find(|p| p.is_file()))
 }
 
-/// A use as the A or B operand of a product that is not `trans_a`: tiles used only so
-/// are stored in the core-matrix layout `wgmma` reads, and may be copied by TMA.
+/// A use as the B operand of a product, or as its A operand when that is not
+/// transposed (`trans_a`: read by `ldmatrix.trans`): tiles used only so are stored in
+/// the core-matrix layout `wgmma` reads, and may be copied by TMA.
 pub(crate) fn wgmma_operand(u: &ejc_ir::defuse::Use) -> bool {
-    matches!(u.op.kind, ejc_ir::ir::OpKind::Dot { trans_a: false, .. }) && u.operand < 2
+    match u.op.kind {
+        ejc_ir::ir::OpKind::Dot { trans_a, .. } => u.operand == 1 || (u.operand == 0 && !trans_a),
+        _ => false,
+    }
 }
 
 /// Assemble `ptx` for `arch` with `ptxas -v`; its messages. What ptxas says depends only

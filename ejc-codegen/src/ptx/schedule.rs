@@ -78,6 +78,9 @@ pub enum AOperand {
     Fragments,
     /// Shared memory at every use: `ldmatrix` when padded, a descriptor for `wgmma`.
     Shared(SmemLayout),
+    /// A register tile stored to shared memory before the product (a `trans_a` product
+    /// of a register tile: its transpose is read back with `ldmatrix.trans`).
+    Staged(SmemLayout),
 }
 
 /// Where a product's `b` operand comes from.
@@ -100,6 +103,9 @@ impl BOperand {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DotPlan {
     pub path: MmaPath,
+    /// `a` is transposed (`trans_a`): its fragments come from `ldmatrix.trans` of the
+    /// `[k, m]` tile in shared memory, into registers (also on the `wgmma` path).
+    pub trans_a: bool,
     pub a: AOperand,
     pub b: BOperand,
     /// `wgmma` without an accumulator input: the product starts from a zero tile.
@@ -196,13 +202,18 @@ pub fn plan(kernel: &Kernel, du: &DefUse, layout: &Plan, inp: &Inputs) -> Result
     };
     let mut s = Schedule::default();
     for op in du.ops() {
-        let OpKind::Dot { .. } = op.kind else { continue };
+        let OpKind::Dot { trans_a, .. } = op.kind else { continue };
         let (a, b, c) = (op.operands[0], op.operands[1], op.operands[2]);
-        let (Some((adt, m, _)), Some((bdt, _, bcols)), Some((_, _, n))) = (tile(a), tile(b), tile(op.results[0]))
+        let (Some((adt, _, _)), Some((bdt, _, bcols)), Some((_, m, n))) = (tile(a), tile(b), tile(op.results[0]))
         else {
             continue; // the emitter says what is wrong with it
         };
-        let a_op = if layout.smem_loads.contains(&a) {
+        let a_op = if trans_a {
+            match layout.smem_loads.contains(&a) {
+                true => AOperand::Shared(smem_layout(a, tile(a).expect("a 2-D tile").2, adt)),
+                false => AOperand::Staged(SmemLayout::for_tile(tile(a).expect("a 2-D tile").2, adt, inp.wgmma)),
+            }
+        } else if layout.smem_loads.contains(&a) {
             let (_, rows, cols) = tile(a).expect("a 2-D tile");
             let l = smem_layout(a, cols, adt);
             let per_warp_frags = rows / (16 * inp.warps).max(1) * cols.div_ceil(16);
@@ -228,6 +239,7 @@ pub fn plan(kernel: &Kernel, du: &DefUse, layout: &Plan, inp: &Inputs) -> Result
             du.id(op),
             DotPlan {
                 path: if wgmma { MmaPath::Wgmma } else { MmaPath::MmaSync },
+                trans_a,
                 a: a_op,
                 b: b_op,
                 from_zero: wgmma && zero,
@@ -469,7 +481,9 @@ impl Schedule {
                     AOperand::Registers => "registers".to_string(),
                     AOperand::Fragments => "shared, read into registers once".to_string(),
                     AOperand::Shared(l) => format!("shared ({})", l.name()),
+                    AOperand::Staged(l) => format!("registers staged to shared ({})", l.name()),
                 };
+                let a = if d.trans_a { format!("{a}, transposed by ldmatrix.trans") } else { a };
                 let b = match d.b {
                     BOperand::Shared(l) => format!("shared ({})", l.name()),
                     BOperand::Staged(l) => format!("registers staged to shared ({})", l.name()),

@@ -2,6 +2,8 @@
 //! a kernel after the pass pipeline, and mean-pooling kernels with their calls.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod suite;
+
 use ejc_ir::flash::main_kernel;
 use ejc_ir::ir::Kernel;
 use ejc_ir::ops::mean_pooling::kernels::{build as build_pool, PoolKernel};

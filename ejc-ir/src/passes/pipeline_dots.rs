@@ -39,8 +39,8 @@
 //! The pass is not in the default pipeline: back ends that gain from it run it (the
 //! PTX target's `wgmma` configurations). Loops that do not have this shape are left
 //! alone: a body with a nested loop or a store, no product that accumulates into a
-//! carried tile, stage 0 reading stage 1's results, or stage 1 reading another carried
-//! value.
+//! carried tile, stage 0 reading stage 1's results, stage 1 reading another carried
+//! value, or stage 1 reading a tile stage 0 loads (it would be carried in registers).
 
 use std::collections::{HashMap, HashSet};
 
@@ -211,6 +211,12 @@ fn analyse(op: &Op) -> Option<Split> {
                 return None;
             }
             if s0_values.contains(v) && !cross.contains(v) {
+                // A tile stage 0 loads and stage 1 reads too (a backward loop's dO, read
+                // by products of both stages) would be carried to the next iteration in
+                // registers, where a back end keeps it in shared memory: not worth it.
+                if ops.iter().any(|o| o.results.contains(v) && matches!(o.kind, OpKind::Load { .. })) {
+                    return None;
+                }
                 cross.push(*v);
             }
         }

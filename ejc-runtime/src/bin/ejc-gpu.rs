@@ -7,9 +7,15 @@
 //! ejc-gpu info
 //! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned]
 //! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--json FILE]
+//! ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]
 //! ejc-gpu tune  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR] [--force]
 //! ejc-gpu call  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR]
 //! ```
+//!
+//! `check-kernels` runs kernels that belong to no operation against the interpreter: the
+//! back ends' generality cases, packed by `EJC_KERNEL_PACK=DIR cargo test -p ejc-codegen
+//! --test ptx -- the_kernel_suite` (scripts/gpu_prepare.sh --kernels), each case a
+//! `DIR/<case>.json` (`ejc_ir::kernel_case::PackedCase`) with its PTX beside it.
 //!
 //! `check` runs every plan of every instance on the operation's awkward cases against
 //! its reference, each artifact at least once (every artifact of a role, with the first
@@ -41,7 +47,7 @@ use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned]\n  ejc-gpu bench DIR --variant V \
+        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned]\n  ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]\n  ejc-gpu bench DIR --variant V \
          --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--json FILE]\n  ejc-gpu tune DIR --variant V \
          --dtype D (--size ... | --shape ...) [--cache-dir DIR] [--force]\n  ejc-gpu call DIR --variant V --dtype D (--size ... | \
          --shape ...) [--cache-dir DIR]"
@@ -613,6 +619,164 @@ fn through_runtime(args: &[String], tune: bool) -> ExitCode {
     }
 }
 
+/// A packed case with its kernel parsed and its PTX read.
+type Packed = (ejc_ir::kernel_case::PackedCase, ejc_ir::ir::Kernel, Vec<String>);
+
+/// Read every `DIR/*.json` packed case, its kernel and its PTX files, in name order.
+fn read_packs(dir: &str) -> Result<Vec<Packed>, String> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{dir}: {e}"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("{dir}: no packed cases (*.json); make them with `bash scripts/gpu_prepare.sh --kernels`"));
+    }
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let pc: ejc_ir::kernel_case::PackedCase =
+            serde_json::from_str(&text).map_err(|e| format!("{}: not a packed case: {e}", f.display()))?;
+        let k = pc.case.parse()?;
+        let mut ptx = Vec::new();
+        for a in &pc.artifacts {
+            let p = PathBuf::from(dir).join(&a.file);
+            ptx.push(std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?);
+        }
+        out.push((pc, k, ptx));
+    }
+    Ok(out)
+}
+
+/// Run one entry of a packed module on `args`; the arguments after.
+fn run_packed(
+    cuda: &Cuda,
+    k: &ejc_ir::ir::Kernel,
+    a: &ejc_ir::kernel_case::PackedPtx,
+    ptx: &str,
+    entry: &str,
+    args: &[ejc_ir::interp::Arg],
+    grid: [i64; 3],
+) -> Result<Vec<ejc_ir::interp::Arg>, String> {
+    use ejc_ir::interp::Arg;
+    use ejc_runtime::cpu::HostBuffer;
+    use ejc_runtime::cuda::Scalar;
+    let kernel = cuda.load(ptx, entry, a.threads, a.smem_bytes).map_err(|e| e.to_string())?;
+    let mut bufs = Vec::new();
+    let mut scalars = Vec::new();
+    for (p, x) in k.params.iter().zip(args) {
+        match x {
+            Arg::Tensor(t) => bufs.push(cuda.upload(&HostBuffer::from_host(t)).map_err(|e| e.to_string())?),
+            Arg::Scalar(v) if p.ty == ejc_ir::types::Type::Scalar(DType::F32) => scalars.push(Scalar::F32(*v as f32)),
+            Arg::Scalar(v) => scalars.push(Scalar::I32(*v as i64 as u32 as i32)),
+        }
+    }
+    let views: Vec<_> = bufs.iter().map(|b| b.view()).collect();
+    // Safety: the tensors are the kernel's tensor parameters in order (the case's shapes,
+    // checked against the kernel's ranks), each in its own allocation.
+    unsafe { cuda.launch(&kernel, grid, &views, &scalars, &[]) }.map_err(|e| e.to_string())?;
+    cuda.synchronize().map_err(|e| e.to_string())?;
+    let mut it = bufs.iter();
+    args.iter()
+        .map(|x| match x {
+            Arg::Tensor(_) => {
+                let b = it.next().expect("one buffer per tensor");
+                Ok(Arg::Tensor(cuda.download(b).map_err(|e| e.to_string())?.to_host()))
+            }
+            s => Ok(s.clone()),
+        })
+        .collect()
+}
+
+/// `check-kernels DIR`: every packed case on every module of it this GPU runs (both
+/// entries where the case's tensors are aligned), against the interpreter.
+fn check_kernels(args: &[String]) -> ExitCode {
+    if let Err(e) = check_args("check-kernels", args, &["--filter", "--seed"], &[]) {
+        return bad_input(e);
+    }
+    let filter = flag(args, "--filter");
+    let seed: u64 = match number(args, "--seed") {
+        Ok(s) => s.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        }),
+        Err(e) => return bad_input(e),
+    };
+    let packs = match read_packs(&args[0]) {
+        Ok(p) => p,
+        Err(e) => return bad_input(e),
+    };
+    let cuda = match cuda_or_skip() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    println!("device: {}   seed: {seed} (--seed {seed} replays)   reference: the interpreter", cuda.device_name());
+    let cc = cuda.compute_capability();
+    let (mut pass, mut failed, mut skipped) = (0, 0, 0);
+    for (pc, k, ptx) in &packs {
+        let c = &pc.case;
+        let prepared = c.args(k, seed).and_then(|a| Ok((c.reference(k, &a)?, c.grid(k)?, a)));
+        let (want, grid, inputs) = match prepared {
+            Ok(x) => x,
+            Err(e) => return fail(e),
+        };
+        for (a, text) in pc.artifacts.iter().zip(ptx) {
+            let label = format!("{} [{}]", c.name, a.label);
+            if filter.as_ref().is_some_and(|f| !label.contains(f.as_str())) {
+                continue;
+            }
+            if !runs_on(&format!("ptx:{}", a.arch), cc) {
+                skipped += 1;
+                continue;
+            }
+            // The aligned entry where every tensor it assumes aligned is: the case's
+            // tensors are contiguous in their own allocations (256-byte aligned).
+            let aligned_ok = a.aligned_tensors.iter().all(|t| {
+                c.shapes.get(t).is_some_and(|shape| {
+                    let st: Vec<i64> =
+                        ejc_ir::tensor::HostTensor::contiguous_strides(shape).iter().map(|s| *s as i64).collect();
+                    ejc_ir::manifest::AlignedEntry::tensor_ok(0, &st)
+                })
+            });
+            let mut entries = vec![("general", a.entry.as_str())];
+            if let Some(e) = a.aligned_entry.as_deref().filter(|_| aligned_ok) {
+                entries.push(("aligned", e));
+            }
+            for (which, entry) in entries {
+                let verdict =
+                    run_packed(&cuda, k, a, text, entry, &inputs, grid).and_then(|got| c.compare(k, &got, &want));
+                match verdict {
+                    Ok(rs) => {
+                        let ok = rs.iter().all(|r| r.passed());
+                        let figures: Vec<String> = rs
+                            .iter()
+                            .map(|r| {
+                                format!("{} rel_err={:.2e} max_abs_err={:.2e}", r.output, r.rel_err, r.max_abs_err)
+                            })
+                            .collect();
+                        println!("{} {label} {which}: {}", if ok { "PASS" } else { "FAIL" }, figures.join("  "));
+                        if ok {
+                            pass += 1;
+                        } else {
+                            failed += 1;
+                        }
+                    }
+                    Err(e) => {
+                        println!("FAIL {label} {which}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+        }
+    }
+    println!("{pass} passed, {failed} failed, {skipped} modules for another GPU skipped (tolerance: DESIGN.md's)");
+    if failed > 0 || pass == 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -625,6 +789,7 @@ fn main() -> ExitCode {
             Err(code) => code,
         },
         Some("check") => check(&args[1..]),
+        Some("check-kernels") => check_kernels(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("tune") => through_runtime(&args[1..], true),
         Some("call") => through_runtime(&args[1..], false),

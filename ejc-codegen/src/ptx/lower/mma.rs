@@ -50,6 +50,21 @@ impl<'k> Lowering<'k> {
         [r[0], r[1], r[2], r[3]]
     }
 
+    /// The same fragment of `op(a) = aᵀ` from a shared tile `[K, M]` (a `trans_a`
+    /// product): `ldmatrix.trans` of the 8 × 8 blocks at k-rows `ks·16 + {0, 8}` and the
+    /// fragment's m-columns, matrix `i` being m-half `i % 2`, k-half `i / 2` as above.
+    pub(super) fn a_frag_ldmatrix_trans(&self, s: &Smem, mf: usize, ks: usize) -> [V; 4] {
+        let row0 = self.mfrag_row0(s.cols, mf);
+        let ir = &self.ir;
+        let l8 = ir.and(self.lane, ir.ci32(7));
+        let mi = ir.lshr(self.lane, ir.ci32(3));
+        let row = ir.add(ir.ci32((ks * 16) as i64), ir.add(ir.mul(ir.lshr(mi, ir.ci32(1)), ir.ci32(8)), l8));
+        let chunk = ir.add(ir.lshr(row0, ir.ci32(3)), ir.and(mi, ir.ci32(1)));
+        let off = ir.add(s.off, s.chunk_off(ir, row, chunk));
+        let r = nvvm::ldmatrix(ir, self.sptr(off), 4, true);
+        [r[0], r[1], r[2], r[3]]
+    }
+
     pub(super) fn a_frags_from_smem(&mut self, s: &Smem) -> R<Vec<Vec<[V; 4]>>> {
         if !s.rows.is_multiple_of(16 * self.warps) || !s.cols.is_multiple_of(16) {
             return Err(self.err(format!(
@@ -80,9 +95,6 @@ impl<'k> Lowering<'k> {
     }
 
     pub(super) fn dot(&mut self, op: &'k Op, trans_a: bool, trans_b: bool) -> R<()> {
-        if trans_a {
-            return Err(self.err("`tile.dot` with trans_a is not supported yet".into()));
-        }
         let (av, bv, cv) = (op.operands[0], op.operands[1], op.operands[2]);
         let Type::Tile(adt, ashape) = self.ty(av).clone() else { return Err(self.err("dot operand".into())) };
         let bdt = self.ty(bv).dtype();
@@ -92,7 +104,8 @@ impl<'k> Lowering<'k> {
             )));
         }
         let f16 = adt == DType::F16;
-        let (m, k) = (ashape[0], ashape[1]);
+        // `trans_a`: a is [k, m].
+        let (m, k) = if trans_a { (ashape[1], ashape[0]) } else { (ashape[0], ashape[1]) };
         let acc = self.dist(cv)?;
         let Ax::Mma(n) = acc.cols else { return Err(self.err("dot result must have 8 or more columns".into())) };
         if k % 16 != 0 || n % 8 != 0 || m % (16 * self.warps) != 0 {
@@ -105,7 +118,19 @@ impl<'k> Lowering<'k> {
         // a fragments: [mf][ks] in registers, or read from shared memory per k-step
         // (fewer registers live).
         let mut a_smem: Option<Smem> = None;
+        // `trans_a`: the [k, m] tile in shared memory (loaded there, or a register tile
+        // stored there first), read by `ldmatrix.trans`.
+        let mut a_trans: Option<(Smem, bool)> = None;
         let afr: Vec<Vec<[V; 4]>> = match self.get(av)?.clone() {
+            _ if trans_a => {
+                let (mut s, staged) = match self.get(av)?.clone() {
+                    GV::Smem(s) => (s, false),
+                    _ => (self.dist_to_smem(op, 0, av)?, true),
+                };
+                self.ready(&mut s);
+                a_trans = Some((s, staged));
+                Vec::new()
+            }
             GV::Smem(s) => match &s.afrags {
                 Some(f) => f.clone(),
                 None => {
@@ -173,6 +198,11 @@ impl<'k> Lowering<'k> {
         let planned =
             self.sched.dots.get(&id).cloned().ok_or_else(|| self.err(format!("schedule: no plan for {id}")))?;
         let a_here = match (&a_smem, self.get(av)?) {
+            _ if trans_a => match &a_trans {
+                Some((s, true)) => AOperand::Staged(s.layout),
+                Some((s, false)) => AOperand::Shared(s.layout),
+                None => return Err(self.err("internal error: a trans_a operand without its tile".into())),
+            },
             // A query tile whose copy is still pending with no loop prologue to wait in
             // is read per use after all.
             (Some(sm), _) if planned.a == AOperand::Fragments && sm.layout == SmemLayout::Padded => AOperand::Fragments,
@@ -185,7 +215,11 @@ impl<'k> Lowering<'k> {
             _ => BOperand::Staged(bs.layout),
         };
         let wgmma_here = self.wgmma && bs.wgmma_readable() && n <= 256 && m.is_multiple_of(64 * (self.warps / 4));
-        if (planned.path == MmaPath::Wgmma) != wgmma_here || planned.a != a_here || planned.b != b_here {
+        if (planned.path == MmaPath::Wgmma) != wgmma_here
+            || planned.a != a_here
+            || planned.b != b_here
+            || planned.trans_a != trans_a
+        {
             return Err(self.err(format!(
                 "internal error: the schedule planned {id} as {planned:?}, its operands are a {a_here:?}, b {b_here:?}"
             )));
@@ -193,6 +227,13 @@ impl<'k> Lowering<'k> {
         if planned.path == MmaPath::Wgmma {
             // A product that starts from a zero tile needs no zeros in registers.
             let c = (!planned.from_zero).then_some(c);
+            // A transposed `a` goes in registers, read by `ldmatrix.trans`.
+            let afr = match &a_trans {
+                Some((s, _)) => {
+                    (0..fm).map(|mf| (0..ks_n).map(|ks| self.a_frag_ldmatrix_trans(s, mf, ks)).collect()).collect()
+                }
+                None => afr,
+            };
             let c = self.dot_wgmma(f16, (m, n, k), trans_b, &afr, a_smem.as_ref(), &bs, c, ncols)?;
             self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: c }));
             // Asynchronous: waited for where the schedule says (where it is first read).
@@ -200,9 +241,10 @@ impl<'k> Lowering<'k> {
             return Ok(());
         }
         for ks in 0..ks_n {
-            let a_k: Vec<[V; 4]> = match &a_smem {
-                Some(sm) => (0..fm).map(|mf| self.a_frag_ldmatrix(sm, mf, ks)).collect(),
-                None => afr.iter().map(|row| row[ks]).collect(),
+            let a_k: Vec<[V; 4]> = match (&a_smem, &a_trans) {
+                (_, Some((sm, _))) => (0..fm).map(|mf| self.a_frag_ldmatrix_trans(sm, mf, ks)).collect(),
+                (Some(sm), None) => (0..fm).map(|mf| self.a_frag_ldmatrix(sm, mf, ks)).collect(),
+                (None, None) => afr.iter().map(|row| row[ks]).collect(),
             };
             // b fragments two n-fragments at a time (one ldmatrix.x4), each pair used
             // right away.
