@@ -37,6 +37,7 @@ pub fn suite() -> Vec<KernelCase> {
     let tn = include_str!("../kernels/tn_gemm.tir");
     let dkdv = include_str!("../kernels/dkdv.tir");
     let dq = include_str!("../kernels/dq.tir");
+    let red = include_str!("../kernels/col_reduce.tir");
     // softmax scale 1/sqrt(64), times log2 e (the exp2 domain).
     let scale = 0.125 * std::f64::consts::LOG2_E;
     let attn = |name: &str, text: &str, sq: usize, sk: usize, out: &[&str]| {
@@ -78,6 +79,7 @@ pub fn suite() -> Vec<KernelCase> {
         attn("dq", dq, 157, 131, &["dq"]),
         attn("dq", dq, 200, 40, &["dq"]),
         case(
+            "col_reduce_r150_n100",
             red,
             &[("x", &[150, 100]), ("sum", &[100]), ("max", &[100]), ("min", &[100]), ("stats", &[2, 2])],
             &[],
@@ -85,6 +87,7 @@ pub fn suite() -> Vec<KernelCase> {
             &["sum", "max", "min", "stats"],
         ),
         case(
+            "col_reduce_r64_n136",
             red,
             &[("x", &[64, 136]), ("sum", &[136]), ("max", &[136]), ("min", &[136]), ("stats", &[3, 2])],
             &[],

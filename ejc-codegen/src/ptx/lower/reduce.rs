@@ -1,56 +1,164 @@
-//! Reductions across a row's lanes, the online softmax, and Philox random numbers.
+//! Reductions (along a row's lanes; across a warp's rows and the warps, through shared
+//! memory), the online softmax, and Philox random numbers.
 
 use super::*;
 
 impl<'k> Lowering<'k> {
-    /// Reduce `x` over the four lanes of a quad (the column slots of a row).
-    pub(super) fn quad_reduce(&self, x: V, max: bool) -> V {
+    /// `a ∘ b` for a reduction's combining operation.
+    fn combine(&self, r: ReduceOp, a: V, b: V) -> V {
         let ir = &self.ir;
+        match r {
+            ReduceOp::Sum => ir.fadd(a, b),
+            ReduceOp::Max => ir.maxnum(a, b),
+            ReduceOp::Min => ir.minnum(a, b),
+        }
+    }
+
+    /// Combine `x` over the lanes whose index differs in the bits of `masks` (`[1, 2]`:
+    /// the four lanes of a quad, a row's column slots; `[4, 8, 16]`: the eight quads, a
+    /// warp's rows). Every lane gets the result.
+    fn lanes_reduce(&self, x: V, r: ReduceOp, masks: &[u32]) -> V {
         let mut x = x;
-        for m in [1, 2] {
-            let y = nvvm::shfl_xor_f32(ir, x, m);
-            x = if max { ir.maxnum(x, y) } else { ir.fadd(x, y) };
+        for &m in masks {
+            let y = nvvm::shfl_xor_f32(&self.ir, x, m);
+            x = self.combine(r, x, y);
         }
         x
     }
 
-    pub(super) fn row_fold(&self, d: &Dist, ri: usize, max: bool, f: &dyn Fn(V) -> V) -> V {
-        let ir = &self.ir;
-        let nc = Self::ncols(d.cols);
-        // A balanced tree, not a chain: log2(nc) dependent steps instead of nc - 1.
-        let mut xs: Vec<V> = (0..nc).map(|ci| f(Self::elem(d, ri, ci, nc))).collect();
+    /// Reduce `x` over the four lanes of a quad (the column slots of a row).
+    pub(super) fn quad_reduce(&self, x: V, r: ReduceOp) -> V {
+        self.lanes_reduce(x, r, &[1, 2])
+    }
+
+    /// A balanced tree over `xs`, not a chain: log2(n) dependent steps instead of n − 1.
+    fn tree(&self, r: ReduceOp, mut xs: Vec<V>) -> V {
         while xs.len() > 1 {
-            let pair = |a: V, b: V| if max { ir.maxnum(a, b) } else { ir.fadd(a, b) };
-            xs = xs.chunks(2).map(|p| p.iter().copied().reduce(pair).expect("chunks are not empty")).collect();
+            xs = xs
+                .chunks(2)
+                .map(|p| p.iter().copied().reduce(|a, b| self.combine(r, a, b)).expect("not empty"))
+                .collect();
         }
-        let mut acc = xs[0];
+        xs[0]
+    }
+
+    pub(super) fn row_fold(&self, d: &Dist, ri: usize, r: ReduceOp, f: &dyn Fn(V) -> V) -> V {
+        let nc = Self::ncols(d.cols);
+        let mut acc = self.tree(r, (0..nc).map(|ci| f(Self::elem(d, ri, ci, nc))).collect());
         if d.cols != Ax::One {
-            acc = self.quad_reduce(acc, max);
+            acc = self.quad_reduce(acc, r);
         }
         acc
+    }
+
+    /// Combine, per slot, the values the warps hold (`xs`, one per slot, equal across a
+    /// warp's lanes) through shared memory: every thread gets every slot's result, the
+    /// warps' values combined in warp order. `slot_of(i)` is slot i's index (i32) among
+    /// `slots` per warp.
+    fn across_warps(
+        &mut self,
+        op: &'k Op,
+        r: ReduceOp,
+        xs: Vec<V>,
+        slots: usize,
+        slot_of: &dyn Fn(&Self, usize) -> V,
+    ) -> Vec<V> {
+        if self.warps == 1 {
+            return xs;
+        }
+        let base = self.region(op, 0, self.warps * slots * 4, 16) as i64;
+        // Earlier readers of the region (this op in a loop) are done before it is written.
+        self.sync();
+        let ir = &self.ir;
+        // Lanes 0..3 write (they hold every slot of a warp between them).
+        let writer = ir.icmp(LLVMIntULT, self.lane, ir.ci32(4));
+        let warp_base = ir.mul(self.warp, ir.ci32((slots * 4) as i64));
+        let then = ir.block("reduce.write");
+        let join = ir.block("reduce.written");
+        ir.cond_br(writer, then, join);
+        ir.at_end(then);
+        for (i, x) in xs.iter().enumerate() {
+            let ir = &self.ir;
+            let off = ir.add(ir.ci32(base), ir.add(warp_base, ir.mul(slot_of(self, i), ir.ci32(4))));
+            ir.store(*x, self.sptr(off), 4);
+        }
+        self.ir.br(join);
+        self.ir.at_end(join);
+        self.sync();
+        let mut out = Vec::new();
+        for i in 0..xs.len() {
+            let mut parts = Vec::new();
+            for w in 0..self.warps {
+                let ir = &self.ir;
+                let off = ir.add(ir.ci32(base + (w * slots * 4) as i64), ir.mul(slot_of(self, i), ir.ci32(4)));
+                parts.push(ir.load(ir.f32(), self.sptr(off), 4));
+            }
+            out.push(self.tree(r, parts));
+        }
+        out
     }
 
     pub(super) fn reduce(&mut self, op: &'k Op, r: ReduceOp, axis: u8) -> R<()> {
         let x = self.dist(op.operands[0])?;
         let dt = self.ty(op.operands[0]).dtype();
-        if axis != 1 && !matches!(self.ty(op.operands[0]), Type::Tile(_, s) if s.len() == 1) {
-            return Err(self.err("reductions along axis 0 (across warps) are not supported yet".into()));
-        }
         if dt != DType::F32 {
             return Err(self.err(format!("reductions of {dt} tiles are not supported yet (f32 only)")));
         }
-        let max = matches!(r, ReduceOp::Max);
-        if !matches!(r, ReduceOp::Max | ReduceOp::Sum) {
-            return Err(self.err(format!("reduction {r:?} is not supported yet")));
+        let rank1 = matches!(self.ty(op.operands[0]), Type::Tile(_, s) if s.len() == 1);
+        if rank1 {
+            // To a scalar every thread holds.
+            let v = match (x.rows, x.cols) {
+                (Ax::One, Ax::One) => x.e[0],
+                (Ax::One, _) => self.row_fold(&x, 0, r, &|v| v),
+                (rows, _) => {
+                    let mine: Vec<V> = (0..self.nrows(rows)).map(|ri| Self::elem(&x, ri, 0, 1)).collect();
+                    let v = self.tree(r, mine);
+                    let v = self.lanes_reduce(v, r, &[4, 8, 16]);
+                    let zero = |s: &Self, _| s.ir.ci32(0);
+                    self.across_warps(op, r, vec![v], 1, &zero)[0]
+                }
+            };
+            self.set(op.results[0], GV::Scalar(v));
+            return Ok(());
         }
         let (rows, cols) = self.axes_of(op.results[0])?;
-        if matches!(self.ty(op.operands[0]), Type::Tile(_, s) if s.len() == 1) {
-            return Err(self.err("reducing a rank-1 tile to a scalar is not supported yet".into()));
+        if axis == 1 {
+            let e = (0..self.nrows(x.rows)).map(|ri| self.row_fold(&x, ri, r, &|v| v)).collect();
+            self.set(op.results[0], GV::Dist(Dist { rows, cols, e }));
+            return Ok(());
         }
-        let mut e = Vec::new();
-        for ri in 0..self.nrows(x.rows) {
-            e.push(self.row_fold(&x, ri, max, &|v| v));
-        }
+        // Axis 0: over the thread's rows, the warp's eight quads, then the warps.
+        let nc = Self::ncols(x.cols);
+        let e: Vec<V> = (0..nc)
+            .map(|ci| {
+                let mine = (0..self.nrows(x.rows)).map(|ri| Self::elem(&x, ri, ci, nc)).collect();
+                let v = self.tree(r, mine);
+                if x.rows == Ax::One {
+                    v
+                } else {
+                    self.lanes_reduce(v, r, &[4, 8, 16])
+                }
+            })
+            .collect();
+        let e = if x.rows == Ax::One {
+            e
+        } else {
+            // Slot ci of a thread is column col_base + offset(ci); as a slot index among
+            // the warp's `cols`: that column.
+            let width = match x.cols {
+                Ax::One => 1,
+                Ax::Mma(c) => c,
+            };
+            let offs = if x.cols == Ax::One { vec![0] } else { Self::col_offsets(width) };
+            let col = move |s: &Self, ci: usize| {
+                if width == 1 {
+                    s.ir.ci32(0)
+                } else {
+                    s.ir.add(Self::col_base(&s.ir, s.lane), s.ir.ci32(offs[ci]))
+                }
+            };
+            self.across_warps(op, r, e, width, &col)
+        };
         self.set(op.results[0], GV::Dist(Dist { rows, cols, e }));
         Ok(())
     }
@@ -70,7 +178,7 @@ impl<'k> Lowering<'k> {
             None => None,
         };
         for ri in 0..nr {
-            let rmax = self.row_fold(&s, ri, true, &|v| v);
+            let rmax = self.row_fold(&s, ri, ReduceOp::Max, &|v| v);
             let ir = &self.ir;
             let rmax = match scale {
                 Some(c) => ir.fmul(rmax, c),
@@ -92,7 +200,7 @@ impl<'k> Lowering<'k> {
                 p_all[ri * nc + ci] = nvvm::ex2(ir, e);
             }
             let prow = Dist { rows: Ax::One, cols: s.cols, e: p_all[ri * nc..(ri + 1) * nc].to_vec() };
-            let psum = self.row_fold(&prow, 0, false, &|v| v);
+            let psum = self.row_fold(&prow, 0, ReduceOp::Sum, &|v| v);
             let ir = &self.ir;
             let l_new = ir.fma(li, alpha, psum);
             ae.push(alpha);
