@@ -12,7 +12,7 @@
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
 #   bash scripts/gpu_run.sh --kernels    # the generality cases (`gpu_prepare.sh --kernels`) against the interpreter,
-#                                        # then memcheck over them and racecheck on two
+#                                        # then memcheck over them and racecheck on five
 #   bash scripts/gpu_run.sh --hostile    # samples of every operation (`gpu_prepare.sh --hostile`): zero-sized axes,
 #                                        # memcheck and racecheck, one tensor just past 2^31 elements (EJC_BIG=0: not that;
 #                                        # EJC_BIG=flash|decode: that case's aligned entry alone, EJC_SANITIZE=memcheck under the sanitizer)
@@ -111,8 +111,10 @@ if [ "${1:-}" = "--kernels" ]; then
         m=${PIPESTATUS[0]}
         echo "memcheck kernels: exit $m" | tee -a "$OUT/summary.txt"
         [ "$m" -eq 0 ] || rc=1
-        # Shared-memory hazards: the cross-warp reductions, a staged transposed operand.
-        for f in col_reduce "dq_q157_k131 [sm_90a wgmma w4 s2]"; do
+        # Shared-memory hazards: the cross-warp reductions, a staged transposed operand,
+        # staged f32 operands, replicated rows (8 warps on 16- and 64-row tiles).
+        for f in col_reduce "dq_q157_k131 [sm_90a wgmma w4 s2]" "f32_gemm_m64_n128_k96 [sm_80 mma w8" \
+            "few_rows_r40_k150 [sm_90a mma w8" "dkdv_q157_k131 [sm_80 mma w8"; do
             timeout 300 compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
                 ./.gpu/ejc-gpu check-kernels /tmp/ejc-art/kernels --seed "$SEED" --filter "$f" 2>&1 | tail -2 | tee -a "$OUT/racecheck.log"
             m=${PIPESTATUS[0]}

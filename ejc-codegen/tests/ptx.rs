@@ -98,12 +98,18 @@ fn every_tiling_and_warp_count_of_the_schedule_compiles() {
 }
 
 #[test]
-fn f32_dots_are_refused_with_a_reason() {
+fn f32_products_run_on_the_cuda_cores_and_are_no_candidates() {
     let spec = spec();
     let k = kernel(&spec, "full", DType::F32, 64, 64, 64);
-    let e =
-        compile(&k, &PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, path: MMA }).unwrap_err().to_string();
-    assert!(e.contains("bf16 or f16") && e.contains("CPU back end"), "{e}");
+    let cfg = PtxConfig { arch: Arch::Sm80, num_warps: 4, num_stages: 1, path: MMA };
+    let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{e}"));
+    assert!(p.ptx.contains("fma.rn.f32") && !p.ptx.contains("mma.sync"), "{}", k.name);
+    if let Some(t) = find_ptxas() {
+        ptxas(&t, &p.ptx, Arch::Sm80).unwrap_or_else(|e| panic!("{e}"));
+    }
+    // The policy: not offered as candidates (the CPU targets run f32 attention).
+    let e = ejc_codegen::ptx::candidates::candidates(&k, Arch::Sm80, &[4], &[1], &[]).unwrap_err();
+    assert!(e.to_string().contains("f32 products"), "{e}");
 }
 
 /// Every flash kernel gets a second entry for aligned inputs (docs/abi.md, "Aligned
@@ -444,9 +450,10 @@ fn every_wgmma_product_is_waited_for_exactly_once() {
 }
 
 /// The generality cases (`tests/kernels/*.tir`: a transposed `a` from memory and from
-/// registers, loops of three and four products) compile on every code path they fit
-/// (64-row products: 4 warps), ptxas accepts them without spills, and every product of
-/// the schedule is where the emitter put it (it checks, or fails). With
+/// registers, loops of three and four products, reductions across warps, tiles of fewer
+/// rows than 16 × num_warps) compile on sm_80 and sm_90a with `mma.sync` (4 and 8 warps)
+/// and `wgmma` (4 warps: 64-row products), ptxas accepts them without spills, and every
+/// product of the schedule is where the emitter put it (it checks, or fails). With
 /// `EJC_KERNEL_PACK=DIR` the PTX and the cases are written there for
 /// `ejc-gpu check-kernels DIR`, which runs them against the interpreter on a GPU
 /// (scripts/gpu_prepare.sh --kernels).
@@ -456,12 +463,16 @@ fn the_kernel_suite_compiles_on_every_code_path() {
     use ejc_ir::kernel_case::{PackedCase, PackedPtx};
     let tool = find_ptxas();
     let pack = std::env::var_os("EJC_KERNEL_PACK").map(std::path::PathBuf::from);
+    // (arch, path, warps, stages). With 8 warps the 16- and 64-row tiles have fewer rows
+    // than 16 × num_warps: the warps replicate fragments (`row_warps`).
     let configs = [
-        (Arch::Sm80, MMA, 2),
-        (Arch::Sm80, MMA, 3),
-        (Arch::Sm90a, MMA, 2),
-        (Arch::Sm90a, WGMMA, 2),
-        (Arch::Sm90a, WGMMA, 3),
+        (Arch::Sm80, MMA, 4, 2),
+        (Arch::Sm80, MMA, 4, 3),
+        (Arch::Sm80, MMA, 8, 2),
+        (Arch::Sm90a, MMA, 4, 2),
+        (Arch::Sm90a, MMA, 8, 2),
+        (Arch::Sm90a, WGMMA, 4, 2),
+        (Arch::Sm90a, WGMMA, 4, 3),
     ];
     let cases = suite();
     // One compilation per kernel text and configuration (cases share kernels).
@@ -473,14 +484,16 @@ fn the_kernel_suite_compiles_on_every_code_path() {
         .map(|&(ki, ci)| {
             let c = cases.iter().find(|c| c.kernel == kernels[ki]).unwrap();
             let k = pipelined(c);
-            let (arch, path, num_stages) = configs[ci];
-            let cfg = PtxConfig { arch, num_warps: 4, num_stages, path };
+            let (arch, path, num_warps, num_stages) = configs[ci];
+            let cfg = PtxConfig { arch, num_warps, num_stages, path };
             let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
             let wgmma_dots = p.ptx.matches("wgmma.mma_async").count();
-            let has_dots = k.op_count() > 0 && c.kernel.contains("tile.dot");
+            // With 4 warps every product of 64 rows takes `wgmma`; the 16-row ones cannot.
+            let f32_or_few = ["few_rows", "f32_gemm"].contains(&k.name.as_str()) || k.name.contains("_f32_");
+            let wgmma_fits = c.kernel.contains("tile.dot") && !f32_or_few;
             assert_eq!(
                 wgmma_dots > 0,
-                has_dots && path.wgmma(),
+                wgmma_fits && path.wgmma(),
                 "{} ({cfg:?}): products take the configuration's path",
                 k.name
             );
@@ -502,16 +515,12 @@ fn the_kernel_suite_compiles_on_every_code_path() {
         let ki = kernels.iter().position(|k| *k == c.kernel).unwrap();
         let mut artifacts = Vec::new();
         for (_, ci, p) in compiled.iter().filter(|(k, _, _)| *k == ki) {
-            let (arch, path, stages) = configs[*ci];
-            let file = format!(
-                "{}_{}_{}_s{stages}.ptx",
-                c.kernel.split('@').nth(1).unwrap().split('(').next().unwrap(),
-                arch.name(),
-                path.name()
-            );
+            let (arch, path, warps, stages) = configs[*ci];
+            let kname = c.kernel.split('@').nth(1).unwrap().split('(').next().unwrap();
+            let file = format!("{kname}_{}_{}_w{warps}_s{stages}.ptx", arch.name(), path.name());
             std::fs::write(dir.join(&file), &p.ptx).unwrap();
             artifacts.push(PackedPtx {
-                label: format!("{} {} w4 s{stages}", arch.name(), path.name()),
+                label: format!("{} {} w{warps} s{stages}", arch.name(), path.name()),
                 arch: arch.name().into(),
                 file,
                 entry: p.code.entry.clone(),

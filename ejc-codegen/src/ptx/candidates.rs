@@ -52,7 +52,10 @@ impl Candidate {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Skip {
     /// Products of f32 operands: tensor cores take 16-bit operands (tf32 would miss
-    /// f32's 1e-5 tolerance), so f32 kernels with products run on the CPU targets.
+    /// f32's 1e-5 tolerance). The PTX back end runs them on the CUDA cores
+    /// (`MmaPath::Fma`), an order of magnitude below the tensor cores, so a spec's f32
+    /// kernels with products are not offered as GPU candidates; they run on the CPU
+    /// targets.
     F32Products,
     /// No warp count of the schedule splits the register tiles (rows).
     NoWarpCount { rows: Vec<usize> },
@@ -61,7 +64,9 @@ pub enum Skip {
 impl std::fmt::Display for Skip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Skip::F32Products => f.write_str("f32 products (tensor cores take bf16/f16)"),
+            Skip::F32Products => {
+                f.write_str("f32 products (tensor cores take bf16/f16; on the CUDA cores they would be ~10x slower)")
+            }
             Skip::NoWarpCount { rows } => {
                 write!(f, "no warp count of the schedule splits its register tiles' rows {rows:?} (16 per warp)")
             }

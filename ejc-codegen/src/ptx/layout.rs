@@ -222,7 +222,9 @@ pub fn plan(kernel: &Kernel) -> Result<Plan, String> {
     }
     for v in dot_a.iter().chain(&dot_b) {
         if let Some(op) = du.def(*v) {
-            if matches!(op.kind, OpKind::Load { .. }) && matches!(kernel.ty(*v), Type::Tile(_, s) if s.len() == 2) {
+            // 16-bit operands only: f32 products run on the CUDA cores from registers.
+            let tile16 = matches!(kernel.ty(*v), Type::Tile(d, s) if s.len() == 2 && d.size_bytes() == 2);
+            if matches!(op.kind, OpKind::Load { .. }) && tile16 {
                 plan.smem_loads.insert(*v);
             }
         }

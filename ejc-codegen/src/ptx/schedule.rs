@@ -67,6 +67,9 @@ pub enum MmaPath {
     /// Hopper's warpgroup MMA, `wgmma.mma_async` (sm_90a): committed, and waited for
     /// where [`Schedule::waits`] says.
     Wgmma,
+    /// f32 operands, on the CUDA cores (`fma.rn.f32`): tensor cores take 16-bit operands
+    /// and tf32 would miss f32's tolerance. Both operands are staged to shared memory.
+    Fma,
 }
 
 /// Where a product's `a` operand comes from.
@@ -208,6 +211,18 @@ pub fn plan(kernel: &Kernel, du: &DefUse, layout: &Plan, inp: &Inputs) -> Result
         else {
             continue; // the emitter says what is wrong with it
         };
+        if adt == DType::F32 {
+            let staged = SmemLayout::Padded;
+            let plan = DotPlan {
+                path: MmaPath::Fma,
+                trans_a,
+                a: AOperand::Staged(staged),
+                b: BOperand::Staged(staged),
+                from_zero: false,
+            };
+            s.dots.insert(du.id(op), plan);
+            continue;
+        }
         let a_op = if trans_a {
             match layout.smem_loads.contains(&a) {
                 true => AOperand::Shared(smem_layout(a, tile(a).expect("a 2-D tile").2, adt)),
@@ -216,7 +231,7 @@ pub fn plan(kernel: &Kernel, du: &DefUse, layout: &Plan, inp: &Inputs) -> Result
         } else if layout.smem_loads.contains(&a) {
             let (_, rows, cols) = tile(a).expect("a 2-D tile");
             let l = smem_layout(a, cols, adt);
-            let per_warp_frags = rows / (16 * inp.warps).max(1) * cols.div_ceil(16);
+            let per_warp_frags = rows.div_ceil(16 * inp.warps.max(1)) * cols.div_ceil(16);
             if layout.a_only.contains(&a) && per_warp_frags * 4 <= 32 && l == SmemLayout::Padded {
                 AOperand::Fragments
             } else {
@@ -474,6 +489,7 @@ impl Schedule {
             if let Some(d) = self.dots.get(&id) {
                 let path = match d.path {
                     MmaPath::MmaSync => "mma.sync".to_string(),
+                    MmaPath::Fma => "fma.rn.f32 (CUDA cores)".to_string(),
                     MmaPath::Wgmma if d.from_zero => "wgmma, from zero".to_string(),
                     MmaPath::Wgmma => "wgmma".to_string(),
                 };

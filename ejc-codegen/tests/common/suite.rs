@@ -37,9 +37,51 @@ pub fn suite() -> Vec<KernelCase> {
     let tn = include_str!("../kernels/tn_gemm.tir");
     let dkdv = include_str!("../kernels/dkdv.tir");
     let dq = include_str!("../kernels/dq.tir");
-    let red = include_str!("../kernels/col_reduce.tir");
     // softmax scale 1/sqrt(64), times log2 e (the exp2 domain).
     let scale = 0.125 * std::f64::consts::LOG2_E;
+    let red = include_str!("../kernels/col_reduce.tir");
+    let few = include_str!("../kernels/few_rows.tir");
+    let f32g = include_str!("../kernels/f32_gemm.tir");
+    // Flash attention in f32 (causal, GQA 2:1), as the spec builds it: its products on
+    // the CUDA cores, the softmax and masks around them.
+    let spec = super::spec();
+    let flash = super::kernel(&spec, spec.variant("causal").unwrap(), ejc_ir::types::DType::F32, 64, 64, 64);
+    let flash = ejc_ir::print::print_kernel(&flash);
+    let (b, sq, sk, hq, hk) = (2, 77, 93, 2, 1);
+    let flash_case = case(
+        "flash_causal_f32_q77_k93",
+        &flash,
+        &[
+            ("q", &[b, sq, hq, 64]),
+            ("k", &[b, sk, hk, 64]),
+            ("v", &[b, sk, hk, 64]),
+            ("out", &[b, sq, hq, 64]),
+            ("lse", &[b, hq, sq]),
+        ],
+        &[("softmax_scale", 0.125)],
+        &[("seq_q", sq as i64), ("heads_q", hq as i64), ("batch", b as i64)],
+        &["out", "lse"],
+    );
+    let f32_gemm = |m: usize, n: usize, k: usize| {
+        let shapes: [(&str, &[usize]); 6] =
+            [("a", &[m, k]), ("b", &[k, n]), ("at", &[k, m]), ("bt", &[n, k]), ("c", &[m, n]), ("d", &[m, n])];
+        let sizes = [("m", m as i64), ("n", n as i64)];
+        case(&format!("f32_gemm_m{m}_n{n}_k{k}"), f32g, &shapes, &[], &sizes, &["c", "d"])
+    };
+    let few_rows = |rows: usize, sk: usize| {
+        let g = rows.div_ceil(16);
+        let shapes: [(&str, &[usize]); 7] = [
+            ("q", &[rows, 64]),
+            ("k", &[sk, 64]),
+            ("v", &[sk, 64]),
+            ("out", &[rows, 64]),
+            ("lse", &[rows]),
+            ("mass", &[g, 64]),
+            ("top", &[g]),
+        ];
+        let name = format!("few_rows_r{rows}_k{sk}");
+        case(&name, few, &shapes, &[("scale", scale)], &[("rows", rows as i64)], &["out", "lse", "mass", "top"])
+    };
     let attn = |name: &str, text: &str, sq: usize, sk: usize, out: &[&str]| {
         let d = 64;
         let mut shapes: Vec<(&str, Vec<usize>)> = vec![
@@ -78,6 +120,11 @@ pub fn suite() -> Vec<KernelCase> {
         attn("dkdv", dkdv, 40, 200, &["dk", "dv"]),
         attn("dq", dq, 157, 131, &["dq"]),
         attn("dq", dq, 200, 40, &["dq"]),
+        f32_gemm(100, 70, 45),
+        f32_gemm(64, 128, 96),
+        flash_case,
+        few_rows(40, 150),
+        few_rows(16, 64),
         case(
             "col_reduce_r150_n100",
             red,

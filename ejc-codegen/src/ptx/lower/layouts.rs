@@ -19,9 +19,11 @@ impl<'k> Lowering<'k> {
             _ => return Err(self.err(format!("tiles of rank {} are not supported", shape.len()))),
         };
         if let Ax::Mma(r) = rows {
-            if r % (16 * self.warps) != 0 {
+            // Fewer rows than 16 × num_warps: replicated over the warps (`row_warps`).
+            if r % (16 * self.row_warps(r)) != 0 {
                 return Err(self.err(format!(
-                    "a register tile of {r} rows needs a multiple of 16 × num_warps = {} rows (tile %{})",
+                    "a register tile of {r} rows needs a multiple of 16 rows, and of 16 × num_warps = {} when it \
+                     has more (tile %{})",
                     16 * self.warps,
                     v.index()
                 )));
@@ -40,7 +42,15 @@ impl<'k> Lowering<'k> {
     pub(super) fn nrows(&self, a: Ax) -> usize {
         match a {
             Ax::One => 1,
-            Ax::Mma(r) => 2 * r / (16 * self.warps),
+            Ax::Mma(r) => 2 * r / (16 * self.row_warps(r)),
+        }
+    }
+
+    /// The extent of a register-tile axis.
+    pub(super) fn extent(a: Ax) -> usize {
+        match a {
+            Ax::One => 1,
+            Ax::Mma(n) => n,
         }
     }
 
@@ -57,7 +67,7 @@ impl<'k> Lowering<'k> {
         match a {
             Ax::One => vec![ir.ci32(0)],
             Ax::Mma(r) => {
-                let per_warp = r / self.warps;
+                let per_warp = r / self.row_warps(r);
                 let quad = ir.lshr(self.lane, ir.ci32(2));
                 let mut out = Vec::new();
                 for mf in 0..per_warp / 16 {

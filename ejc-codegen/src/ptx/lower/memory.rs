@@ -313,6 +313,12 @@ impl<'k> Lowering<'k> {
             owner = ir.and(owner, ir.icmp(LLVMIntULT, self.lane, ir.ci32(4)));
             owner = ir.and(owner, ir.icmp(LLVMIntEQ, self.warp, ir.ci32(0)));
         }
+        // Rows other warps replicate (fewer than 16 × num_warps: `row_warps`).
+        if let Ax::Mma(r) = rows {
+            if self.row_warps(r) < self.warps {
+                owner = self.ir.and(owner, self.row_owner(r));
+            }
+        }
         if self.window_moves(axes, &op.operands[1..n - 1]) {
             let xs: Vec<V> = d.e.iter().map(|x| self.to_storage(*x, vd, dtype)).collect();
             self.window_access(t, &acc, rows, cols, &mut |cg, i, p, ok| {

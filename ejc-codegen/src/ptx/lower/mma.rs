@@ -66,13 +66,14 @@ impl<'k> Lowering<'k> {
     }
 
     pub(super) fn a_frags_from_smem(&mut self, s: &Smem) -> R<Vec<Vec<[V; 4]>>> {
-        if !s.rows.is_multiple_of(16 * self.warps) || !s.cols.is_multiple_of(16) {
+        if !s.rows.is_multiple_of(16 * self.row_warps(s.rows)) || !s.cols.is_multiple_of(16) {
             return Err(self.err(format!(
-                "a dot's `a` tile [{}, {}] needs rows a multiple of 16 × num_warps and a k a multiple of 16",
+                "a dot's `a` tile [{}, {}] needs rows a multiple of 16 (of 16 × num_warps when more) and a k a \
+                 multiple of 16",
                 s.rows, s.cols
             )));
         }
-        let fm = s.rows / (16 * self.warps);
+        let fm = s.rows / (16 * self.row_warps(s.rows));
         Ok((0..fm).map(|mf| (0..s.cols / 16).map(|ks| self.a_frag_ldmatrix(s, mf, ks)).collect()).collect())
     }
 
@@ -98,9 +99,12 @@ impl<'k> Lowering<'k> {
         let (av, bv, cv) = (op.operands[0], op.operands[1], op.operands[2]);
         let Type::Tile(adt, ashape) = self.ty(av).clone() else { return Err(self.err("dot operand".into())) };
         let bdt = self.ty(bv).dtype();
+        if adt == DType::F32 && bdt == DType::F32 {
+            return self.dot_fma(op, trans_a, trans_b);
+        }
         if adt != bdt || !matches!(adt, DType::BF16 | DType::F16) {
             return Err(self.err(format!(
-                "`tile.dot` takes bf16 or f16 operands on the PTX targets (got {adt} · {bdt}); f32 runs on the CPU back end"
+                "`tile.dot` takes two bf16, two f16 or two f32 operands on the PTX targets (got {adt} · {bdt})"
             )));
         }
         let f16 = adt == DType::F16;
@@ -108,12 +112,15 @@ impl<'k> Lowering<'k> {
         let (m, k) = if trans_a { (ashape[1], ashape[0]) } else { (ashape[0], ashape[1]) };
         let acc = self.dist(cv)?;
         let Ax::Mma(n) = acc.cols else { return Err(self.err("dot result must have 8 or more columns".into())) };
-        if k % 16 != 0 || n % 8 != 0 || m % (16 * self.warps) != 0 {
+        if k % 16 != 0 || n % 8 != 0 || m % (16 * self.row_warps(m)) != 0 {
             return Err(self.err(format!(
-                "`tile.dot` [{m}, {k}] · [{k}, {n}] needs m a multiple of 16 × num_warps, k of 16, n of 8"
+                "`tile.dot` [{m}, {k}] · [{k}, {n}] needs m a multiple of 16 (of 16 × num_warps when more), k of \
+                 16, n of 8"
             )));
         }
-        let fm = m / (16 * self.warps);
+        // Fewer rows than 16 × num_warps: every warp computes the one fragment it holds
+        // (`row_warps`).
+        let fm = m / (16 * self.row_warps(m));
         let (nn, ks_n) = (n / 8, k / 16);
         // a fragments: [mf][ks] in registers, or read from shared memory per k-step
         // (fewer registers live).
@@ -134,9 +141,10 @@ impl<'k> Lowering<'k> {
             GV::Smem(s) => match &s.afrags {
                 Some(f) => f.clone(),
                 None => {
-                    if !s.rows.is_multiple_of(16 * self.warps) || !s.cols.is_multiple_of(16) {
+                    if !s.rows.is_multiple_of(16 * self.row_warps(s.rows)) || !s.cols.is_multiple_of(16) {
                         return Err(self.err(format!(
-                            "a dot's `a` tile [{}, {}] needs rows a multiple of 16 × num_warps and k of 16",
+                            "a dot's `a` tile [{}, {}] needs rows a multiple of 16 (of 16 × num_warps when more) \
+                             and k of 16",
                             s.rows, s.cols
                         )));
                     }
@@ -286,6 +294,109 @@ impl<'k> Lowering<'k> {
             }
         }
         self.set(op.results[0], GV::Dist(Dist { rows: acc.rows, cols: acc.cols, e: c }));
+        Ok(())
+    }
+
+    /// A register tile of f32 stored row-major (as its shape says) in this op's shared
+    /// region `slot`; its byte offset. Rows other warps replicate are written by their
+    /// owners only.
+    fn stage_f32(&mut self, op: &'k Op, slot: usize, v: Value) -> R<i64> {
+        let Type::Tile(_, shape) = self.ty(v).clone() else { return Err(self.err("dot operand".into())) };
+        let (rows, cols) = (shape[0], shape[1]);
+        let d = self.dist(v)?;
+        let base = self.region(op, slot, rows * cols * 4, 16) as i64;
+        let (rc, cc) = (self.row_coords(d.rows), self.col_coords(d.cols));
+        let nc = Self::ncols(d.cols);
+        let owner = if d.rows == Ax::One {
+            // Broadcast rows: one warp's quad 0 holds them (every thread the same).
+            let ir = &self.ir;
+            ir.and(ir.icmp(LLVMIntEQ, self.warp, ir.ci32(0)), ir.icmp(LLVMIntULT, self.lane, ir.ci32(4)))
+        } else {
+            self.row_owner(rows)
+        };
+        self.if_then(owner, &mut |cg| {
+            for (ri, r) in rc.iter().enumerate() {
+                for (ci, c) in cc.iter().enumerate() {
+                    let ir = &cg.ir;
+                    let off = ir.add(ir.ci32(base), ir.mul(ir.add(ir.mul(*r, ir.ci32(cols as i64)), *c), ir.ci32(4)));
+                    ir.store(Self::elem(&d, ri, ci, nc), cg.sptr(off), 4);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(base)
+    }
+
+    /// A product of f32 tiles on the CUDA cores ([`MmaPath::Fma`]): both operands staged
+    /// to shared memory, then each thread runs the k loop for the accumulator elements it
+    /// holds (`fma.rn.f32`, k in order).
+    fn dot_fma(&mut self, op: &'k Op, trans_a: bool, trans_b: bool) -> R<()> {
+        let (av, bv, cv) = (op.operands[0], op.operands[1], op.operands[2]);
+        let id = self.du.id(op);
+        let planned =
+            self.sched.dots.get(&id).cloned().ok_or_else(|| self.err(format!("schedule: no plan for {id}")))?;
+        if planned.path != MmaPath::Fma || planned.trans_a != trans_a {
+            return Err(self.err(format!("internal error: the schedule planned {id} as {planned:?}, an f32 product")));
+        }
+        let (Type::Tile(_, ash), Type::Tile(_, bsh)) = (self.ty(av).clone(), self.ty(bv).clone()) else {
+            return Err(self.err("dot operands".into()));
+        };
+        let (m, k) = if trans_a { (ash[1], ash[0]) } else { (ash[0], ash[1]) };
+        let n = if trans_b { bsh[0] } else { bsh[1] };
+        let acc = self.dist(cv)?;
+        let (rows, cols) = self.axes_of(op.results[0])?;
+        // Readers of the staging regions (this op in a loop) are done before they change.
+        self.sync();
+        let a_base = self.stage_f32(op, 0, av)?;
+        let b_base = self.stage_f32(op, 1, bv)?;
+        self.sync();
+        let (rc, cc) = (self.row_coords(rows), self.col_coords(cols));
+        let (nr, nc) = (rc.len(), cc.len());
+        let ir = &self.ir;
+        let (i32t, f32t) = (ir.i32(), ir.f32());
+        let pre = ir.current();
+        let head = ir.block("fma.k");
+        let exit = ir.block("fma.done");
+        ir.br(head);
+        ir.at_end(head);
+        let kk = ir.phi(i32t);
+        ir.add_incoming(kk, ir.ci32(0), pre);
+        let mut phis = Vec::new();
+        for ri in 0..nr {
+            for ci in 0..nc {
+                let p = ir.phi(f32t);
+                ir.add_incoming(p, Self::elem(&acc, ri, ci, Self::ncols(acc.cols)), pre);
+                phis.push(p);
+            }
+        }
+        // a(r, k) for each of the thread's rows, b(k, c) for each of its columns.
+        let at = |r: V| {
+            let (row, col, width) = if trans_a { (kk, r, m) } else { (r, kk, k) };
+            let off = ir.add(ir.ci32(a_base), ir.mul(ir.add(ir.mul(row, ir.ci32(width as i64)), col), ir.ci32(4)));
+            ir.load(f32t, self.sptr(off), 4)
+        };
+        let bt = |c: V| {
+            let (row, col, width) = if trans_b { (c, kk, k) } else { (kk, c, n) };
+            let off = ir.add(ir.ci32(b_base), ir.mul(ir.add(ir.mul(row, ir.ci32(width as i64)), col), ir.ci32(4)));
+            ir.load(f32t, self.sptr(off), 4)
+        };
+        let avals: Vec<V> = rc.iter().map(|r| at(*r)).collect();
+        let bvals: Vec<V> = cc.iter().map(|c| bt(*c)).collect();
+        let mut out = Vec::new();
+        for ri in 0..nr {
+            for ci in 0..nc {
+                out.push(ir.fma(avals[ri], bvals[ci], phis[ri * nc + ci]));
+            }
+        }
+        let next = ir.add(kk, ir.ci32(1));
+        let latch = ir.current();
+        ir.add_incoming(kk, next, latch);
+        for (p, x) in phis.iter().zip(&out) {
+            ir.add_incoming(*p, *x, latch);
+        }
+        ir.cond_br(ir.icmp(LLVMIntSLT, next, ir.ci32(k as i64)), head, exit);
+        ir.at_end(exit);
+        self.set(op.results[0], GV::Dist(Dist { rows, cols, e: out }));
         Ok(())
     }
 

@@ -400,10 +400,37 @@ impl<'k> Lowering<'k> {
         SmemLayout::for_tile(cols, dtype, self.wgmma && self.dot_only.contains(&v))
     }
 
+    /// The warps a register tile of `rows` rows is spread over: every warp, or — a tile
+    /// of fewer than 16 × num_warps rows (a decode step's few query rows) — one 16-row
+    /// fragment for each of the first `rows / 16` warps, which the others replicate
+    /// (warp w holds warp `w mod (rows / 16)`'s rows; only the first ones write them).
+    pub(super) fn row_warps(&self, rows: usize) -> usize {
+        if rows < 16 * self.warps {
+            (rows / 16).max(1)
+        } else {
+            self.warps
+        }
+    }
+
+    /// Whether this warp writes the rows it holds of a tile of `rows` rows (`false` in
+    /// the warps that replicate another's: [`Self::row_warps`]).
+    pub(super) fn row_owner(&self, rows: usize) -> V {
+        let ir = &self.ir;
+        match self.row_warps(rows) {
+            w if w == self.warps => ir.ctrue(),
+            w => ir.icmp(LLVMIntULT, self.warp, ir.ci32(w as i64)),
+        }
+    }
+
     /// Row (i32, within the tile) of the first of the 16 rows of m-fragment `mf` of this
     /// warp, for tiles of `rows` rows.
     fn mfrag_row0(&self, rows: usize, mf: usize) -> V {
         let ir = &self.ir;
+        if rows < 16 * self.warps {
+            // Replicated (`row_warps`): one fragment per warp.
+            let w = self.row_warps(rows);
+            return ir.mul(ir.urem(self.warp, ir.ci32(w as i64)), ir.ci32(16));
+        }
         if self.wgmma {
             let groups = self.warps / 4;
             let g = ir.lshr(self.warp, ir.ci32(2));

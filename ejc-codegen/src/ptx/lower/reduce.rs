@@ -53,17 +53,18 @@ impl<'k> Lowering<'k> {
 
     /// Combine, per slot, the values the warps hold (`xs`, one per slot, equal across a
     /// warp's lanes) through shared memory: every thread gets every slot's result, the
-    /// warps' values combined in warp order. `slot_of(i)` is slot i's index (i32) among
-    /// `slots` per warp.
+    /// values of the first `warps` warps (those that hold distinct rows: `row_warps`)
+    /// combined in warp order. `slot_of(i)` is slot i's index (i32) among `slots` per
+    /// warp.
     fn across_warps(
         &mut self,
         op: &'k Op,
         r: ReduceOp,
-        xs: Vec<V>,
+        (xs, warps): (Vec<V>, usize),
         slots: usize,
         slot_of: &dyn Fn(&Self, usize) -> V,
     ) -> Vec<V> {
-        if self.warps == 1 {
+        if warps == 1 {
             return xs;
         }
         let base = self.region(op, 0, self.warps * slots * 4, 16) as i64;
@@ -88,7 +89,7 @@ impl<'k> Lowering<'k> {
         let mut out = Vec::new();
         for i in 0..xs.len() {
             let mut parts = Vec::new();
-            for w in 0..self.warps {
+            for w in 0..warps {
                 let ir = &self.ir;
                 let off = ir.add(ir.ci32(base + (w * slots * 4) as i64), ir.mul(slot_of(self, i), ir.ci32(4)));
                 parts.push(ir.load(ir.f32(), self.sptr(off), 4));
@@ -115,7 +116,8 @@ impl<'k> Lowering<'k> {
                     let v = self.tree(r, mine);
                     let v = self.lanes_reduce(v, r, &[4, 8, 16]);
                     let zero = |s: &Self, _| s.ir.ci32(0);
-                    self.across_warps(op, r, vec![v], 1, &zero)[0]
+                    let warps = self.row_warps(Self::extent(rows));
+                    self.across_warps(op, r, (vec![v], warps), 1, &zero)[0]
                 }
             };
             self.set(op.results[0], GV::Scalar(v));
@@ -145,10 +147,7 @@ impl<'k> Lowering<'k> {
         } else {
             // Slot ci of a thread is column col_base + offset(ci); as a slot index among
             // the warp's `cols`: that column.
-            let width = match x.cols {
-                Ax::One => 1,
-                Ax::Mma(c) => c,
-            };
+            let width = Self::extent(x.cols);
             let offs = if x.cols == Ax::One { vec![0] } else { Self::col_offsets(width) };
             let col = move |s: &Self, ci: usize| {
                 if width == 1 {
@@ -157,7 +156,8 @@ impl<'k> Lowering<'k> {
                     s.ir.add(Self::col_base(&s.ir, s.lane), s.ir.ci32(offs[ci]))
                 }
             };
-            self.across_warps(op, r, e, width, &col)
+            let warps = self.row_warps(Self::extent(x.rows));
+            self.across_warps(op, r, (e, warps), width, &col)
         };
         self.set(op.results[0], GV::Dist(Dist { rows, cols, e }));
         Ok(())

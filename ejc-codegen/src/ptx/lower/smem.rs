@@ -142,7 +142,7 @@ impl<'k> Lowering<'k> {
         // query tile of attention with 16 rows per warp, like FlashAttention-2 with Q
         // in registers). With more rows per warp its fragments would crowd out the
         // accumulators, so it stays in shared memory and `ldmatrix` reads it per use.
-        let per_warp_frags = rows / (16 * self.warps).max(1) * cols.div_ceil(16);
+        let per_warp_frags = rows.div_ceil(16 * self.warps) * cols.div_ceil(16);
         if self.plan.a_only.contains(&op.results[0]) && per_warp_frags * 4 <= 32 && s.layout == SmemLayout::Padded {
             if s.pending && self.depth == 0 {
                 // Read after the next loop's prologue (`for_op`); its shared
@@ -511,12 +511,22 @@ impl<'k> Lowering<'k> {
         let rc = self.row_coords(d.rows);
         let cc = self.col_coords(d.cols);
         let nc = cc.len();
-        for (ri, r) in rc.iter().enumerate() {
-            for (ci, c) in cc.iter().enumerate() {
-                let ir = &self.ir;
-                let off = ir.add(s.off, s.elem_off(ir, *r, *c));
-                ir.store(Self::elem(&d, ri, ci, nc), self.sptr(off), 2);
+        // Rows a warp replicates (`row_warps`) are written by their owner only.
+        let owner = self.row_owner(shape[0]);
+        let write = |cg: &mut Self| -> R<()> {
+            for (ri, r) in rc.iter().enumerate() {
+                for (ci, c) in cc.iter().enumerate() {
+                    let ir = &cg.ir;
+                    let off = ir.add(s.off, s.elem_off(ir, *r, *c));
+                    ir.store(Self::elem(&d, ri, ci, nc), cg.sptr(off), 2);
+                }
             }
+            Ok(())
+        };
+        if self.ir.is_true(owner) {
+            write(self)?;
+        } else {
+            self.if_then(owner, &mut |cg| write(cg))?;
         }
         if s.wgmma_readable() {
             nvvm::fence_proxy_async(&self.ir);
