@@ -382,18 +382,23 @@ fn the_schedules_are_pinned() {
         insta::assert_snapshot!("ptx_schedule__split_kv_partial_gpt_oss_d64_sm90a_wgmma", text.join("\n"));
     });
     // The generality cases on wgmma: a transposed `a` from memory and from registers,
-    // loops of three and four products.
-    for c in common::suite::suite().into_iter().filter(|c| c.name.ends_with("_k131") || c.name.ends_with("_m100_n130"))
-    {
+    // loops of three and four products; and the paged loop (a block table's pages
+    // prefetched by cp.async, and copied by the producer's TMA when warp-specialised).
+    let chosen = |n: &str| n.ends_with("_k131") || n.ends_with("_m100_n130") || n == "paged_r100_ctx300";
+    for c in common::suite::suite().into_iter().filter(|c| chosen(&c.name)) {
         let k = common::suite::pipelined(&c);
-        let text: Vec<String> = schedules(&k, &cfg(Arch::Sm90a, 4, WGMMA))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .into_iter()
-            .map(|s| s.schedule)
-            .collect();
-        insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
-            insta::assert_snapshot!(format!("ptx_schedule__suite_{}_sm90a_wgmma", k.name), text.join("\n"));
-        });
+        let paths: &[(CodePath, &str)] =
+            if k.name == "paged" { &[(WGMMA, "wgmma"), (WS, "ws")] } else { &[(WGMMA, "wgmma")] };
+        for (path, tag) in paths {
+            let text: Vec<String> = schedules(&k, &cfg(Arch::Sm90a, 4, *path))
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_iter()
+                .map(|s| s.schedule)
+                .collect();
+            insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
+                insta::assert_snapshot!(format!("ptx_schedule__suite_{}_sm90a_{tag}", k.name), text.join("\n"));
+            });
+        }
     }
 }
 
@@ -473,6 +478,7 @@ fn the_kernel_suite_compiles_on_every_code_path() {
         (Arch::Sm90a, MMA, 8, 2),
         (Arch::Sm90a, WGMMA, 4, 2),
         (Arch::Sm90a, WGMMA, 4, 3),
+        (Arch::Sm90a, WS, 4, 2),
     ];
     let cases = suite();
     // One compilation per kernel text and configuration (cases share kernels).
@@ -481,11 +487,18 @@ fn the_kernel_suite_compiles_on_every_code_path() {
     let work: Vec<(usize, usize)> = (0..kernels.len()).flat_map(|k| (0..configs.len()).map(move |c| (k, c))).collect();
     let compiled: Vec<(usize, usize, ejc_codegen::ptx::PtxKernel)> = work
         .par_iter()
-        .map(|&(ki, ci)| {
+        .filter_map(|&(ki, ci)| {
             let c = cases.iter().find(|c| c.kernel == kernels[ki]).unwrap();
             let k = pipelined(c);
             let (arch, path, num_warps, num_stages) = configs[ci];
             let cfg = PtxConfig { arch, num_warps, num_stages, path };
+            // Warp specialisation where it applies (every loop tile copied by TMA); the
+            // block table's pages must be among them.
+            let ws = ejc_codegen::ptx::ws_applies(&k, &cfg);
+            assert!(k.name != "paged" || !path.ws() || ws.is_ok(), "paged: {ws:?}");
+            if path.ws() && ws.is_err() {
+                return None;
+            }
             let p = compile(&k, &cfg).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
             let wgmma_dots = p.ptx.matches("wgmma.mma_async").count();
             // With 4 warps every product of 64 rows takes `wgmma`; the 16-row ones cannot.
@@ -497,13 +510,11 @@ fn the_kernel_suite_compiles_on_every_code_path() {
                 "{} ({cfg:?}): products take the configuration's path",
                 k.name
             );
-            // What the pack does not carry: neither applies to these kernels.
-            assert!(p.code.positive_scalars.is_empty() && p.code.tensor_maps.is_empty(), "{}", k.name);
             if let Some(t) = &tool {
                 let r = ptxas(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{} ({cfg:?}): {e}", k.name));
                 assert_eq!(r.spill_stores + r.spill_loads, 0, "{} ({cfg:?}) spills: {r:?}", k.name);
             }
-            (ki, ci, p)
+            Some((ki, ci, p))
         })
         .collect();
     if tool.is_none() {
@@ -526,6 +537,17 @@ fn the_kernel_suite_compiles_on_every_code_path() {
                 entry: p.code.entry.clone(),
                 aligned_entry: p.code.aligned_entry.clone(),
                 aligned_tensors: p.code.aligned_tensors.clone(),
+                positive: p.code.positive_scalars.clone(),
+                tensor_maps: p
+                    .code
+                    .tensor_maps
+                    .iter()
+                    .map(|t| ejc_ir::manifest::TensorMapParam {
+                        tensor: t.tensor.clone(),
+                        box_dims: t.box_dims.clone(),
+                        swizzle: "128B".into(),
+                    })
+                    .collect(),
                 threads: p.code.threads as u32,
                 smem_bytes: p.code.smem_bytes as u32,
             });

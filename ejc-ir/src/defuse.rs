@@ -144,8 +144,10 @@ impl<'k> DefUse<'k> {
     }
 
     /// `x` is computed from a loop's induction variable `iv` and values from outside the
-    /// loop by scalar arithmetic alone (`inside`: the loop body's values, [`defined_in`]):
-    /// an index a software pipeline or a copy engine can evaluate for another iteration.
+    /// loop by scalar arithmetic and scalar loads from tensors the kernel never writes (a
+    /// paged cache's block table) alone (`inside`: the loop body's values,
+    /// [`defined_in`]): an index a software pipeline or a copy engine can evaluate for
+    /// another iteration.
     pub fn iteration_scalar(&self, kernel: &Kernel, x: Value, iv: Value, inside: &HashSet<Value>) -> bool {
         if x == iv || !inside.contains(&x) {
             return true;
@@ -155,8 +157,18 @@ impl<'k> DefUse<'k> {
                 matches!(kernel.ty(x), Type::Scalar(_))
                     && d.operands.iter().all(|y| self.iteration_scalar(kernel, *y, iv, inside))
             }
+            Some(d) if matches!(d.kind, OpKind::Load { .. }) => {
+                matches!(kernel.ty(x), Type::Scalar(_))
+                    && self.read_only(d.operands[0])
+                    && d.operands[1..].iter().all(|y| self.iteration_scalar(kernel, *y, iv, inside))
+            }
             _ => false,
         }
+    }
+
+    /// No op of the kernel stores to tensor `t`.
+    pub fn read_only(&self, t: Value) -> bool {
+        self.uses(t).iter().all(|u| !matches!(u.op.kind, OpKind::Store { .. }))
     }
 
     /// The values used at least once, every use satisfying `pred`.

@@ -180,6 +180,13 @@ pub struct PackedPtx {
     /// of `aligned_tensors` is aligned (`crate::manifest::AlignedEntry::tensor_ok`).
     pub aligned_entry: Option<String>,
     pub aligned_tensors: Vec<String>,
+    /// Scalars the aligned entry needs > 0 (a softmax scale folded into the exponent).
+    #[serde(default)]
+    pub positive: Vec<String>,
+    /// The aligned entry's tensor maps (warp-specialised modules: the producer's TMA
+    /// copies), passed after the ABI's parameters.
+    #[serde(default)]
+    pub tensor_maps: Vec<crate::manifest::TensorMapParam>,
     pub threads: u32,
     pub smem_bytes: u32,
 }

@@ -42,6 +42,21 @@ pub fn suite() -> Vec<KernelCase> {
     let red = include_str!("../kernels/col_reduce.tir");
     let few = include_str!("../kernels/few_rows.tir");
     let f32g = include_str!("../kernels/f32_gemm.tir");
+    let paged_text = include_str!("../kernels/paged.tir");
+    // Pages hold 64 keys; the table's entries are random in [0, 8) (kernel_case's integer
+    // tensors), so 8 pages.
+    let paged = |rows: usize, context: usize| {
+        let blocks = context.div_ceil(64);
+        let shapes: [(&str, &[usize]); 5] = [
+            ("q", &[rows, 64]),
+            ("k_cache", &[8, 64, 64]),
+            ("v_cache", &[8, 64, 64]),
+            ("table", &[blocks]),
+            ("out", &[rows, 64]),
+        ];
+        let scalars = [("context", context as f64), ("scale", scale)];
+        case(&format!("paged_r{rows}_ctx{context}"), paged_text, &shapes, &scalars, &[("rows", rows as i64)], &["out"])
+    };
     // Flash attention in f32 (causal, GQA 2:1), as the spec builds it: its products on
     // the CUDA cores, the softmax and masks around them.
     let spec = super::spec();
@@ -122,6 +137,8 @@ pub fn suite() -> Vec<KernelCase> {
         attn("dq", dq, 200, 40, &["dq"]),
         f32_gemm(100, 70, 45),
         f32_gemm(64, 128, 96),
+        paged(100, 300),
+        paged(64, 64),
         flash_case,
         few_rows(40, 150),
         few_rows(16, 64),

@@ -27,7 +27,10 @@
 //! ```
 //!
 //! The values stage 1 takes from stage 0 (`%x`: the probabilities and the rescale
-//! factor) are carried from one iteration to the next. Optionally ([`rotate_loops`] with
+//! factor) are carried from one iteration to the next — except scalar indices computed
+//! from the induction variable (a paged cache's block-table entry, the arithmetic around
+//! it), which stage 1 computes again for its own block, so that its loads stay indexed
+//! by the induction variable and a back end can still prefetch them. Optionally ([`rotate_loops`] with
 //! `sink`), when the rest of stage 0 is a branch (the masks of partial blocks) followed by
 //! branch-free work (the softmax), that work moves into both arms of the branch, so
 //! nothing joins while the value product runs (see `sink_into_branch`). Every value is computed exactly
@@ -45,7 +48,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::Pass;
-use crate::ir::{BinOp, Block, CmpPred, Kernel, Op, OpKind, Value};
+use crate::ir::{AxisIndex, BinOp, Block, CmpPred, Kernel, Op, OpKind, Value};
 use crate::types::Type;
 
 pub struct PipelineDots;
@@ -106,6 +109,11 @@ struct Split {
     stage1: HashSet<usize>,
     /// Values defined by stage 0 that stage 1 reads, in a fixed order.
     cross: Vec<Value>,
+    /// Stage-0 ops stage 1 computes again for its own iteration instead of receiving
+    /// their results: scalar indices from the induction variable (a block table's entry
+    /// and the arithmetic around it), so that stage 1's loads stay indexed by the
+    /// induction variable (prefetchable, TMA-copyable) rather than by a carried value.
+    dup: Vec<usize>,
 }
 
 /// Every value an op reads, its nested regions included (values defined inside those
@@ -204,24 +212,78 @@ fn analyse(op: &Op) -> Option<Split> {
     // runs an iteration behind them).
     let s0_values: HashSet<Value> =
         (0..ops.len()).filter(|i| !stage1.contains(i)).flat_map(|i| ops[i].results.iter().copied()).collect();
+    let iv = body.args[0];
+    // The ops computing `v` when it is a scalar index from the induction variable and
+    // values from outside the loop (scalar arithmetic, loads at fixed indices).
+    fn recompute(
+        v: Value,
+        iv: Value,
+        ops: &[Op],
+        def_index: &HashMap<Value, usize>,
+        carried: &[Value],
+        out: &mut Vec<usize>,
+    ) -> bool {
+        if v == iv {
+            return true;
+        }
+        let Some(&d) = def_index.get(&v) else { return !carried.contains(&v) };
+        let o = &ops[d];
+        let scalar_load =
+            matches!(&o.kind, OpKind::Load { axes, .. } if axes.iter().all(|a| matches!(a, AxisIndex::Index)));
+        let arith = matches!(
+            o.kind,
+            OpKind::Const { .. }
+                | OpKind::Binary(_)
+                | OpKind::Unary(_)
+                | OpKind::Cmp(_)
+                | OpKind::Select
+                | OpKind::Cast { .. }
+        );
+        if !(scalar_load || arith) || !o.regions.is_empty() {
+            return false;
+        }
+        let from = if scalar_load { 1 } else { 0 };
+        if !o.operands[from..].iter().all(|x| recompute(*x, iv, ops, def_index, carried, out)) {
+            return false;
+        }
+        if !out.contains(&d) {
+            out.push(d);
+        }
+        true
+    }
     let mut cross = Vec::new();
+    let mut dup = Vec::new();
     for i in (0..ops.len()).filter(|i| stage1.contains(i)) {
         for v in &reads_of[i] {
             if carried.iter().enumerate().any(|(k, c)| k != acc && c == v) {
                 return None;
             }
             if s0_values.contains(v) && !cross.contains(v) {
+                let mut chain = Vec::new();
+                if recompute(*v, iv, ops, &def_index, carried, &mut chain) {
+                    for d in chain {
+                        if !dup.contains(&d) {
+                            dup.push(d);
+                        }
+                    }
+                    continue;
+                }
                 // A tile stage 0 loads and stage 1 reads too (a backward loop's dO, read
                 // by products of both stages) would be carried to the next iteration in
                 // registers, where a back end keeps it in shared memory: not worth it.
-                if ops.iter().any(|o| o.results.contains(v) && matches!(o.kind, OpKind::Load { .. })) {
+                let tile_load = |o: &Op| match &o.kind {
+                    OpKind::Load { axes, .. } => axes.iter().any(|a| matches!(a, AxisIndex::Range { .. })),
+                    _ => false,
+                };
+                if ops.iter().any(|o| o.results.contains(v) && tile_load(o)) {
                     return None;
                 }
                 cross.push(*v);
             }
         }
     }
-    Some(Split { acc, stage1, cross })
+    dup.sort_unstable();
+    Some(Split { acc, stage1, cross, dup })
 }
 
 /// Copies ops with fresh result values, renaming operands through `map`.
@@ -354,6 +416,8 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>, sink: bool) -> (Vec<Op
     let n = carried.len();
     let stage0: Vec<usize> = (0..ops.len()).filter(|i| !split.stage1.contains(i)).collect();
     let stage1: Vec<usize> = (0..ops.len()).filter(|i| split.stage1.contains(i)).collect();
+    // What stage 1 runs: its ops and the stage-0 indices it computes again.
+    let s1_run: Vec<usize> = (0..ops.len()).filter(|i| split.stage1.contains(i) || split.dup.contains(i)).collect();
     let others: Vec<usize> = (0..n).filter(|k| *k != a).collect();
     let mut out = Vec::new();
     let mut c = Cloner { values, map: HashMap::new() };
@@ -423,7 +487,7 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>, sink: bool) -> (Vec<Op
     for (v, arg) in split.cross.iter().zip(&cross_args) {
         c.map.insert(*v, *arg);
     }
-    for i in &stage1 {
+    for i in &s1_run {
         loop_ops.push(c.clone_op(&ops[*i]));
     }
     let acc_next = c.get(yield_op.operands[a]);
@@ -485,7 +549,7 @@ fn rotate(op: &Op, split: &Split, values: &mut Vec<Type>, sink: bool) -> (Vec<Op
     for (v, r) in split.cross.iter().zip(cross_loop) {
         c.map.insert(*v, *r);
     }
-    let mut then_ops: Vec<Op> = stage1.iter().map(|i| c.clone_op(&ops[*i])).collect();
+    let mut then_ops: Vec<Op> = s1_run.iter().map(|i| c.clone_op(&ops[*i])).collect();
     then_ops.push(yield_of(vec![c.get(yield_op.operands[a])]));
     let rotation =
         Rotation { epilogue_loads: stage1_loads.iter().map(|(orig, in_loop)| (c.get(*orig), *in_loop)).collect() };

@@ -662,7 +662,11 @@ fn run_packed(
     use ejc_ir::interp::Arg;
     use ejc_runtime::cpu::HostBuffer;
     use ejc_runtime::cuda::Scalar;
-    let kernel = cuda.load(ptx, entry, a.threads, a.smem_bytes).map_err(|e| e.to_string())?;
+    let mut kernel = cuda.load(ptx, entry, a.threads, a.smem_bytes).map_err(|e| e.to_string())?;
+    let aligned = a.aligned_entry.as_deref() == Some(entry);
+    if aligned {
+        kernel.tensor_maps = a.tensor_maps.clone();
+    }
     let mut bufs = Vec::new();
     let mut scalars = Vec::new();
     for (p, x) in k.params.iter().zip(args) {
@@ -673,9 +677,16 @@ fn run_packed(
         }
     }
     let views: Vec<_> = bufs.iter().map(|b| b.view()).collect();
+    let tensor_names: Vec<&str> =
+        k.params.iter().filter(|p| matches!(p.ty, ejc_ir::types::Type::Tensor(..))).map(|p| p.name.as_str()).collect();
+    let mut maps = Vec::new();
+    for m in kernel.tensor_maps.iter() {
+        let i = tensor_names.iter().position(|n| *n == m.tensor).ok_or_else(|| format!("no tensor `{}`", m.tensor))?;
+        maps.push(ejc_runtime::cuda::encode_tensor_map(&views[i], m).map_err(|e| e.to_string())?);
+    }
     // Safety: the tensors are the kernel's tensor parameters in order (the case's shapes,
     // checked against the kernel's ranks), each in its own allocation.
-    unsafe { cuda.launch(&kernel, grid, &views, &scalars, &[]) }.map_err(|e| e.to_string())?;
+    unsafe { cuda.launch(&kernel, grid, &views, &scalars, &maps) }.map_err(|e| e.to_string())?;
     cuda.synchronize().map_err(|e| e.to_string())?;
     let mut it = bufs.iter();
     args.iter()
@@ -738,8 +749,9 @@ fn check_kernels(args: &[String]) -> ExitCode {
                     ejc_ir::manifest::AlignedEntry::tensor_ok(0, &st)
                 })
             });
+            let positive_ok = a.positive.iter().all(|s| c.scalars.get(s).is_some_and(|v| *v > 0.0));
             let mut entries = vec![("general", a.entry.as_str())];
-            if let Some(e) = a.aligned_entry.as_deref().filter(|_| aligned_ok) {
+            if let Some(e) = a.aligned_entry.as_deref().filter(|_| aligned_ok && positive_ok) {
                 entries.push(("aligned", e));
             }
             for (which, entry) in entries {

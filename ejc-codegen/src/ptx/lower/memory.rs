@@ -64,8 +64,9 @@ impl<'k> Lowering<'k> {
     }
 
     /// Scalar `v` with the scalar `from` (a loop's induction variable) replaced by
-    /// `to`: scalar arithmetic between them is computed again (a load of block `j + s`
-    /// after `pipeline-dots`, issued iterations ahead).
+    /// `to`: scalar arithmetic between them is computed again, and scalar loads (a block
+    /// table's entry) are loaded again (a load of block `j + s` after `pipeline-dots`,
+    /// issued iterations ahead).
     pub(super) fn scalar_at(&self, v: Value, from: Value, to: V) -> R<V> {
         if v == from {
             return Ok(to);
@@ -86,11 +87,18 @@ impl<'k> Lowering<'k> {
                 let dtypes = if matches!(kind, OpKind::Select) { dtypes[1..].to_vec() } else { dtypes };
                 Ok(self.elem_op(kind, &dtypes, &xs))
             }
+            Some(OpKind::Load { axes, pad }) if matches!(self.ty(v), Type::Scalar(_)) => {
+                let op = op.expect("matched");
+                let t = self.tensor_of(op.operands[0])?;
+                let acc = self.access_subst(t, axes, &op.operands[1..], Some((from, to)))?;
+                let padv = self.constant(*pad, self.tensors[t].dtype);
+                Ok(self.load_elem(t, acc.off, acc.valid, padv))
+            }
             _ => self.scalar(v),
         }
     }
 
-    /// Whether scalar `v` is computed from `from` by scalar arithmetic.
+    /// Whether scalar `v` is computed from `from` by scalar arithmetic and scalar loads.
     pub(super) fn scalar_depends_on(&self, v: Value, from: Value) -> bool {
         if v == from {
             return true;
@@ -98,6 +106,9 @@ impl<'k> Lowering<'k> {
         match self.du.def(v) {
             Some(op) if is_scalar_arith(op) && matches!(self.ty(v), Type::Scalar(_)) => {
                 op.operands.iter().any(|x| self.scalar_depends_on(*x, from))
+            }
+            Some(op) if matches!(op.kind, OpKind::Load { .. }) && matches!(self.ty(v), Type::Scalar(_)) => {
+                op.operands[1..].iter().any(|x| self.scalar_depends_on(*x, from))
             }
             _ => false,
         }
@@ -126,7 +137,7 @@ impl<'k> Lowering<'k> {
     }
 
     /// Load element `idx` (i64 element offset) of tensor `t` if `ok`, else `pad`.
-    pub(super) fn load_elem(&mut self, t: usize, idx: V, ok: V, pad: V) -> V {
+    pub(super) fn load_elem(&self, t: usize, idx: V, ok: V, pad: V) -> V {
         let dtype = self.tensors[t].dtype;
         let st = self.storage_ty(dtype);
         let data = self.tensors[t].data;
@@ -135,7 +146,7 @@ impl<'k> Lowering<'k> {
 
     /// Load a `dtype` element from the address `addr` builds (in the guarded block) if
     /// `ok`, else `pad`.
-    pub(super) fn load_guarded(&mut self, dtype: DType, ok: V, pad: V, addr: &dyn Fn(&Ir) -> V) -> V {
+    pub(super) fn load_guarded(&self, dtype: DType, ok: V, pad: V, addr: &dyn Fn(&Ir) -> V) -> V {
         let st = self.storage_ty(dtype);
         let pre = self.ir.current();
         let lb = self.ir.block("ld");
