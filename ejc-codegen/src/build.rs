@@ -514,16 +514,7 @@ fn build_ptx(
             entry,
             tensors: k.code.aligned_tensors.clone(),
             positive: k.code.positive_scalars.clone(),
-            tensor_maps: k
-                .code
-                .tensor_maps
-                .iter()
-                .map(|t| ejc_ir::manifest::TensorMapParam {
-                    tensor: t.tensor.clone(),
-                    box_dims: t.box_dims.clone(),
-                    swizzle: "128B".into(),
-                })
-                .collect(),
+            tensor_maps: k.code.tensor_maps.iter().map(|t| t.map_param()).collect(),
         });
         artifacts.push(a);
     }

@@ -538,16 +538,7 @@ fn the_kernel_suite_compiles_on_every_code_path() {
                 aligned_entry: p.code.aligned_entry.clone(),
                 aligned_tensors: p.code.aligned_tensors.clone(),
                 positive: p.code.positive_scalars.clone(),
-                tensor_maps: p
-                    .code
-                    .tensor_maps
-                    .iter()
-                    .map(|t| ejc_ir::manifest::TensorMapParam {
-                        tensor: t.tensor.clone(),
-                        box_dims: t.box_dims.clone(),
-                        swizzle: "128B".into(),
-                    })
-                    .collect(),
+                tensor_maps: p.code.tensor_maps.iter().map(|t| t.map_param()).collect(),
                 threads: p.code.threads as u32,
                 smem_bytes: p.code.smem_bytes as u32,
             });

@@ -42,6 +42,15 @@ pub struct TmaLoad {
 }
 
 impl TmaLoad {
+    /// The tensor map the aligned entry takes for this load (docs/abi.md, "Tensor maps").
+    pub fn map_param(&self) -> ejc_ir::manifest::TensorMapParam {
+        ejc_ir::manifest::TensorMapParam {
+            tensor: self.tensor.clone(),
+            box_dims: self.box_dims.clone(),
+            swizzle: "128B".into(),
+        }
+    }
+
     pub fn bytes(&self) -> usize {
         self.rows * self.cols * self.dtype.size_bytes()
     }

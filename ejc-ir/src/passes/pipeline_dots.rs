@@ -230,15 +230,7 @@ fn analyse(op: &Op) -> Option<Split> {
         let o = &ops[d];
         let scalar_load =
             matches!(&o.kind, OpKind::Load { axes, .. } if axes.iter().all(|a| matches!(a, AxisIndex::Index)));
-        let arith = matches!(
-            o.kind,
-            OpKind::Const { .. }
-                | OpKind::Binary(_)
-                | OpKind::Unary(_)
-                | OpKind::Cmp(_)
-                | OpKind::Select
-                | OpKind::Cast { .. }
-        );
+        let arith = crate::defuse::is_scalar_arith(o);
         if !(scalar_load || arith) || !o.regions.is_empty() {
             return false;
         }
