@@ -96,6 +96,13 @@ where
     flag(args, name).map(|v| v.parse::<T>().map_err(|e| format!("{name} `{v}`: {e}"))).transpose()
 }
 
+/// `--seed N`, or a fresh seed from the clock.
+fn seed_arg(args: &[String]) -> Result<u64, String> {
+    Ok(number(args, "--seed")?.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    }))
+}
+
 /// A mistake in what the command was given: exit 2, on any machine.
 fn bad_input(m: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {m}");
@@ -228,10 +235,8 @@ fn check(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let seed: u64 = match number(args, "--seed") {
-        Ok(s) => s.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        }),
+    let seed = match seed_arg(args) {
+        Ok(s) => s,
         Err(e) => return bad_input(e),
     };
     // Everything given is checked before the driver is looked for.
@@ -707,10 +712,8 @@ fn check_kernels(args: &[String]) -> ExitCode {
         return bad_input(e);
     }
     let filter = flag(args, "--filter");
-    let seed: u64 = match number(args, "--seed") {
-        Ok(s) => s.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-        }),
+    let seed = match seed_arg(args) {
+        Ok(s) => s,
         Err(e) => return bad_input(e),
     };
     let packs = match read_packs(&args[0]) {

@@ -104,9 +104,6 @@ impl<'k> Lowering<'k> {
         }
     }
 
-    /// The shared-memory loads of a loop body worth prefetching: at the body's top level,
-    /// indexed by values from outside the loop and the induction variable, or scalar
-    /// arithmetic of those (`j + s`).
     /// The head of a counted loop, entered from the current block: blocks `<name>.head`,
     /// `.body` and `.exit`, and at the head the induction variable (from `lo`) and the
     /// iteration counter (from 0) as phis. The builder is left at the head.

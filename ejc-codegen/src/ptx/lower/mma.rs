@@ -352,23 +352,22 @@ impl<'k> Lowering<'k> {
         self.sync();
         let (rc, cc) = (self.row_coords(rows), self.col_coords(cols));
         let (nr, nc) = (rc.len(), cc.len());
+        // k = 0 .. K on the counted-loop builder the key loops use; the accumulators are
+        // phis at its head, final at its exit.
+        let lh = self.loop_head("fma.k", self.ir.ci32(0));
         let ir = &self.ir;
-        let (i32t, f32t) = (ir.i32(), ir.f32());
-        let pre = ir.current();
-        let head = ir.block("fma.k");
-        let exit = ir.block("fma.done");
-        ir.br(head);
-        ir.at_end(head);
-        let kk = ir.phi(i32t);
-        ir.add_incoming(kk, ir.ci32(0), pre);
+        let f32t = ir.f32();
+        let kk = lh.iv;
         let mut phis = Vec::new();
         for ri in 0..nr {
             for ci in 0..nc {
                 let p = ir.phi(f32t);
-                ir.add_incoming(p, Self::elem(&acc, ri, ci, Self::ncols(acc.cols)), pre);
+                ir.add_incoming(p, Self::elem(&acc, ri, ci, Self::ncols(acc.cols)), lh.pre);
                 phis.push(p);
             }
         }
+        ir.cond_br(ir.icmp(LLVMIntSLT, kk, ir.ci32(k as i64)), lh.body, lh.exit);
+        ir.at_end(lh.body);
         // a(r, k) for each of the thread's rows, b(k, c) for each of its columns.
         let at = |r: V| {
             let (row, col, width) = if trans_a { (kk, r, m) } else { (r, kk, k) };
@@ -382,20 +381,18 @@ impl<'k> Lowering<'k> {
         };
         let avals: Vec<V> = rc.iter().map(|r| at(*r)).collect();
         let bvals: Vec<V> = cc.iter().map(|c| bt(*c)).collect();
-        let mut out = Vec::new();
+        let latch = ir.current();
         for ri in 0..nr {
             for ci in 0..nc {
-                out.push(ir.fma(avals[ri], bvals[ci], phis[ri * nc + ci]));
+                let p = phis[ri * nc + ci];
+                ir.add_incoming(p, ir.fma(avals[ri], bvals[ci], p), latch);
             }
         }
-        let next = ir.add(kk, ir.ci32(1));
-        let latch = ir.current();
-        ir.add_incoming(kk, next, latch);
-        for (p, x) in phis.iter().zip(&out) {
-            ir.add_incoming(*p, *x, latch);
-        }
-        ir.cond_br(ir.icmp(LLVMIntSLT, next, ir.ci32(k as i64)), head, exit);
-        ir.at_end(exit);
+        ir.add_incoming(kk, ir.add(kk, ir.ci32(1)), latch);
+        ir.add_incoming(lh.counter, ir.add(lh.counter, ir.ci32(1)), latch);
+        ir.br(lh.head);
+        ir.at_end(lh.exit);
+        let out = phis;
         self.set(op.results[0], GV::Dist(Dist { rows, cols, e: out }));
         Ok(())
     }
