@@ -1,19 +1,23 @@
 """ejc against the GPU anchors, in one run, on the same tensors.
 
-    python3 bench/compare_gpu.py BUILD_DIR [--quick] [--json FILE]
+    python3 bench/compare_gpu.py BUILD_DIR [--quick] [--extra] [--json FILE]
 
 BUILD_DIR holds `ejc build --target ptx:...` artifacts of the `full` and `causal`
-variants (bf16). For each row of the standard grid (b·s = 16384 tokens, h·d = 2048,
+variants (bf16), and of `gemma2` for the --extra rows. For each row of the standard grid (b·s = 16384 tokens, h·d = 2048,
 s from 512 to 16384, d 64 and 128, causal and not) it times, with triton's do_bench
 (median) on the same q, k, v:
 
 * ejc: every candidate configuration in the build (the autotuner's choice is the
   fastest), launched through CuPy from the manifest (examples/cupy_launch.py);
 * torch SDPA with the cuDNN and the flash (FlashAttention-2) back ends;
+* FlashAttention-4 (`flash_attn.cute.flash_attn_func`: its sm90 kernels on Hopper),
+  when ../shared/bench/fa4_kit.sh's install.sh has put it on PYTHONPATH (scripts/gpu_run.sh
+  --anchors); the only anchor of the Gemma-2 rows, which torch SDPA cannot express;
 * a plain Triton flash-attention forward (written below: 128 x 64 tiles, 8 warps,
   3 stages — what a Triton user writes in an afternoon).
 
-It prints TFLOP/s (forward = 4·b·h·s²·d, halved for causal) and ejc's ratio to each
+It prints TFLOP/s (forward = 4·d FLOPs per visible (query, key) pair: b·h·s² full, about
+half of it causal, the window's pairs for Gemma-2) and ejc's ratio to each
 anchor, and checks ejc's output against a float32 reference where that fits in memory.
 
 `--baseline DIR` times a second build the same way in the same run (e.g. an older
@@ -76,15 +80,61 @@ def triton_attention(q, k, v, causal, out):
     return out
 
 
-def flops(b, h, s, d, causal):
-    f = 4.0 * b * h * s * s * d
-    return f / 2 if causal else f
+def flops(b, h, s, d, causal, window=None):
+    """Forward FLOPs of the visible (query, key) pairs (4·d each): s² for full
+    attention, s²/2 causal (FlashAttention's convention), and a causal window of `left` keys before the diagonal
+    counts min(i, left) + 1 keys for row i."""
+    if window is not None:
+        left = window[0]
+        pairs = sum(min(i, left) + 1 for i in range(s)) if causal else s * s
+    else:
+        pairs = s * s / 2 if causal else s * s
+    return 4.0 * b * h * pairs * d
+
+
+def load_fa4():
+    """FlashAttention-4's `flash_attn_func` (CuTe DSL, sm90 kernels on Hopper), when
+    `../shared/bench/fa4_kit.sh`'s install.sh has put it on PYTHONPATH; else None."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as e:  # not installed here: the column stays empty, and says why
+        print(f"fa4: not available ({type(e).__name__}: {str(e)[:120]})", flush=True)
+        return None
+    return flash_attn_func
+
+
+# Gemma-2's local layers: causal, a 4096-key window (the row and the 4095 before it),
+# soft cap 50.
+GEMMA2_WINDOW = (4095, 0)
+GEMMA2_CAP = 50.0
+
+
+def grid_rows(args):
+    """(d, s, variant, heads_q, heads_kv) rows: the standard grid (b·s = 16384 tokens,
+    h·d = 2048, d 64/128, s 512-16k, full and causal), then with --extra the Gemma-2
+    rows (window + soft cap) and GQA rows (8 query heads per KV head)."""
+    grid = [(d, s, "causal" if c else "full", 2048 // d, 2048 // d)
+            for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
+    if args.quick:
+        grid = [(128, 2048, "full", 16, 16), (128, 2048, "causal", 16, 16), (64, 4096, "full", 32, 32)]
+    if args.extra:
+        grid += [(128, s, "gemma2", 16, 16) for s in (2048, 8192, 16384)]
+        grid += [(128, s, v, 16, 2) for s in (512, 4096, 16384) for v in ("full", "causal")]
+    if args.extra_only:
+        grid = [g for g in grid if g[2] == "gemma2" or g[3] != g[4]]
+    if args.rows:
+        keep = {int(x) for x in args.rows.split(",")}
+        grid = [g for g in grid if g[1] in keep]
+    return grid
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--quick", action="store_true", help="three rows only")
+    ap.add_argument("--extra", action="store_true",
+                    help="add Gemma-2 rows (causal, 4096-key window, soft cap 50; ejc's `gemma2` variant) and GQA rows")
+    ap.add_argument("--extra-only", action="store_true", help="only the --extra rows (implies --extra)")
     ap.add_argument("--rows", default=None, help="comma-separated sequence lengths to keep (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
@@ -92,12 +142,14 @@ def main():
     ap.add_argument("--only", default=None,
                     help="only the candidates whose artifact id contains this text (e.g. _wgmma: Hopper's paths)")
     args = ap.parse_args()
+    args.extra = args.extra or args.extra_only
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     dev_name = torch.cuda.get_device_name()
     major, minor = torch.cuda.get_device_capability()
     print(f"device: {dev_name} (sm_{major}{minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    fa4 = load_fa4()
     m = load_manifest(args.build)
     base_m = load_manifest(args.baseline) if args.baseline else None
 
@@ -105,27 +157,25 @@ def main():
         return t == "ptx:sm_80" or (t == "ptx:sm_90a" and (major, minor) == (9, 0))
 
     rows = []
-    grid = [(d, s, c) for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
-    if args.quick:
-        grid = [(128, 2048, False), (128, 2048, True), (64, 4096, False)]
-    if args.rows:
-        keep = {int(x) for x in args.rows.split(",")}
-        grid = [g for g in grid if g[1] in keep]
     kernels = {}
-    for d, s, causal in grid:
-        h = 2048 // d
+    for d, s, variant, h, hkv in grid_rows(args):
         b = max(1, 16384 // s)
-        variant = "causal" if causal else "full"
+        causal = variant in ("causal", "gemma2")
+        window, cap = (GEMMA2_WINDOW, GEMMA2_CAP) if variant == "gemma2" else (None, None)
         def candidates(man):
             return [a for a in man["artifacts"] if instance(a) == (variant, "bf16", d, "main") and runs_here(a["target"])
                     and (args.only is None or args.only in a["artifact_id"])]
         cands = candidates(m)
         torch.manual_seed(0)
-        q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         out = torch.empty_like(q)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        fl = flops(b, h, s, d, causal)
-        row = dict(d=d, s=s, b=b, h=h, causal=causal)
+        fl = flops(b, h, s, d, causal, window)
+        row = dict(d=d, s=s, b=b, h=h, hkv=hkv, variant=variant, causal=causal)
+        scalars = dict(softmax_scale=1.0 / math.sqrt(d))
+        if window is not None:
+            scalars.update(window_left=window[0], window_right=window[1])
         # ---- ejc: every candidate, the fastest kept (and the baseline build's, the same way)
         def fastest(build, cands, tag):
             best = None
@@ -141,10 +191,9 @@ def main():
                 if kern is None:
                     continue
                 tensors = dict(q=q, k=k, v=v, out=out, lse=lse)
-                sc = dict(softmax_scale=1.0 / math.sqrt(d))
                 sizes = flash_sizes(q, k)
                 try:
-                    ms = do_bench(lambda: kern(tensors, sc, sizes), warmup=10, rep=60, return_mode="median")
+                    ms = do_bench(lambda: kern(tensors, scalars, sizes), warmup=10, rep=60, return_mode="median")
                 except Exception as e:
                     print(f"  {key}: failed: {e}", flush=True)
                     continue
@@ -157,34 +206,54 @@ def main():
         best = fastest(args.build, cands, "")
         if best is not None:
             a, ms, kern = best
-            kern(dict(q=q, k=k, v=v, out=out, lse=lse), dict(softmax_scale=1.0 / math.sqrt(d)), flash_sizes(q, k))
+            kern(dict(q=q, k=k, v=v, out=out, lse=lse), scalars, flash_sizes(q, k))
             torch.cuda.synchronize()
             err = None
             if b * h * s * s * 4 <= 2 ** 31:
-                want = reference(q, k, v, causal)
+                want = reference(q, k, v, causal, window, cap)
                 err = ((out.float() - want).norm() / want.norm()).item()
             row.update(ejc=fl / ms / 1e9, ejc_ms=ms, ejc_config=a["artifact_id"], ejc_err=err)
         if base_m is not None:
             base = fastest(args.baseline, candidates(base_m), "base:")
             if base is not None:
                 row.update(base=fl / base[1] / 1e9, base_config=base[0]["artifact_id"])
-        # ---- anchors
+        # ---- anchors (torch SDPA has no window or soft cap: those rows are FA4's alone)
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-            def f(be=be):
-                with sdpa_kernel(be):
-                    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+        if variant != "gemma2":
+            for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                def f(be=be):
+                    with sdpa_kernel(be):
+                        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=h != hkv)
+                try:
+                    ms = do_bench(f, warmup=10, rep=60, return_mode="median")
+                    row[name] = fl / ms / 1e9
+                except Exception as e:
+                    print(f"  torch-{name}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+        if fa4 is not None:
+            kw = dict(causal=causal, softmax_scale=1.0 / math.sqrt(d))
+            if window is not None:
+                kw.update(window_size=window, softcap=cap)
             try:
-                ms = do_bench(f, warmup=10, rep=60, return_mode="median")
-                row[name] = fl / ms / 1e9
+                fo = fa4(q, k, v, **kw)
+                fo = fo[0] if isinstance(fo, tuple) else fo
+                if b * h * s * s * 4 <= 2 ** 31:
+                    want = reference(q, k, v, causal, window, cap)
+                    row["fa4_err"] = ((fo.float() - want).norm() / want.norm()).item()
+                ms = do_bench(lambda: fa4(q, k, v, **kw), warmup=10, rep=60, return_mode="median")
+                row["fa4"] = fl / ms / 1e9
             except Exception as e:
-                print(f"  torch-{name}: {type(e).__name__}: {str(e)[:100]}", flush=True)
-        try:
-            tout = torch.empty_like(q)
-            ms = do_bench(lambda: triton_attention(q, k, v, causal, tout), warmup=10, rep=60, return_mode="median")
-            row["triton"] = fl / ms / 1e9
-        except Exception as e:
-            print(f"  triton: {type(e).__name__}: {str(e)[:100]}", flush=True)
+                print(f"  fa4: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        if variant in ("full", "causal") and h == hkv:
+            try:
+                tout = torch.empty_like(q)
+                ms = do_bench(lambda: triton_attention(q, k, v, causal, tout), warmup=10, rep=60,
+                              return_mode="median")
+                row["triton"] = fl / ms / 1e9
+            except Exception as e:
+                print(f"  triton: {type(e).__name__}: {str(e)[:100]}", flush=True)
+        anchors = [x for x in ("fa4", "cudnn") if x in row]
+        if anchors:
+            row["best_anchor"] = max(anchors, key=lambda x: row[x])
         rows.append(row)
         if args.json:  # after every row: a run cut short keeps what it measured
             with open(args.json, "w") as fh:
@@ -194,11 +263,11 @@ def main():
             return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
 
         print(
-            f"d={d:3d} s={s:5d} causal={int(causal)}  ejc {row.get('ejc', 0):6.1f}  cudnn {row.get('cudnn', 0):6.1f}  "
-            f"flash {row.get('flash', 0):6.1f}  triton {row.get('triton', 0):6.1f} TFLOP/s   "
-            f"ejc/cudnn {r('cudnn')}  ejc/flash {r('flash')}  ejc/triton {r('triton')}   "
+            f"d={d:3d} s={s:5d} {variant:7s} h={h}/{hkv}  ejc {row.get('ejc', 0):6.1f}  fa4 {row.get('fa4', 0):6.1f}  "
+            f"cudnn {row.get('cudnn', 0):6.1f}  flash {row.get('flash', 0):6.1f}  triton {row.get('triton', 0):6.1f} TFLOP/s   "
+            f"ejc/fa4 {r('fa4')}  ejc/cudnn {r('cudnn')}  ejc/flash {r('flash')}  ejc/triton {r('triton')}   "
             + (f"base {row.get('base', 0):6.1f}  ejc/base {r('base')}   " if base_m is not None else "")
-            + f"err {row.get('ejc_err')}  [{row.get('ejc_config', '-')}]",
+            + f"err {row.get('ejc_err')} (fa4 {row.get('fa4_err')})  [{row.get('ejc_config', '-')}]",
             flush=True,
         )
         del q, k, v, out, lse, qt, kt, vt

@@ -155,8 +155,10 @@ def flash_sizes(q, k):
     return dict(batch=b, seq_q=sq, seq_k=k.shape[1], heads_q=hq, heads_kv=k.shape[2], head_dim=d)
 
 
-def reference(q, k, v, causal):
-    """float32 attention in [B, S, H, D], bottom-right aligned causal mask, GQA."""
+def reference(q, k, v, causal, window=None, softcap=None):
+    """float32 attention in [B, S, H, D], bottom-right aligned causal mask, GQA; an
+    inclusive (left, right) window around the shifted diagonal and a logit soft cap
+    c · tanh(s / c) as docs/semantics.md defines them."""
     import torch
 
     hq, hkv = q.shape[2], k.shape[2]
@@ -164,11 +166,15 @@ def reference(q, k, v, causal):
     v = v.repeat_interleave(hq // hkv, dim=2)
     qt, kt, vt = (x.transpose(1, 2).float() for x in (q, k, v))
     s = qt @ kt.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = s.shape[-2], s.shape[-1]
+    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
     if causal:
-        sq, sk = s.shape[-2], s.shape[-1]
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+        s = s.masked_fill(j > i, float("-inf"))
+    if window is not None:
+        s = s.masked_fill((j < i - window[0]) | (j > i + window[1]), float("-inf"))
     return (s.softmax(-1) @ vt).transpose(1, 2)
 
 

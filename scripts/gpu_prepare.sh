@@ -13,9 +13,13 @@
 #   bash scripts/gpu_prepare.sh --kernels  # the back ends' generality cases (ejc-codegen/tests/kernels/*.tir: transposed
 #                                          # products, loops of 3 and 4 products) on every PTX path, for
 #                                          # gpu_run.sh --kernels (checked against the interpreter)
+#   bash scripts/gpu_prepare.sh --anchors  # the side-by-side against FlashAttention-4 (with ../shared/bench/fa4_kit.sh's
+#                                          # halves): the bench set (full, causal, gemma2; bf16; sm_90a), the soft-cap
+#                                          # variants on every path, and the generality cases, for gpu_run.sh
+#                                          # --anchors-check (call 1) and --anchors-bench (call 2)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
-# (six packs: together they would pass the device tool's 64 MiB.)
+# (seven packs: together they would pass the device tool's 64 MiB.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .tools/env.sh 2>/dev/null || bash scripts/setup.sh
@@ -46,6 +50,21 @@ cargo build --release -q -p ejc -p ejc-runtime --features ejc-runtime/cuda --bin
 rm -rf .gpu && mkdir -p .gpu
 cp target/release/ejc-gpu .gpu/
 EJC=target/release/ejc
+if [ "${1:-}" = "--anchors" ]; then
+    [ -f .anchors/fa4/part-aa ] || { echo "run ../shared/bench/fa4_kit.sh first (FlashAttention-4's halves)" >&2; exit 1; }
+    # The benchmark set with the Gemma-2 rows' variant (the Hopper paths: what the bench times).
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --variant gemma2 --dtype bf16 \
+        --path wgmma --path ws -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
+    # The soft cap's tanh (tanh.approx in 16-bit kernels) on every path and both archs.
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant softcap --variant gemma2 \
+        --dtype bf16 --dtype f16 --block-m 128 --block-n 64 --block-n 128 --num-stages 2 -o .gpu/softcap
+    # The generality cases (the f32 soft cap: the precise tanh).
+    EJC_KERNEL_PACK="$PWD/.gpu/kernels" cargo test -q -p ejc-codegen --test ptx -- the_kernel_suite 2>&1 | tail -3
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bench softcap kernels
+    rm -rf .gpu/bench .gpu/softcap .gpu/kernels
+    du -sh .gpu/* .anchors/fa4/*
+    exit 0
+fi
 if [ "${1:-}" = "--mlir" ]; then
     # MLIR's gpu form (issue #6): every variant x bf16/f16/f32 x d64/d128, one tiling, PTX
     # from MLIR's NVVM pipeline.

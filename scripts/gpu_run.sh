@@ -13,6 +13,12 @@
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
 #   bash scripts/gpu_run.sh --kernels    # the generality cases (`gpu_prepare.sh --kernels`) against the interpreter,
 #                                        # then memcheck over them and racecheck on five
+#   bash scripts/gpu_run.sh --anchors-check  # call 1 of the FlashAttention-4 side-by-side (`gpu_prepare.sh --anchors`;
+#                                        # carry .gpu and .anchors/fa4/part-aa): FA4's first half to /tmp, the soft-cap
+#                                        # variants' checks, the generality cases; the bench set stays in /tmp/ejc-art
+#   bash scripts/gpu_run.sh --anchors-bench [ROWS]  # call 2, at once on the warm machine (carry .anchors/fa4/part-ab
+#                                        # and .anchors/fa4/whl): FA4 installed, then bench/compare_gpu.py --extra (ROWS:
+#                                        # those sequence lengths; EJC_EXTRA_ONLY=1: the Gemma-2 and GQA rows alone)
 #   bash scripts/gpu_run.sh --hostile    # samples of every operation (`gpu_prepare.sh --hostile`): zero-sized axes,
 #                                        # memcheck and racecheck, one tensor just past 2^31 elements (EJC_BIG=0: not that;
 #                                        # EJC_BIG=flash|decode: that case's aligned entry alone, EJC_SANITIZE=memcheck under the sanitizer)
@@ -101,6 +107,28 @@ one_case() {
     return "$rc"
 }
 
+if [ "${1:-}" = "--anchors-check" ]; then
+    cp .anchors/fa4/part-aa /tmp/ || { echo "carry .anchors/fa4/part-aa (../shared/bench/fa4_kit.sh)"; exit 1; }
+    check_set softcap || status=1
+    ./.gpu/ejc-gpu check-kernels /tmp/ejc-art/kernels --seed "$SEED" 2>&1 | tee "$OUT/check_kernels.log"
+    rc=${PIPESTATUS[0]}
+    echo "check-kernels: $(tail -1 "$OUT/check_kernels.log") (exit $rc, seed $SEED)" | tee -a "$OUT/summary.txt"
+    [ "$rc" -eq 0 ] || status=1
+    memcheck softcap "gemma2_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "--anchors-bench" ]; then
+    # FA4's second half and its wheels (install.sh says so if the machine is a fresh one).
+    source .anchors/fa4/whl/install.sh || exit 1
+    [ -d /tmp/ejc-art/bench ] || { echo "no bench set in /tmp/ejc-art: run --anchors-check first (same warm machine)"; exit 1; }
+    rows=(); [ -n "${2:-}" ] && rows=(--rows "$2")
+    extra=(--extra); [ -n "${EJC_EXTRA_ONLY:-}" ] && extra=(--extra-only)
+    timeout "${EJC_BENCH_TIMEOUT:-560}" python3 bench/compare_gpu.py /tmp/ejc-art/bench "${extra[@]}" "${rows[@]}" \
+        --verbose --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    status=$?
+    grep -E '^(d=|fa4|device)' "$OUT/bench.log"
+    exit $status
+fi
 if [ "${1:-}" = "--kernels" ]; then
     ./.gpu/ejc-gpu check-kernels /tmp/ejc-art/kernels --seed "$SEED" 2>&1 | tee "$OUT/check_kernels.log"
     rc=${PIPESTATUS[0]}

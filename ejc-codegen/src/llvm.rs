@@ -431,6 +431,10 @@ impl Ir {
     pub fn fabs(&self, a: V) -> V {
         self.call_intrinsic("llvm.fabs", &[self.type_of(a)], &[a])
     }
+    /// |a| with the sign of `sign`.
+    pub fn copysign(&self, a: V, sign: V) -> V {
+        self.call_intrinsic("llvm.copysign", &[self.type_of(a)], &[a, sign])
+    }
     pub fn sqrt(&self, a: V) -> V {
         self.call_intrinsic("llvm.sqrt", &[self.type_of(a)], &[a])
     }

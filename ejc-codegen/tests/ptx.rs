@@ -121,15 +121,16 @@ fn f32_products_run_on_the_cuda_cores_and_are_no_candidates() {
 fn the_aligned_entry_drops_the_fallback_and_folds_the_scale() {
     let spec = spec();
     let tool = find_ptxas();
-    for (variant, folds) in [("full", true), ("causal", true), ("softcap", false)] {
+    // The run-time soft cap's factor c·log2(e) after the tanh folds: the cap must be > 0.
+    for (variant, positive) in [("full", "softmax_scale"), ("causal", "softmax_scale"), ("softcap", "logits_soft_cap")]
+    {
         let k = kernel(&spec, variant, DType::BF16, 128, 128, 64);
         let cfg = PtxConfig { arch: Arch::Sm90a, num_warps: 8, num_stages: 2, path: WGMMA };
         let p = compile(&k, &cfg).unwrap();
         let aligned = p.code.aligned_entry.clone().expect("an aligned entry");
         assert_eq!(aligned, format!("{}_aligned", k.name));
         assert_eq!(p.code.aligned_tensors, ["q", "k", "v"], "{variant}");
-        let positive: &[&str] = if folds { &["softmax_scale"] } else { &[] };
-        assert_eq!(p.code.positive_scalars, positive, "{variant}");
+        assert_eq!(p.code.positive_scalars, [positive], "{variant}");
         // The general entry copies tiles element by element when it must (16-bit global
         // loads into shared memory); the aligned one never does.
         let body = |entry: &str| {

@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::interp::{self, Arg};
 use crate::ir::Kernel;
-use crate::op::tolerance;
+use crate::op::kernel_tolerance;
 use crate::tensor::{compare, HostTensor};
-use crate::types::{DType, Type};
+use crate::types::Type;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct KernelCase {
@@ -129,13 +129,7 @@ impl KernelCase {
     /// DESIGN.md's tolerance for this kernel: that of the lowest-precision float tensor
     /// it takes (bf16 1e-2, f16 5e-3, f32 1e-5).
     pub fn tolerance(&self, k: &Kernel) -> f64 {
-        k.params
-            .iter()
-            .filter_map(|p| match p.ty {
-                Type::Tensor(d, _) if d.is_float() => Some(tolerance(d)),
-                _ => None,
-            })
-            .fold(tolerance(DType::F32), f64::max)
+        kernel_tolerance(k)
     }
 
     /// Each output of `got` (arguments after a back end ran the kernel) against `want`
@@ -194,6 +188,7 @@ pub struct PackedPtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::DType;
 
     const AXPY: &str = "kernel @axpy(%x: tensor<?xf32>, %y: tensor<?xf32>, %a: f32) grid(cdiv(n, 16), 1, 1) {
   %0 = program.id {axis = 0} : i32

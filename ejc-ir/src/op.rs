@@ -225,6 +225,19 @@ pub fn tolerance(dtype: DType) -> f64 {
     }
 }
 
+/// A kernel's tolerance: that of the lowest-precision float tensor it takes (bf16
+/// 1e-2, f16 5e-3, f32 1e-5). Back ends may compute within it: the PTX back end takes
+/// the hardware `tanh.approx` where it is 5e-3 or looser (docs/semantics.md).
+pub fn kernel_tolerance(k: &crate::ir::Kernel) -> f64 {
+    k.params
+        .iter()
+        .filter_map(|p| match p.ty {
+            crate::types::Type::Tensor(d, _) if d.is_float() => Some(tolerance(d)),
+            _ => None,
+        })
+        .fold(tolerance(DType::F32), f64::max)
+}
+
 /// An operation: one module of [`crate::ops`] implements this, and nothing else in the
 /// spine knows what the operation computes.
 pub trait Operation: Sync {

@@ -33,6 +33,41 @@ pub fn ex2(ir: &Ir, x: V) -> V {
     ir.call_intrinsic("llvm.nvvm.ex2.approx.ftz", &[ir.f32()], &[x])
 }
 
+/// `tanh.approx.f32` (sm_75+; one MUFU instruction, relative error about 2⁻¹¹).
+pub fn tanh_approx(ir: &Ir, x: V) -> V {
+    ir.inline_asm(ir.f32(), &[x], "tanh.approx.f32 $0, $1;", "=f,f")
+}
+
+/// `rcp.approx.ftz.f32` (within 1 ulp).
+pub fn rcp_approx(ir: &Ir, x: V) -> V {
+    ir.inline_asm(ir.f32(), &[x], "rcp.approx.ftz.f32 $0, $1;", "=f,f")
+}
+
+/// tanh(x) for one f32. `fast`: [`tanh_approx`], for kernels whose tolerance is a
+/// 16-bit type's (`ejc_ir::op::kernel_tolerance` ≥ 5e-3). Else within 4e-6 relative:
+/// an odd polynomial below |x| = 1/8 and `1 − 2/(2^{2x·log2 e} + 1)` above it, with
+/// `ex2.approx` and `rcp.approx` (two MUFU instructions instead of the CPU's polynomial
+/// exponential and IEEE division).
+pub fn tanh(ir: &Ir, x: V, fast: bool) -> V {
+    if fast {
+        return tanh_approx(ir, x);
+    }
+    let c = |v: f64| ir.cf32(v);
+    let ax = ir.fabs(x);
+    let e = ex2(ir, ir.fmul(ax, c(2.0 * std::f64::consts::LOG2_E)));
+    let big = ir.fsub(c(1.0), ir.fmul(c(2.0), rcp_approx(ir, ir.fadd(e, c(1.0)))));
+    let big = ir.copysign(big, x);
+    let x2 = ir.fmul(x, x);
+    // x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835
+    let mut p = c(62.0 / 2835.0);
+    for k in [-17.0 / 315.0, 2.0 / 15.0, -1.0 / 3.0, 1.0] {
+        p = ir.fma(p, x2, c(k));
+    }
+    let small = ir.fmul(p, x);
+    // NaN: the compare is false and `big` is NaN.
+    ir.select(ir.fcmp(llvm_sys::LLVMRealPredicate::LLVMRealOLT, ax, c(0.125)), small, big)
+}
+
 /// `lg2.approx.ftz.f32`.
 #[allow(dead_code)]
 pub fn lg2(ir: &Ir, x: V) -> V {

@@ -33,12 +33,16 @@ pub struct Folded {
     pub positive: Vec<String>,
 }
 
-/// The scalar parameter `c` is a positive multiple of (`c` itself, or `param · k` with
-/// a constant k > 0).
-fn positive_param(kernel: &Kernel, du: &DefUse, c: Value) -> Option<String> {
+/// Whether the scalar `c` is positive: `Some(None)` for a positive constant,
+/// `Some(Some(param))` when it is positive exactly when `param` is (`c` is `param` itself,
+/// or `param · k` with a constant k > 0), `None` when neither is known.
+fn positive_param(kernel: &Kernel, du: &DefUse, c: Value) -> Option<Option<String>> {
     let param = |v: Value| kernel.params.iter().find(|p| p.value == v && p.ty == Type::Scalar(DType::F32));
+    if let Some(k) = du.constant(c) {
+        return (k > 0.0 && k.is_finite()).then_some(None);
+    }
     if let Some(p) = param(c) {
-        return Some(p.name.clone());
+        return Some(Some(p.name.clone()));
     }
     let d = du.def(c)?;
     if d.kind != OpKind::Binary(BinOp::Mul) {
@@ -48,7 +52,7 @@ fn positive_param(kernel: &Kernel, du: &DefUse, c: Value) -> Option<String> {
     for (x, k) in [(a, b), (b, a)] {
         if let (Some(p), Some(k)) = (param(x), du.constant(k)) {
             if k > 0.0 && k.is_finite() {
-                return Some(p.name.clone());
+                return Some(Some(p.name.clone()));
             }
         }
     }
@@ -128,7 +132,7 @@ pub fn fold(kernel: &mut Kernel) -> Folded {
             let Some(param) = positive_param(kernel, &du, c) else { continue };
             plan.push((m0, x));
             out.scaled.insert(p, c);
-            if !out.positive.contains(&param) {
+            if let Some(param) = param.filter(|n| !out.positive.contains(n)) {
                 out.positive.push(param);
             }
         }
@@ -152,13 +156,22 @@ mod tests {
     }
 
     #[test]
-    fn folds_the_scale_of_full_and_causal_but_not_of_the_soft_cap() {
-        for (variant, folds) in [("full", true), ("causal", true), ("softcap", false), ("bias", false)] {
+    fn folds_the_scale_the_soft_caps_factor_and_log2e_past_a_bias() {
+        // The soft cap's multiply by c·log2(e) after the tanh folds instead of the scale:
+        // its launch condition is the cap's sign (none for gemma2's fixed cap). Past a
+        // bias only log2(e), a constant, folds: no launch condition.
+        for (variant, folds, positive) in [
+            ("full", true, Some("softmax_scale")),
+            ("causal", true, Some("softmax_scale")),
+            ("softcap", true, Some("logits_soft_cap")),
+            ("gemma2", true, None),
+            ("bias", true, None),
+        ] {
             let mut k = flash(variant);
             let before = k.clone();
             let f = fold(&mut k);
             assert_eq!(f.scaled.len(), usize::from(folds), "{variant}");
-            assert_eq!(f.positive, if folds { vec!["softmax_scale".to_string()] } else { vec![] }, "{variant}");
+            assert_eq!(f.positive, positive.map(|p| vec![p.to_string()]).unwrap_or_default(), "{variant}");
             assert_eq!(k != before, folds, "{variant}: the kernel changes exactly when something folds");
         }
     }

@@ -77,6 +77,26 @@ pub fn suite() -> Vec<KernelCase> {
         &[("seq_q", sq as i64), ("heads_q", hq as i64), ("batch", b as i64)],
         &["out", "lse"],
     );
+    // The soft cap in f32 (a run-time cap of 1.5, so that |s / c| crosses the tanh's
+    // two ranges): the precise tanh of the PTX back end (its 16-bit kernels take
+    // `tanh.approx`).
+    let softcap = super::kernel(&spec, spec.variant("softcap").unwrap(), ejc_ir::types::DType::F32, 64, 64, 64);
+    let softcap = ejc_ir::print::print_kernel(&softcap);
+    let (sq, sk) = (70, 45);
+    let softcap_case = case(
+        "flash_softcap_f32_q70_k45",
+        &softcap,
+        &[
+            ("q", &[1, sq, 2, 64]),
+            ("k", &[1, sk, 2, 64]),
+            ("v", &[1, sk, 2, 64]),
+            ("out", &[1, sq, 2, 64]),
+            ("lse", &[1, 2, sq]),
+        ],
+        &[("softmax_scale", 0.125), ("logits_soft_cap", 1.5)],
+        &[("seq_q", sq as i64), ("heads_q", 2), ("batch", 1)],
+        &["out", "lse"],
+    );
     let f32_gemm = |m: usize, n: usize, k: usize| {
         let shapes: [(&str, &[usize]); 6] =
             [("a", &[m, k]), ("b", &[k, n]), ("at", &[k, m]), ("bt", &[n, k]), ("c", &[m, n]), ("d", &[m, n])];
@@ -140,6 +160,7 @@ pub fn suite() -> Vec<KernelCase> {
         paged(100, 300),
         paged(64, 64),
         flash_case,
+        softcap_case,
         few_rows(40, 150),
         few_rows(16, 64),
         case(

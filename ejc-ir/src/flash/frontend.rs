@@ -213,9 +213,30 @@ fn build_flash(
         Some(SoftCap::Fixed(c)) => Some(b.const_f32(c)),
     };
     // Without bias, soft cap or score mod, log2(e) folds into the scale (one multiply
-    // per score).
+    // per score). With a soft cap, 1/c folds into the scale when nothing comes between
+    // them, and log2(e) into the multiply by c after the tanh: one multiply on each side
+    // of the tanh, and no division per score.
     let fold_log2e = !f.bias && softcap.is_none() && hooks.score_mod.is_none();
-    let qk_scale = if fold_log2e { b.mul(scale, log2e) } else { scale };
+    let cap_in_scale = softcap.is_some() && !f.bias && hooks.score_mod.is_none();
+    let qk_scale = match softcap {
+        _ if fold_log2e => b.mul(scale, log2e),
+        Some(c) if cap_in_scale => b.div(scale, c),
+        _ => scale,
+    };
+    // (1/c, c·log2(e)) for the soft cap.
+    let cap_factors = softcap.map(|c| {
+        let inv = if cap_in_scale {
+            None
+        } else {
+            let one = b.const_f32(1.0);
+            Some(b.div(one, c))
+        };
+        let out = match f.logits_soft_cap {
+            Some(SoftCap::Fixed(c)) => b.const_f32(c * LOG2_E),
+            _ => b.mul(c, log2e),
+        };
+        (inv, out)
+    });
 
     // ---- analysable mask terms (bottom-right aligned) ----
     let shift = b.sub(seq_k, seq_q);
@@ -337,12 +358,14 @@ fn build_flash(
         if let (Some(sm), Some(qi), Some(ki)) = (hooks.score_mod, q_idx, kv_idx) {
             s = (sm.expand)(&mut Dsl::new(b), s, batch, head, qi, ki);
         }
-        if let Some(c) = softcap {
-            let x = b.div(s, c);
+        if let Some((inv, out)) = cap_factors {
+            let x = match inv {
+                Some(inv) => b.mul(s, inv),
+                None => s,
+            };
             let t = b.unary(UnOp::Tanh, x);
-            s = b.mul(t, c);
-        }
-        if !fold_log2e {
+            s = b.mul(t, out);
+        } else if !fold_log2e {
             s = b.mul(s, log2e);
         }
         s = b.mask_apply(s, i0, j0, &terms);

@@ -33,7 +33,7 @@
 use std::collections::{HashMap, HashSet};
 
 use ejc_ir::defuse::{defined_in, is_scalar_arith, DefUse, OpId};
-use ejc_ir::ir::{AxisIndex, Block, Kernel, Op, OpKind, ReduceOp, Value};
+use ejc_ir::ir::{AxisIndex, Block, Kernel, Op, OpKind, ReduceOp, UnOp, Value};
 use ejc_ir::types::{DType, Type};
 use llvm_sys::LLVMIntPredicate::*;
 use llvm_sys::LLVMRealPredicate::*;
@@ -246,6 +246,9 @@ pub struct Lowering<'k> {
     /// `softmax.update` ops (by first result) whose scores arrive unscaled, and their
     /// scale (`scale_fold`).
     scaled_softmax: HashMap<Value, Value>,
+    /// `tanh` as the hardware's `tanh.approx.f32`: the kernel's tolerance is a 16-bit
+    /// type's ([`ejc_ir::op::kernel_tolerance`]).
+    fast_tanh: bool,
     /// In a loop body after a pipelined load's wait and barrier (cp.async only): every
     /// copy committed before the loop is complete and visible.
     covered: bool,
@@ -348,6 +351,7 @@ impl<'k> Lowering<'k> {
             assume_aligned: aligned.is_some(),
             aligned_tensors: Default::default(),
             scaled_softmax: aligned.cloned().unwrap_or_default(),
+            fast_tanh: ejc_ir::op::kernel_tolerance(kernel) >= ejc_ir::op::tolerance(DType::F16),
             covered: false,
             pending_afrags: Vec::new(),
             wg: Default::default(),
@@ -735,6 +739,18 @@ impl<'k> Lowering<'k> {
         let a = self.arith();
         match kind {
             OpKind::Binary(b) => a.binary(*b, dtypes[0], xs[0], xs[1]),
+            // Scalar f32 math with the GPU's special-function unit (one element per
+            // call on this back end).
+            OpKind::Unary(u @ (UnOp::Tanh | UnOp::Exp2 | UnOp::Exp))
+                if dtypes[0] == DType::F32 && self.ir.lanes(xs[0]) == 1 =>
+            {
+                let x = xs[0];
+                match u {
+                    UnOp::Tanh => nvvm::tanh(&self.ir, x, self.fast_tanh),
+                    UnOp::Exp2 => nvvm::ex2(&self.ir, x),
+                    _ => nvvm::ex2(&self.ir, self.ir.fmul(x, self.ir.cf32(std::f64::consts::LOG2_E))),
+                }
+            }
             OpKind::Unary(u) => a.unary(*u, dtypes[0], xs[0]),
             OpKind::Cmp(p) => a.compare(*p, dtypes[0], xs[0], xs[1]),
             OpKind::Select => self.ir.select(xs[0], xs[1], xs[2]),
