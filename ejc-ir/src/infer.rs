@@ -209,10 +209,16 @@ pub fn infer(kind: &OpKind, operands: &[&Type]) -> Result<Vec<Type>, String> {
             Ok(vec![acc.clone()])
         }
         SoftmaxUpdate => {
-            expect_n(3)?;
+            // An optional fourth operand: the scores' scale (`scale-fold`).
+            if n != 4 {
+                expect_n(3)?;
+            }
             let (m, nn) = f32_2d(operands[0], 0)?;
             f32_1d(operands[1], m, 1)?;
             f32_1d(operands[2], m, 2)?;
+            if n == 4 && *operands[3] != Type::Scalar(DType::F32) {
+                return Err(format!("operand 3 (the scale) must be f32, found {}", operands[3]));
+            }
             let row = Type::tile(DType::F32, &[m]);
             Ok(vec![Type::tile(DType::F32, &[m, nn]), row.clone(), row.clone(), row])
         }

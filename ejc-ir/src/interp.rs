@@ -384,13 +384,29 @@ impl<'a> Machine<'a> {
                 let s = self.elems(op.operands[0], &ss)?;
                 let m = self.elems(op.operands[1], &[mm])?;
                 let l = self.elems(op.operands[2], &[mm])?;
+                // The scale operand (`scale-fold`): m_new = max(m, c·rowmax(s)), p = exp2(c·s − m_new).
+                let c = match op.operands.get(3) {
+                    Some(c) => Some(self.scalar(*c)?),
+                    None => None,
+                };
                 let mut p = vec![0.0; mm * nn];
                 let mut alpha = vec![1.0; mm];
                 let mut m_new = vec![0.0; mm];
                 let mut l_new = vec![0.0; mm];
                 for i in 0..mm {
                     let row = &s[i * nn..(i + 1) * nn];
-                    let mx = row.iter().fold(m[i], |a, &x| if x > a { x } else { a });
+                    let mx = match c {
+                        None => row.iter().fold(m[i], |a, &x| if x > a { x } else { a }),
+                        Some(c) => {
+                            let raw = row.iter().fold(f64::NEG_INFINITY, |a, &x| if x > a { x } else { a });
+                            let scaled = c * raw;
+                            if scaled > m[i] {
+                                scaled
+                            } else {
+                                m[i]
+                            }
+                        }
+                    };
                     m_new[i] = mx;
                     if mx == f64::NEG_INFINITY {
                         // Nothing visible yet: p = 0, keep acc/l as they are.
@@ -401,7 +417,11 @@ impl<'a> Machine<'a> {
                     alpha[i] = (m[i] - mx).exp2();
                     let mut sum = 0.0;
                     for j in 0..nn {
-                        let e = (row[j] - mx).exp2();
+                        let x = match c {
+                            None => row[j],
+                            Some(c) => c * row[j],
+                        };
+                        let e = (x - mx).exp2();
                         p[i * nn + j] = e;
                         sum += e;
                     }

@@ -1438,11 +1438,22 @@ impl<'k> Lowering<'k> {
         let m_new = self.alloc(1, rows, DType::F32, Layout::RowMajor);
         let l_new = self.alloc(1, rows, DType::F32, Layout::RowMajor);
         let s_read = Buf { layout, ..s };
+        // A scale operand (`ejc_ir::passes::scale_fold`): m_new = max(m, c·rowmax(s)),
+        // p = exp2(c·s − m_new).
+        let scale = match op.operands.get(3) {
+            Some(c) => Some(self.scalar(*c)?),
+            None => None,
+        };
         // max that ignores NaN like the interpreter (`if x > acc then x`), and maps to
         // a single vmaxps (llvm.maxnum would add NaN fix-ups).
         fn vmax(ir: &Ir, acc: V, x: V) -> V {
             ir.select(ir.fcmp(LLVMRealOGT, x, acc), x, acc)
         }
+        // c·x, c splat to x's lanes.
+        let scaled = |ir: &Ir, x: V| match scale {
+            Some(c) => ir.fmul(ir.widen(c, ir.lanes(x)), x),
+            None => x,
+        };
         if layout == Layout::ColMajor {
             // Rows in vector lanes: every step is vertical.
             let w = self.vec_width(rows);
@@ -1451,10 +1462,13 @@ impl<'k> Lowering<'k> {
                 let row_idx = At { r: Idx::Zero, c: if w > 1 { Idx::Vc(r0, w) } else { Idx::S(r0) } };
                 let m_old = cg.read(&m, row_idx, DType::F32);
                 let l_old = cg.read(&l, row_idx, DType::F32);
-                let mx = cg.for_carry(0, cols, 1, vec![m_old], &mut |cg, c, acc| {
+                let ninf = cg.ir.splat(cg.ir.cf32(f64::NEG_INFINITY), w);
+                let start = if scale.is_some() { ninf } else { m_old };
+                let mx = cg.for_carry(0, cols, 1, vec![start], &mut |cg, c, acc| {
                     let x = cg.read(&s_read, rows_at(c), DType::F32);
                     Ok(vec![vmax(&cg.ir, acc[0], x)])
                 })?[0];
+                let mx = if scale.is_some() { vmax(&cg.ir, m_old, scaled(&cg.ir, mx)) } else { mx };
                 let ir = &cg.ir;
                 let ninf = ir.splat(ir.cf32(f64::NEG_INFINITY), w);
                 let none = ir.fcmp(LLVMRealOEQ, mx, ninf);
@@ -1464,7 +1478,7 @@ impl<'k> Lowering<'k> {
                 cg.write(&alpha, row_idx, a, DType::F32);
                 let zero = cg.ir.splat(cg.ir.cf32(0.0), w);
                 let sum = cg.for_carry(0, cols, 1, vec![zero], &mut |cg, c, acc| {
-                    let x = cg.read(&s_read, rows_at(c), DType::F32);
+                    let x = scaled(&cg.ir, cg.read(&s_read, rows_at(c), DType::F32));
                     let e = math::exp2(&cg.ir, cg.ir.fsub(x, msafe));
                     cg.write(&p, rows_at(c), e, DType::F32);
                     Ok(vec![cg.ir.fadd(acc[0], e)])
@@ -1488,7 +1502,7 @@ impl<'k> Lowering<'k> {
                     Ok(vec![vmax(&cg.ir, acc[0], x)])
                 })?[0];
                 let ir = &cg.ir;
-                let mx = vmax(ir, m_old, ir.reduce_fmax(vmaxv));
+                let mx = vmax(ir, m_old, scaled(ir, ir.reduce_fmax(vmaxv)));
                 let none = ir.fcmp(LLVMRealOEQ, mx, ir.cf32(f64::NEG_INFINITY));
                 let msafe = ir.select(none, ir.cf32(0.0), mx);
                 let a = ir.select(none, ir.cf32(1.0), math::exp2(ir, ir.fsub(m_old, msafe)));
@@ -1496,7 +1510,7 @@ impl<'k> Lowering<'k> {
                 cg.write(&alpha, row_idx, a, DType::F32);
                 let zero = cg.ir.splat(cg.ir.cf32(0.0), w);
                 let vs = cg.for_carry(0, cols, w, vec![zero], &mut |cg, c, acc| {
-                    let x = cg.read(&s_read, at(c), DType::F32);
+                    let x = scaled(&cg.ir, cg.read(&s_read, at(c), DType::F32));
                     let e = math::exp2(&cg.ir, cg.ir.fsub(x, cg.ir.splat(msafe, w)));
                     cg.write(&p, at(c), e, DType::F32);
                     Ok(vec![cg.ir.fadd(acc[0], e)])

@@ -849,9 +849,21 @@ impl<'c, 'k> Emitter<'c, 'k> {
         let m_new = self.alloc_value(blk, op.results[2])?;
         let l_new = self.alloc_value(blk, op.results[3])?;
         let vf = vt("f32", Some(n));
+        // A scale operand (`ejc_ir::passes::scale_fold`): the row scaled by c first.
+        let scale = match op.operands.get(3) {
+            Some(c) => Some(self.scalar(*c)?),
+            None => None,
+        };
         self.rows(blk, shape[0], |e, blk, r| {
             let zero = e.idx(blk, 0)?;
             let row = e.read_row(blk, s, r, n)?;
+            let row = match scale {
+                Some(c) => {
+                    let cb = e.op1(blk, "vector.broadcast", &[c], &vf, &[])?;
+                    e.op1(blk, "arith.mulf", &[row, cb], &vf, &[])?
+                }
+                None => row,
+            };
             let mi = e.read_elem(blk, m, zero, r)?;
             let li = e.read_elem(blk, l, zero, r)?;
             let mx = e.op1(blk, "vector.reduction", &[row], "f32", &[("kind", "#vector.kind<maximumf>")])?;

@@ -162,7 +162,8 @@ pub fn plan(kernel: &Kernel) -> Result<Plan, String> {
                     set(&mut uf, op.results[0], if *axis == 1 { Orient::Rows } else { Orient::Cols })
                 }
                 OpKind::SoftmaxUpdate => {
-                    for v in op.operands[1..].iter().chain(&op.results[1..]) {
+                    // (operand 3, a scale, is a scalar)
+                    for v in op.operands[1..3].iter().chain(&op.results[1..]) {
                         set(&mut uf, *v, Orient::Rows);
                     }
                 }

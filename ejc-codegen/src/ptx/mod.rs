@@ -13,7 +13,7 @@
 //! the mma accumulator layout, or shared memory for dot operands); [`lower`] emits
 //! one thread's program — twice: the general entry, and (where the kernel copies tiles
 //! to shared memory) an aligned entry that assumes aligned tensors and, where
-//! [`scale_fold`] applies, a positive softmax scale (docs/abi.md, "Aligned entry");
+//! `ejc_ir::passes::scale_fold` applies, a positive softmax scale (docs/abi.md, "Aligned entry");
 //! LLVM optimises the module (`default<O3>`) and prints PTX.
 //! [`ptxas`] runs NVIDIA's assembler on the result when one is installed, for the
 //! tests and `ejc build --report` (registers, spills, shared memory).
@@ -26,7 +26,6 @@ pub mod candidates;
 pub mod layout;
 pub mod lower;
 mod nvvm;
-pub mod scale_fold;
 pub mod schedule;
 pub mod ws;
 
@@ -384,7 +383,7 @@ fn emit<'ctx>(
             cfg.num_stages,
             smem,
             hopper,
-            None,
+            false,
             general_streams,
         )
         .with_ws(tma.as_ref().map(|_| lower::WsLowering { tma: Vec::new(), regs, producer_warps }))
@@ -393,7 +392,7 @@ fn emit<'ctx>(
         // operands' tensors are aligned (see `PtxCode::aligned_tensors`): no element-by-element
         // fallback, so fewer registers live. Only when there is something to assume.
         // It also assumes a positive softmax scale, where that lets the scale fold into
-        // the exponent (`scale_fold`).
+        // the exponent (`ejc_ir::passes::scale_fold`).
         if !code.aligned_tensors.is_empty() {
             let entry = format!("{}_aligned", kernel.name);
             let f = match &tma {
@@ -422,7 +421,7 @@ fn emit<'ctx>(
             };
             let ir = crate::llvm::Ir::new(c, m, f);
             let mut folded_kernel = kernel.clone();
-            let folded = scale_fold::fold(&mut folded_kernel);
+            let folded = ejc_ir::passes::scale_fold(&mut folded_kernel);
             let plan = layout::plan(&folded_kernel).map_err(|m| CodegenError::Kernel {
                 kernel: kernel.name.clone(),
                 message: format!("PTX back end: {m}"),
@@ -435,7 +434,7 @@ fn emit<'ctx>(
                 cfg.num_stages,
                 smem,
                 hopper,
-                Some(&folded.scaled),
+                true,
                 &streams,
             )
             .with_ws(tma.as_ref().map(|t| lower::WsLowering { tma: t.clone(), regs, producer_warps }))

@@ -61,20 +61,35 @@ pub fn suite() -> Vec<KernelCase> {
     // the CUDA cores, the softmax and masks around them.
     let spec = super::spec();
     let flash = super::kernel(&spec, spec.variant("causal").unwrap(), ejc_ir::types::DType::F32, 64, 64, 64);
+    // The same after `scale-fold`: `softmax.update` with its scale operand, on every
+    // back end (the PTX target's aligned entries run it on 16-bit kernels).
+    let mut folded = ejc_ir::passes::run_pipeline(&flash, &ejc_ir::passes::default_pipeline()).unwrap();
+    assert_eq!(ejc_ir::passes::scale_fold(&mut folded).positive, ["softmax_scale"]);
     let flash = ejc_ir::print::print_kernel(&flash);
+    let folded = ejc_ir::print::print_kernel(&folded);
     let (b, sq, sk, hq, hk) = (2, 77, 93, 2, 1);
+    let flash_shapes: [(&str, &[usize]); 5] = [
+        ("q", &[b, sq, hq, 64]),
+        ("k", &[b, sk, hk, 64]),
+        ("v", &[b, sk, hk, 64]),
+        ("out", &[b, sq, hq, 64]),
+        ("lse", &[b, hq, sq]),
+    ];
+    let flash_sizes = [("seq_q", sq as i64), ("heads_q", hq as i64), ("batch", b as i64)];
     let flash_case = case(
         "flash_causal_f32_q77_k93",
         &flash,
-        &[
-            ("q", &[b, sq, hq, 64]),
-            ("k", &[b, sk, hk, 64]),
-            ("v", &[b, sk, hk, 64]),
-            ("out", &[b, sq, hq, 64]),
-            ("lse", &[b, hq, sq]),
-        ],
+        &flash_shapes,
         &[("softmax_scale", 0.125)],
-        &[("seq_q", sq as i64), ("heads_q", hq as i64), ("batch", b as i64)],
+        &flash_sizes,
+        &["out", "lse"],
+    );
+    let folded_case = case(
+        "flash_causal_f32_folded_q77_k93",
+        &folded,
+        &flash_shapes,
+        &[("softmax_scale", 0.125)],
+        &flash_sizes,
         &["out", "lse"],
     );
     // The soft cap in f32 (a run-time cap of 1.5, so that |s / c| crosses the tanh's
@@ -160,6 +175,7 @@ pub fn suite() -> Vec<KernelCase> {
         paged(100, 300),
         paged(64, 64),
         flash_case,
+        folded_case,
         softcap_case,
         few_rows(40, 150),
         few_rows(16, 64),

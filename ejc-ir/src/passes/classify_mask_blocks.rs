@@ -270,7 +270,10 @@ fn skip_is_noop(body: &Block, mask_at: usize, consts: &Consts) -> bool {
                 (Some(x @ (Abs::NegInf | Abs::Zero)), Some(y)) if x == y => vec![x],
                 _ => vec![],
             },
-            OpKind::SoftmaxUpdate if a[0] == Some(Abs::NegInf) => vec![Abs::Zero, Abs::One, same(1), same(2)],
+            // (Without a scale operand: c·(−∞) is −∞ only for c > 0.)
+            OpKind::SoftmaxUpdate if a[0] == Some(Abs::NegInf) && op.operands.len() == 3 => {
+                vec![Abs::Zero, Abs::One, same(1), same(2)]
+            }
             OpKind::SoftmaxRescale if a[1] == Some(Abs::One) => vec![same(0)],
             OpKind::Binary(BinOp::Mul) if a[0] == Some(Abs::Zero) || a[1] == Some(Abs::Zero) => vec![Abs::Zero],
             OpKind::Cast { to } if to.is_float() => match a[0] {

@@ -24,7 +24,9 @@
 //! Not in the default pipeline, because only some back ends gain from it:
 //! `pipeline-dots` rotates a key loop so that the value product of block j and the
 //! score product of block j+1 are issued together (the PTX target's `wgmma`
-//! configurations run it, to overlap the softmax with the tensor cores).
+//! configurations run it, to overlap the softmax with the tensor cores). Nor is
+//! `scale-fold` ([`scale_fold`]), which moves the scores' last multiply into the
+//! softmax under a launch condition (a positive scale): the PTX target's aligned entry.
 //!
 //! The verifier runs after every pass. With `EJC_DUMP_IR=<dir>` set, the IR before
 //! the first pass and after each pass is written to `<dir>/<kernel>/NN-<pass>.tir`.
@@ -35,6 +37,7 @@ mod dce;
 mod licm;
 mod lower_masks;
 mod pipeline_dots;
+mod scale_fold;
 mod util;
 
 pub use canonicalize::Canonicalize;
@@ -43,9 +46,7 @@ pub use dce::Dce;
 pub use licm::Licm;
 pub use lower_masks::LowerMasks;
 pub use pipeline_dots::{rotate_loops, PipelineDots, Rotation};
-/// Replace operands by `subst` (following chains) in a block and its nested regions:
-/// for rewrites outside this module (the PTX back end's scale folding).
-pub use util::substitute;
+pub use scale_fold::{scale_fold, ScaleFold};
 
 use std::path::PathBuf;
 

@@ -195,7 +195,7 @@ pub struct PtxCode {
     /// element-by-element fallback for those tiles), when there is one.
     pub aligned_entry: Option<String>,
     /// Scalar parameters the aligned entry needs > 0 (its softmax scale is folded into
-    /// the exponent: `scale_fold`).
+    /// the exponent: `ejc_ir::passes::scale_fold`).
     pub positive_scalars: Vec<String>,
     /// Warp-specialised: the aligned entry's tensor-map parameters (after the ABI's),
     /// one per load the producer copies.
@@ -243,9 +243,6 @@ pub struct Lowering<'k> {
     assume_aligned: bool,
     /// Tensors (indices) whose shared-memory tiles would take `cp.async` when aligned.
     aligned_tensors: std::collections::BTreeSet<usize>,
-    /// `softmax.update` ops (by first result) whose scores arrive unscaled, and their
-    /// scale (`scale_fold`).
-    scaled_softmax: HashMap<Value, Value>,
     /// `tanh` as the hardware's `tanh.approx.f32`: the kernel's tolerance is a 16-bit
     /// type's ([`ejc_ir::op::kernel_tolerance`]).
     fast_tanh: bool,
@@ -321,7 +318,7 @@ impl<'k> Lowering<'k> {
         stages: usize,
         smem: V,
         hopper: bool,
-        aligned: Option<&HashMap<Value, Value>>,
+        aligned: bool,
         streams: &[(Value, Value)],
     ) -> Lowering<'k> {
         let null = std::ptr::null_mut();
@@ -348,9 +345,8 @@ impl<'k> Lowering<'k> {
             prefetch: HashMap::new(),
             wgmma,
             dot_only,
-            assume_aligned: aligned.is_some(),
+            assume_aligned: aligned,
             aligned_tensors: Default::default(),
-            scaled_softmax: aligned.cloned().unwrap_or_default(),
             fast_tanh: ejc_ir::op::kernel_tolerance(kernel) >= ejc_ir::op::tolerance(DType::F16),
             covered: false,
             pending_afrags: Vec::new(),

@@ -172,8 +172,8 @@ impl<'k> Lowering<'k> {
         let nc = Self::ncols(s.cols);
         let (mut pe, mut ae, mut me, mut le) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut p_all = vec![std::ptr::null_mut(); nr * nc];
-        // Unscaled scores (`scale_fold`): m = c · max(s), p = ex2(fma(s, c, −m)).
-        let scale = match self.scaled_softmax.get(&op.results[0]) {
+        // A scale operand (`ejc_ir::passes::scale_fold`): m = c · max(s), p = ex2(fma(s, c, −m)).
+        let scale = match op.operands.get(3) {
             Some(c) => Some(self.scalar(*c)?),
             None => None,
         };
