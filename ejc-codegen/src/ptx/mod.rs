@@ -252,7 +252,7 @@ pub fn wgmma_applies(kernel: &Kernel, cfg: &PtxConfig) -> bool {
 /// warp (with one consumer warpgroup `setmaxnreg` has nothing to give: 255 is the most a
 /// thread may have, and a smaller block leaves room for more blocks per SM).
 pub fn ws_producer_warps(num_warps: usize) -> usize {
-    if num_warps == 8 {
+    if num_warps >= 8 {
         4
     } else {
         1
@@ -269,8 +269,8 @@ fn ws_plan(kernel: &Kernel, cfg: &PtxConfig) -> Result<Vec<ws::TmaLoad>, String>
     if !wgmma_applies(kernel, cfg) {
         return Err("warp specialisation needs the wgmma path (sm_90a, whole warpgroups)".into());
     }
-    if cfg.num_stages < 2 || !matches!(cfg.num_warps, 4 | 8) {
-        return Err("warp specialisation needs at least 2 stages and 4 or 8 consumer warps".into());
+    if cfg.num_stages < 2 || !matches!(cfg.num_warps, 4 | 8 | 12) {
+        return Err("warp specialisation needs at least 2 stages and 4, 8 or 12 consumer warps".into());
     }
     let plan = layout::plan(kernel)?;
     ws::tma_loads(kernel, &plan)
@@ -313,7 +313,12 @@ fn emit<'ctx>(
     let kernel = &pipelined;
     let tma = if cfg.path.ws() { Some(ws_plan(kernel, cfg).map_err(kerr)?) } else { None };
     // Two consumer warpgroups: 240 registers each, the producer 24 (64512 of 65536).
-    let regs = if cfg.num_warps == 8 { Some((240, 24)) } else { None };
+    // Three: 160 each, the producer 32 (65536).
+    let regs = match cfg.num_warps {
+        8 => Some((240, 24)),
+        12 => Some((160, 32)),
+        _ => None,
+    };
     let producer_warps = ws_producer_warps(cfg.num_warps);
     let plan = layout::plan(kernel)
         .map_err(|m| CodegenError::Kernel { kernel: kernel.name.clone(), message: format!("PTX back end: {m}") })?;
@@ -514,10 +519,10 @@ fn check_config(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), CodegenError> {
             message: format!("PTX back end: wgmma needs the sm_90a target (got {})", cfg.arch.name()),
         });
     }
-    if !matches!(cfg.num_warps, 1 | 2 | 4 | 8 | 16) {
+    if !matches!(cfg.num_warps, 1 | 2 | 4 | 8 | 12 | 16) {
         return Err(CodegenError::Kernel {
             kernel: kernel.name.clone(),
-            message: format!("PTX back end: num_warps must be 1, 2, 4, 8 or 16 (got {})", cfg.num_warps),
+            message: format!("PTX back end: num_warps must be 1, 2, 4, 8, 12 or 16 (got {})", cfg.num_warps),
         });
     }
     Ok(())

@@ -50,15 +50,25 @@ fn block_check(v: i64) -> Option<&'static str> {
     }
 }
 
+/// Query rows: also 192, three warpgroups' 64-row blocks on Hopper (with 12 warps:
+/// FlashAttention-3's tile at d = 64).
+fn block_m_check(v: i64) -> Option<&'static str> {
+    if v == 192 {
+        None
+    } else {
+        block_check(v)
+    }
+}
+
 const AXES: &[AxisDecl] = &[
     AxisDecl {
         name: "block_m",
         kind: AxisKind::Tile,
         required: true,
         noun: "block size",
-        allowed: "a power of two from 16 to 256",
-        list_allowed: "a non-empty list of powers of two from 16 to 256",
-        check: block_check,
+        allowed: "a power of two from 16 to 256, or 192",
+        list_allowed: "a non-empty list of powers of two from 16 to 256 (or 192)",
+        check: block_m_check,
     },
     AxisDecl {
         name: "block_n",
@@ -74,9 +84,9 @@ const AXES: &[AxisDecl] = &[
         kind: AxisKind::Launch,
         required: true,
         noun: "warp count",
-        allowed: "1, 2, 4, 8 or 16",
-        list_allowed: "a non-empty list of warp counts from 1, 2, 4, 8 or 16",
-        check: |v| (![1, 2, 4, 8, 16].contains(&v)).then_some("unsupported warp count"),
+        allowed: "1, 2, 4, 8, 12 or 16",
+        list_allowed: "a non-empty list of warp counts from 1, 2, 4, 8, 12 or 16",
+        check: |v| (![1, 2, 4, 8, 12, 16].contains(&v)).then_some("unsupported warp count"),
     },
     AxisDecl {
         name: "num_stages",
