@@ -111,10 +111,12 @@ GEMMA2_CAP = 50.0
 
 def grid_rows(args):
     """(d, s, variant, heads_q, heads_kv) rows: the standard grid (b·s = 16384 tokens,
-    h·d = 2048, d 64/128, s 512-16k, full and causal), then with --extra the Gemma-2
+    h·d ≈ 2048, d 64/128 or --dims, s 512-16k, full and causal), then with --extra the Gemma-2
     rows (window + soft cap) and GQA rows (8 query heads per KV head)."""
-    grid = [(d, s, "causal" if c else "full", 2048 // d, 2048 // d)
-            for d in (64, 128) for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
+    dims = [int(x) for x in args.dims.split(",")] if args.dims else [64, 128]
+    # h·d ≈ 2048 (d = 96: 21 heads, 192: 11, 256: 8).
+    grid = [(d, s, "causal" if c else "full", round(2048 / d), round(2048 / d))
+            for d in dims for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
     if args.quick:
         grid = [(128, 2048, "full", 16, 16), (128, 2048, "causal", 16, 16), (64, 4096, "full", 32, 32)]
     if args.extra:
@@ -135,6 +137,8 @@ def main():
     ap.add_argument("--extra", action="store_true",
                     help="add Gemma-2 rows (causal, 4096-key window, soft cap 50; ejc's `gemma2` variant) and GQA rows")
     ap.add_argument("--extra-only", action="store_true", help="only the --extra rows (implies --extra)")
+    ap.add_argument("--dims", default=None,
+                    help="comma-separated head dims of the standard grid (default 64,128; e.g. 96,192,256)")
     ap.add_argument("--rows", default=None, help="comma-separated sequence lengths to keep (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")

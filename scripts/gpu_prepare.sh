@@ -17,6 +17,8 @@
 #                                          # halves): the bench set (full, causal, gemma2; bf16; sm_90a), the soft-cap
 #                                          # variants on every path, and the generality cases, for gpu_run.sh
 #                                          # --anchors-check (call 1) and --anchors-bench (call 2)
+#   bash scripts/gpu_prepare.sh --headdims # head dims 96/192/256: checks on every path and the bench set (gpu_run.sh
+#                                          # --headdims, then --anchors-bench with EJC_DIMS=96,192,256)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
 # (seven packs: together they would pass the device tool's 64 MiB.)
@@ -52,27 +54,40 @@ cp target/release/ejc-gpu .gpu/
 EJC=target/release/ejc
 if [ "${1:-}" = "--anchors" ]; then
     [ -f .anchors/fa4/part-aa ] || { echo "run ../shared/bench/fa4_kit.sh first (FlashAttention-4's halves)" >&2; exit 1; }
-    # The benchmark set with the Gemma-2 rows' variant (the Hopper paths: what the bench times), from a copy of
-    # the spec whose schedule adds Hopper's three-warpgroup tile (block_m 192, 12 warps; docs/spec.md).
-    sed 's/^  block_m: \[64, 128\]/  block_m: [64, 128, 192]/; s/^  num_warps: \[4, 8\]/  num_warps: [4, 8, 12]/' \
-        specs/flash.yaml > .gpu/flash_hopper.yaml
-    grep -q 'block_m: \[64, 128, 192\]' .gpu/flash_hopper.yaml || { echo "specs/flash.yaml's schedule changed: edit this sed" >&2; exit 1; }
-    $EJC build .gpu/flash_hopper.yaml -q --target ptx:sm_90a --variant full --variant causal --variant gemma2 \
-        --dtype bf16 --path wgmma --path ws -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
+    # The benchmark set with the Gemma-2 rows' variant (the Hopper paths: what the bench times); the spec's
+    # sm_90a schedule has Hopper's three-warpgroup tile at d = 64 (block_m 192, 12 warps).
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --variant gemma2 \
+        --dtype bf16 --head-dim 64 --head-dim 128 --path wgmma --path ws -o .gpu/bench --report --drop-spilling \
+        > .gpu/bench_ptxas.txt
     # The soft cap's tanh (tanh.approx in 16-bit kernels) on every path and both archs.
-    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant softcap --variant gemma2 \
+    $EJC build specs/flash.yaml -q --head-dim 64 --head-dim 128 --target ptx:sm_90a --target ptx:sm_80 --variant softcap --variant gemma2 \
         --dtype bf16 --dtype f16 --block-m 128 --block-n 64 --block-n 128 --num-stages 2 -o .gpu/softcap
     # The generality cases (the f32 soft cap: the precise tanh).
     EJC_KERNEL_PACK="$PWD/.gpu/kernels" cargo test -q -p ejc-codegen --test ptx -- the_kernel_suite 2>&1 | tail -3
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bench softcap kernels
-    rm -rf .gpu/bench .gpu/softcap .gpu/kernels .gpu/flash_hopper.yaml
+    rm -rf .gpu/bench .gpu/softcap .gpu/kernels
     du -sh .gpu/* .anchors/fa4/*
+    exit 0
+fi
+if [ "${1:-}" = "--headdims" ]; then
+    # Head dims 96, 192, 256: the check set (every variant x bf16/f16, 128 x 64 tiles, every path of
+    # sm_90a and sm_80) and the bench set (full, causal; bf16; sm_90a; the spec's search space for them).
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
+        --head-dim 96 --head-dim 192 --head-dim 256 --block-m 128 --block-n 64 --num-warps 8 --num-stages 2 -o .gpu/hd
+    # sm_80 at d = 256: two stages of 128 x 64 tiles pass its shared memory; one stage.
+    $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --head-dim 256 --block-m 128 \
+        --block-n 64 --num-warps 8 --num-stages 1 -o .gpu/hd2
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
+        --head-dim 96 --head-dim 192 --head-dim 256 -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz hd hd2 bench
+    rm -rf .gpu/hd .gpu/hd2 .gpu/bench
+    du -sh .gpu/*
     exit 0
 fi
 if [ "${1:-}" = "--mlir" ]; then
     # MLIR's gpu form (issue #6): every variant x bf16/f16/f32 x d64/d128, one tiling, PTX
     # from MLIR's NVVM pipeline.
-    $EJC build specs/flash.yaml -q --target mlir:gpu --block-m 64 --block-n 32 -o .gpu/mlir
+    $EJC build specs/flash.yaml -q --head-dim 64 --head-dim 128 --target mlir:gpu --block-m 64 --block-n 32 -o .gpu/mlir
     tar -C .gpu -czf .gpu/artifacts.tgz mlir
     rm -rf .gpu/mlir
     du -sh .gpu/*
@@ -106,7 +121,7 @@ if [ "${1:-}" = "--ops" ]; then
     $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype f16 --head-dim 64 --block-m 128 --block-n 64 \
         --num-stages 2 --num-warps 4 -o .gpu/ops_flash80
     # The benchmark set (gpu_run.sh --ops-bench): as the default pack's.
-    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
+    $EJC build specs/flash.yaml -q --head-dim 64 --head-dim 128 --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
         -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz ops_decode ops_pool ops_flash ops_flash80 bench
     rm -rf .gpu/ops_decode .gpu/ops_pool .gpu/ops_flash .gpu/ops_flash80 .gpu/bench
@@ -122,15 +137,15 @@ fi
 # --checks.
 PATHS=(--path ws)
 [ "${1:-}" = "--checks" ] && PATHS=()
-$EJC build specs/flash.yaml -q --target ptx:sm_90a --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
+$EJC build specs/flash.yaml -q --head-dim 64 --head-dim 128 --target ptx:sm_90a --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
     --block-n 128 --num-stages 2 "${PATHS[@]}" -o .gpu/check_sm90a
 if [ "${1:-}" = "--checks" ]; then
     # The whole matrix (gpu_run.sh --checks): the sm_90a set above with every code path,
     # sm_80 (every variant x bf16/f16 x d64/d128, one tiling, both warp counts), other
     # tilings and three stages; xz keeps it under the device tool's 64 MiB.
-    $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
+    $EJC build specs/flash.yaml -q --head-dim 64 --head-dim 128 --target ptx:sm_80 --dtype bf16 --dtype f16 --block-m 128 --block-n 64 \
         --num-stages 2 -o .gpu/check
-    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant causal --variant gemma2 \
+    $EJC build specs/flash.yaml -q --head-dim 64 --head-dim 128 --target ptx:sm_90a --target ptx:sm_80 --variant causal --variant gemma2 \
         --variant varlen_causal --variant sinks --dtype bf16 --dtype f16 --block-m 64 --block-n 32 --block-n 128 \
         --num-stages 3 -o .gpu/check2
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz check check2 check_sm90a
@@ -142,7 +157,7 @@ fi
 # matrix and the benchmark set (the whole matrix and the bench set pass 64 MiB together).
 # Benchmark: every tiling and configuration of `full` and `causal`, bf16, on sm_90a, with
 # the candidates that spill registers left out (a tuned configuration must not spill).
-$EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
+$EJC build specs/flash.yaml -q --head-dim 64 --head-dim 128 --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
     -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
 tar -C .gpu -czf .gpu/artifacts.tgz check_sm90a bench
 rm -rf .gpu/check_sm90a .gpu/bench

@@ -19,6 +19,9 @@
 #   bash scripts/gpu_run.sh --anchors-bench [ROWS]  # call 2, at once on the warm machine (carry .anchors/fa4/part-ab
 #                                        # and .anchors/fa4/whl): FA4 installed, then bench/compare_gpu.py --extra (ROWS:
 #                                        # those sequence lengths; EJC_EXTRA_ONLY=1: the Gemma-2 and GQA rows alone)
+#   bash scripts/gpu_run.sh --headdims   # head dims 96/192/256 (`gpu_prepare.sh --headdims`): the check set on every path;
+#                                        # then `cp .anchors/fa4/part-aa /tmp/` (call 2) and EJC_DIMS=96,192,256
+#                                        # gpu_run.sh --anchors-bench (call 3, carry part-ab, whl, .gpu/ejc-gpu)
 #   bash scripts/gpu_run.sh --hostile    # samples of every operation (`gpu_prepare.sh --hostile`): zero-sized axes,
 #                                        # memcheck and racecheck, one tensor just past 2^31 elements (EJC_BIG=0: not that;
 #                                        # EJC_BIG=flash|decode: that case's aligned entry alone, EJC_SANITIZE=memcheck under the sanitizer)
@@ -107,6 +110,17 @@ one_case() {
     return "$rc"
 }
 
+if [ "${1:-}" = "--headdims" ]; then
+    # Head dims 96, 192 and 256 (`gpu_prepare.sh --headdims`): every variant x bf16/f16 on every
+    # path of sm_90a and sm_80, a memcheck sample; the bench set stays in /tmp/ejc-art for
+    # --anchors-bench (EJC_DIMS=96,192,256) after FA4's first half: `cp .anchors/fa4/part-aa /tmp/`.
+    check_set hd || status=1
+    check_set hd2 || status=1
+    memcheck hd "causal_bf16_d256_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    memcheck hd "varlen_causal_f16_d96_m128_n64@ptx:sm_80/w8_s2" || status=1
+    grep -h "d96\|d192\|d256" /tmp/ejc-art/bench_ptxas.txt 2>/dev/null | head -400 > "$OUT/bench_ptxas.txt"
+    exit $status
+fi
 if [ "${1:-}" = "--anchors-check" ]; then
     cp .anchors/fa4/part-aa /tmp/ || { echo "carry .anchors/fa4/part-aa (../shared/bench/fa4_kit.sh)"; exit 1; }
     check_set softcap || status=1
@@ -123,6 +137,8 @@ if [ "${1:-}" = "--anchors-bench" ]; then
     [ -d /tmp/ejc-art/bench ] || { echo "no bench set in /tmp/ejc-art: run --anchors-check first (same warm machine)"; exit 1; }
     rows=(); [ -n "${2:-}" ] && rows=(--rows "$2")
     extra=(--extra); [ -n "${EJC_EXTRA_ONLY:-}" ] && extra=(--extra-only)
+    # EJC_DIMS=96,192,256: the standard grid at those head dims alone (gpu_prepare.sh --headdims).
+    [ -n "${EJC_DIMS:-}" ] && extra=(--dims "$EJC_DIMS")
     timeout "${EJC_BENCH_TIMEOUT:-560}" python3 bench/compare_gpu.py /tmp/ejc-art/bench "${extra[@]}" "${rows[@]}" \
         --verbose --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
     status=$?

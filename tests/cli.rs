@@ -31,9 +31,14 @@ fn check_valid_spec() {
     let out = text(&o.stdout);
     assert!(out.starts_with("ok: "), "{out}");
     assert!(
-        out.contains("15 variants x 3 dtypes x 2 head_dims = 90 instances; 540 tile programs (all verified)"),
+        out.contains("15 variants x 3 dtypes x 5 head_dims = 225 instances; 1215 tile programs (all verified)"),
         "{out}"
     );
+    // Per target (the spec's overrides): one tiling at d 96/192/256 on the CPU, four on
+    // the GPU, and the 192-row tile at d 64 on sm_90a alone.
+    assert!(out.contains("cpu: 675 tile programs;"), "{out}");
+    assert!(out.contains("ptx:sm_80: 1080 tile programs,"), "{out}");
+    assert!(out.contains("ptx:sm_90a: 1215 tile programs,"), "{out}");
 }
 
 #[test]
@@ -86,7 +91,73 @@ fn list_table_and_json() {
     let o = ejc(&["list", SPEC, "--json"]);
     assert_eq!(code(&o), 0);
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(doc["kernels"].as_array().unwrap().len(), 540);
+    assert_eq!(doc["kernels"].as_array().unwrap().len(), 1215);
+    // The 192-row tile is Hopper's alone (an override), with its 12-warp configurations.
+    assert!(out.contains("flash_full_bf16_d64_m192_n64  (built for ptx:sm_90a "), "{out}");
+    let k =
+        doc["kernels"].as_array().unwrap().iter().find(|k| k["kernel_id"] == "flash_full_bf16_d64_m192_n64").unwrap();
+    assert_eq!(k["targets"], serde_json::json!(["ptx:sm_90a"]));
+    assert!(k["gpu_configs"]["ptx:sm_90a"].as_array().unwrap().iter().any(|c| c == "s2_w12"), "{k}");
+}
+
+#[test]
+fn build_gives_each_target_its_schedule() {
+    // `--block-m 192` is a value of an override (sm_90a at d 64): the IR target has no such
+    // kernel, sm_90a builds it (one configuration here).
+    let out = temp_dir("overrides");
+    let o = ejc(&[
+        "build",
+        SPEC,
+        "-o",
+        out.to_str().unwrap(),
+        "--target",
+        "ir",
+        "--target",
+        "ptx:sm_90a",
+        "--variant",
+        "full",
+        "--dtype",
+        "bf16",
+        "--head-dim",
+        "64",
+        "--block-m",
+        "192",
+        "--block-n",
+        "64",
+        "--num-warps",
+        "12",
+        "--num-stages",
+        "2",
+        "--path",
+        "ws",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    let ids: Vec<&str> = m.artifacts.iter().map(|a| a.artifact_id.as_str()).collect();
+    assert!(
+        !ids.is_empty() && ids.iter().all(|i| i.starts_with("flash_full_bf16_d64_m192_n64@ptx:sm_90a/w12_s2")),
+        "{ids:?}"
+    );
+    // At d 256 the CPU has one tiling: 128-row tiles are the GPU's.
+    let o = ejc(&[
+        "build",
+        SPEC,
+        "-o",
+        out.to_str().unwrap(),
+        "--target",
+        "ir",
+        "--variant",
+        "full",
+        "--dtype",
+        "f32",
+        "--head-dim",
+        "256",
+    ]);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    let ids: Vec<&str> = m.artifacts.iter().map(|a| a.artifact_id.as_str()).collect();
+    assert_eq!(ids, ["flash_full_f32_d256_m64_n64@ir"]);
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -114,10 +185,10 @@ fn build_writes_ir_and_a_manifest_the_runtime_verifies() {
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let loaded = ejc_runtime::manifest::load(&out).expect("manifest verifies");
     let m = &loaded.manifest;
-    assert_eq!(m.artifacts.len(), 540);
+    assert_eq!(m.artifacts.len(), 675);
     assert_eq!(m.spec.op, "flash_attention_fwd");
     // One plan per instance (variant x dtype x head_dim): flash.yaml has no split-KV axis.
-    assert_eq!(m.plans.len(), 90);
+    assert_eq!(m.plans.len(), 225);
     assert!(m.plans.iter().all(|p| p.name == "single" && p.launches.len() == 1 && p.launches[0].role == "main"));
     for a in &m.artifacts {
         let text = std::fs::read_to_string(loaded.path_of(a)).unwrap();
@@ -215,7 +286,7 @@ fn build_filters_and_unsupported_targets() {
         (vec!["--target", "ptx:sm_70"], "unknown target"),
         (vec!["--variant", "nope"], "has no variant `nope`"),
         (vec!["--dtype", "fp8"], "unknown dtype"),
-        (vec!["--head-dim", "96"], "does not declare head_dim 96"),
+        (vec!["--head-dim", "80"], "does not declare head_dim 80"),
     ] {
         let mut a = vec!["build", SPEC, "-o", out.to_str().unwrap()];
         a.extend(args);

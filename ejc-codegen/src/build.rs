@@ -76,8 +76,12 @@ pub struct BuildReport {
 
 /// What a build compiles: the tile programs, and the plans that launch them.
 pub struct Selection<'s> {
+    /// Every kernel some target builds, once.
     pub kernels: Vec<KernelInstance<'s>>,
     pub plans: Vec<Plan>,
+    /// For each of the options' targets (in order), the indices into `kernels` it
+    /// builds: the spec's `overrides:` may give targets different schedules.
+    pub by_target: Vec<Vec<usize>>,
 }
 
 fn join<T: std::fmt::Display>(xs: &[T]) -> String {
@@ -112,7 +116,8 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
         }
     }
     for (a, vs) in &opts.axes {
-        let have = spec.schedule.values(a);
+        let have = spec.schedule.all_values(a);
+        let have = have.as_slice();
         if !op.axes().iter().any(|d| d.name == a) {
             let names: Vec<&str> = op.axes().iter().map(|d| d.name).collect();
             return empty(format!("{} has no schedule axis `{a}` (axes: {})", op.name(), names.join(", ")));
@@ -126,8 +131,12 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
             return empty(format!("{} has no plan `{p}` (plans: {})", op.name(), op.plan_names().join(", ")));
         }
     }
+    let targets: Vec<Option<&Target>> =
+        if opts.targets.is_empty() { vec![None] } else { opts.targets.iter().map(Some).collect() };
     let mut kernels: Vec<KernelInstance> = Vec::new();
-    let mut plans = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut by_target: Vec<Vec<usize>> = vec![Vec::new(); targets.len()];
+    let mut plans: Vec<Plan> = Vec::new();
     for variant in spec.variants.iter().filter(|v| opts.variants.is_empty() || opts.variants.contains(&v.name)) {
         let decls: Vec<_> = op::spec_plans(spec, variant)
             .into_iter()
@@ -138,56 +147,81 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
                 if !keys.iter().all(|(k, v)| opts.keys.get(k).is_none_or(|vs| vs.contains(v))) {
                     continue;
                 }
-                for decl in &decls {
-                    let mut these = Vec::new();
-                    for role in &decl.roles {
-                        let mut n = 0;
-                        for mut tile in spec.schedule.points(&role.tile_axes) {
-                            if !tile.iter().all(|(a, v)| opts.keeps(a, *v)) {
-                                continue;
+                for (ti, target) in targets.iter().enumerate() {
+                    let schedule = spec.schedule.resolve(*target, dtype, &keys);
+                    for decl in &decls {
+                        let mut these = Vec::new();
+                        for role in &decl.roles {
+                            let mut n = 0;
+                            for mut tile in schedule.points(&role.tile_axes) {
+                                if !tile.iter().all(|(a, v)| opts.keeps(a, *v)) {
+                                    continue;
+                                }
+                                tile.extend(role.fixed.clone());
+                                let mut k = KernelInstance {
+                                    id: String::new(),
+                                    variant,
+                                    dtype,
+                                    keys: keys.clone(),
+                                    role: role.name,
+                                    tile,
+                                };
+                                k.id = op.kernel_id(&spec.name, &k);
+                                these.push(k);
+                                n += 1;
                             }
-                            tile.extend(role.fixed.clone());
-                            let mut k = KernelInstance {
-                                id: String::new(),
-                                variant,
-                                dtype,
-                                keys: keys.clone(),
-                                role: role.name,
-                                tile,
+                            if n == 0 {
+                                these.clear();
+                                break;
+                            }
+                        }
+                        if these.is_empty() {
+                            continue;
+                        }
+                        let first = &these[0];
+                        let mut axes = BTreeMap::new();
+                        for a in &decl.runtime_axes {
+                            let vs: Vec<u32> =
+                                schedule.values(a).iter().copied().filter(|v| opts.keeps(a, *v)).collect();
+                            axes.insert(a.to_string(), vs);
+                        }
+                        if axes.values().any(|v: &Vec<u32>| v.is_empty()) {
+                            continue;
+                        }
+                        let instance = first.instance();
+                        // One plan per instance: the run-time values of every target's schedule.
+                        match plans.iter_mut().find(|p| p.name == decl.name && p.instance == instance) {
+                            Some(p) => {
+                                for (a, vs) in axes {
+                                    let have = p.axes.entry(a).or_default();
+                                    for v in vs {
+                                        if !have.contains(&v) {
+                                            have.push(v);
+                                        }
+                                    }
+                                }
+                            }
+                            None => plans.push(Plan {
+                                name: decl.name.to_string(),
+                                instance,
+                                features: variant.features.clone(),
+                                temporaries: decl.temporaries.clone(),
+                                launches: decl.launches.clone(),
+                                axes,
+                            }),
+                        }
+                        for k in these {
+                            let i = match index.get(&k.id) {
+                                Some(&i) => i,
+                                None => {
+                                    index.insert(k.id.clone(), kernels.len());
+                                    kernels.push(k);
+                                    kernels.len() - 1
+                                }
                             };
-                            k.id = op.kernel_id(&spec.name, &k);
-                            these.push(k);
-                            n += 1;
-                        }
-                        if n == 0 {
-                            these.clear();
-                            break;
-                        }
-                    }
-                    if these.is_empty() {
-                        continue;
-                    }
-                    let first = &these[0];
-                    let mut axes = BTreeMap::new();
-                    for a in &decl.runtime_axes {
-                        let vs: Vec<u32> =
-                            spec.schedule.values(a).iter().copied().filter(|v| opts.keeps(a, *v)).collect();
-                        axes.insert(a.to_string(), vs);
-                    }
-                    if axes.values().any(|v: &Vec<u32>| v.is_empty()) {
-                        continue;
-                    }
-                    plans.push(Plan {
-                        name: decl.name.to_string(),
-                        instance: first.instance(),
-                        features: variant.features.clone(),
-                        temporaries: decl.temporaries.clone(),
-                        launches: decl.launches.clone(),
-                        axes,
-                    });
-                    for k in these {
-                        if !kernels.iter().any(|o| o.id == k.id) {
-                            kernels.push(k);
+                            if !by_target[ti].contains(&i) {
+                                by_target[ti].push(i);
+                            }
                         }
                     }
                 }
@@ -197,7 +231,7 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
     if kernels.is_empty() {
         return empty(format!("the filters leave no kernel of spec `{}` to build", spec.name));
     }
-    Ok(Selection { kernels, plans })
+    Ok(Selection { kernels, plans, by_target })
 }
 
 /// What a build created, so that a failed build takes it back: the directories it made
@@ -272,19 +306,22 @@ fn build_into(
         check_supported(t)?;
     }
     let op = spec.operation();
-    let Selection { kernels: selected, plans } = select(spec, opts)?;
+    let Selection { kernels: all_selected, plans, by_target } = select(spec, opts)?;
     created.mkdir(&opts.out_dir)?;
-    progress(Progress::Start { kernels: selected.len(), targets: opts.targets.len() });
+    progress(Progress::Start { kernels: all_selected.len(), targets: opts.targets.len() });
     // Tile IR of every kernel, after the pipeline: the input of every target.
     let pipeline = default_pipeline();
-    let mut kernels = Vec::with_capacity(selected.len());
-    for inst in &selected {
+    let mut all_kernels = Vec::with_capacity(all_selected.len());
+    for inst in &all_selected {
         let kernel_err = |message: String| CodegenError::Kernel { kernel: inst.id.clone(), message };
         let raw = op.build(spec, inst).map_err(kernel_err)?;
-        kernels.push(run_pipeline(&raw, &pipeline).map_err(|e| pipeline_error(&inst.id, e))?);
+        all_kernels.push(run_pipeline(&raw, &pipeline).map_err(|e| pipeline_error(&inst.id, e))?);
     }
     let mut artifacts = Vec::new();
-    for target in &opts.targets {
+    for (target, these) in opts.targets.iter().zip(&by_target) {
+        // This target's kernels (its schedule: the spec's overrides may differ per target).
+        let selected: Vec<KernelInstance> = these.iter().map(|&i| all_selected[i].clone()).collect();
+        let kernels: Vec<Kernel> = these.iter().map(|&i| all_kernels[i].clone()).collect();
         match target {
             Target::Ir => {
                 progress(Progress::Target { target: "ir", total: selected.len() });
@@ -355,7 +392,7 @@ fn build_into(
     };
     let manifest_path = opts.out_dir.join("manifest.json");
     write_atomic(&manifest_path, manifest.to_json().as_bytes())?;
-    Ok(BuildReport { manifest, manifest_path, kernels: selected.len() })
+    Ok(BuildReport { manifest, manifest_path, kernels: all_selected.len() })
 }
 
 /// The manifest entry of kernel `inst` built for `target` into `file`: its instance,
@@ -434,12 +471,15 @@ fn build_ptx(
     let out_dir = &opts.out_dir;
     let mut jobs = Vec::new();
     let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
+    let target = Target::Ptx(arch.name().to_string());
     for (inst, kernel) in selected.iter().zip(kernels) {
-        // A role may fix a launch axis (e.g. one warp count for a small kernel).
+        // A role may fix a launch axis (e.g. one warp count for a small kernel); the
+        // others come from the kernel's schedule for this target.
+        let schedule = spec.schedule.resolve(Some(&target), inst.dtype, &inst.keys);
         let values = |axis: &str| -> Vec<u32> {
             match inst.tile.get(axis) {
                 Some(v) => vec![*v],
-                None => spec.schedule.values(axis).iter().copied().filter(|v| opts.keeps(axis, *v)).collect(),
+                None => schedule.values(axis).iter().copied().filter(|v| opts.keeps(axis, *v)).collect(),
             }
         };
         let (warps, stages) = (values("num_warps"), values("num_stages"));

@@ -102,6 +102,39 @@ fn head_dim_128_and_spec_tilings() {
 }
 
 #[test]
+fn head_dims_96_192_256_every_variant() {
+    // The larger head dims (FlashAttention-3's and cuDNN's 96, 192, 256) on every variant,
+    // at the spec's CPU tiling for them (an override: 64 x 64), f32 and bf16, against the
+    // reference on awkward sizes.
+    let spec = spec();
+    let seed = seed();
+    eprintln!("seed = {seed}");
+    let target = ejc_ir::spec::Target::Cpu(None);
+    let mut kernels = Vec::new();
+    let mut cases = Vec::new();
+    for d in [96u32, 192, 256] {
+        for (i, v) in spec.variants.iter().enumerate() {
+            // bf16 on every other variant: f32 on all of them.
+            for dtype in [DType::F32, DType::BF16].into_iter().take(1 + (i % 2)) {
+                let keys = ejc_ir::op::Keys::from([("head_dim".to_string(), d)]);
+                let sched = spec.schedule.resolve(Some(&target), dtype, &keys);
+                let (bm, bn) = (sched.values("block_m")[0], sched.values("block_n")[0]);
+                assert_eq!((sched.values("block_m").len(), sched.values("block_n").len()), (1, 1), "one CPU tiling");
+                let k = kernel(&spec, v, dtype, d as usize, bm, bn);
+                cases.push((v, dtype, d, k.name.clone()));
+                kernels.push(k);
+            }
+        }
+    }
+    let obj = compile_object(&kernels, Isa::host()).unwrap();
+    let jit = JitLibrary::load(&obj.object).unwrap();
+    for (i, (v, dtype, d, name)) in cases.iter().enumerate() {
+        let k = CpuKernel { entry: jit.entry(name).unwrap(), scratch_bytes: obj.kernels[i].scratch_bytes as usize };
+        check(&k, abi(&kernels[i]), v, *dtype, &format!("2,70,83,4,2,{d}"), seed + i as u64, name);
+    }
+}
+
+#[test]
 fn every_isa_this_machine_runs() {
     let spec = spec();
     let seed = seed();

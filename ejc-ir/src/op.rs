@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use crate::interp::Arg;
 use crate::ir::{GridExpr, Kernel};
 use crate::manifest::{Instance, Launch, Temporary};
-use crate::spec::{Decoder, Fields, Spec, Variant};
+use crate::spec::{Decoder, Fields, ScheduleSpace, Spec, Target, Variant};
 use crate::tensor::HostTensor;
 use crate::types::{DType, Type};
 
@@ -617,8 +617,28 @@ pub fn dims_text(op: &dyn Operation, dims: &Sizes) -> String {
     op.dims().iter().filter_map(|d| dims.get(d.name).map(|v| format!("{}={v}", d.name))).collect::<Vec<_>>().join(",")
 }
 
+/// The schedules one instance (`dtype`, `keys`) of a spec is built with: one per target
+/// in `targets` (the spec's overrides applied; equal ones once), or with no target, the
+/// schedule for no target in particular.
+pub fn instance_schedules(spec: &Spec, dtype: DType, keys: &Keys, targets: &[Target]) -> Vec<ScheduleSpace> {
+    let mut out: Vec<ScheduleSpace> = Vec::new();
+    let resolved: Vec<ScheduleSpace> = if targets.is_empty() {
+        vec![spec.schedule.resolve(None, dtype, keys)]
+    } else {
+        targets.iter().map(|t| spec.schedule.resolve(Some(t), dtype, keys)).collect()
+    };
+    for s in resolved {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
 /// Every tile program a spec expands to: variants × dtypes × keys × plans × roles ×
-/// tile-axis values, each once (a kernel shared by two plans is listed once).
+/// tile-axis values, each once (a kernel shared by two plans, or by two targets whose
+/// schedules overlap, is listed once). Each instance's tile axes come from its schedule
+/// for each of the spec's targets (the base schedule and the `overrides:` that match).
 pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
     let op = spec.operation();
     let mut out: Vec<KernelInstance> = Vec::new();
@@ -629,21 +649,23 @@ pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
         let plans = spec_plans(spec, variant);
         for &dtype in &spec.dtypes {
             for keys in spec.key_points() {
-                for plan in &plans {
-                    for role in &plan.roles {
-                        for mut tile in spec.schedule.points(&role.tile_axes) {
-                            tile.extend(role.fixed.clone());
-                            let mut k = KernelInstance {
-                                id: String::new(),
-                                variant,
-                                dtype,
-                                keys: keys.clone(),
-                                role: role.name,
-                                tile,
-                            };
-                            k.id = op.kernel_id(&spec.name, &k);
-                            if seen.insert(k.id.clone()) {
-                                out.push(k);
+                for schedule in instance_schedules(spec, dtype, &keys, &spec.targets) {
+                    for plan in &plans {
+                        for role in &plan.roles {
+                            for mut tile in schedule.points(&role.tile_axes) {
+                                tile.extend(role.fixed.clone());
+                                let mut k = KernelInstance {
+                                    id: String::new(),
+                                    variant,
+                                    dtype,
+                                    keys: keys.clone(),
+                                    role: role.name,
+                                    tile,
+                                };
+                                k.id = op.kernel_id(&spec.name, &k);
+                                if seen.insert(k.id.clone()) {
+                                    out.push(k);
+                                }
                             }
                         }
                     }
@@ -664,18 +686,45 @@ pub fn spec_plans(spec: &Spec, variant: &Variant) -> Vec<PlanDecl> {
 }
 
 /// How many (plan, tile-axis values, runtime-axis values) choices the autotuner has for
-/// one instance of `variant`: per plan, the product of its roles' tile points and its
-/// runtime axes' values, summed over the plans the spec asks for. GPU targets multiply
-/// this by the launch configurations.
-pub fn plan_choices(spec: &Spec, variant: &Variant) -> usize {
+/// one instance of `variant` under `schedule` (the instance's, resolved for a target):
+/// per plan, the product of its roles' tile points and its runtime axes' values, summed
+/// over the plans the spec asks for. GPU targets multiply this by the launch
+/// configurations.
+pub fn plan_choices(spec: &Spec, variant: &Variant, schedule: &ScheduleSpace) -> usize {
     spec_plans(spec, variant)
         .iter()
         .map(|p| {
-            let tiles: usize = p.roles.iter().map(|r| spec.schedule.points(&r.tile_axes).len()).product();
-            let runtime: usize = p.runtime_axes.iter().map(|a| spec.schedule.values(a).len().max(1)).product();
+            let tiles: usize = p.roles.iter().map(|r| schedule.points(&r.tile_axes).len()).product();
+            let runtime: usize = p.runtime_axes.iter().map(|a| schedule.values(a).len().max(1)).product();
             tiles * runtime
         })
         .sum()
+}
+
+/// What a spec offers one target: (tile programs, candidates = plans × tilings ×
+/// run-time axes, launch configurations summed over them), over every variant, dtype
+/// and key, with the target's schedules. `launch` names the operation's launch axes.
+pub fn target_counts(spec: &Spec, target: &Target, launch: &[&str]) -> (usize, usize, usize) {
+    let (mut programs, mut choices, mut configs) = (0, 0, 0);
+    let mut seen = std::collections::HashSet::new();
+    for variant in &spec.variants {
+        for &dtype in &spec.dtypes {
+            for keys in spec.key_points() {
+                let schedule = spec.schedule.resolve(Some(target), dtype, &keys);
+                let c = plan_choices(spec, variant, &schedule);
+                choices += c;
+                configs += c * schedule.points(launch).len();
+                for plan in spec_plans(spec, variant) {
+                    for k in plan_kernels(spec, variant, dtype, &keys, &plan, &schedule) {
+                        if seen.insert(k.id.clone()) {
+                            programs += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (programs, choices, configs)
 }
 
 /// The kernel instances of one plan's roles for an instance (one per tile point).
@@ -685,11 +734,12 @@ pub fn plan_kernels<'s>(
     dtype: DType,
     keys: &Keys,
     plan: &PlanDecl,
+    schedule: &ScheduleSpace,
 ) -> Vec<KernelInstance<'s>> {
     let op = spec.operation();
     let mut out = Vec::new();
     for role in &plan.roles {
-        for mut tile in spec.schedule.points(&role.tile_axes) {
+        for mut tile in schedule.points(&role.tile_axes) {
             tile.extend(role.fixed.clone());
             let mut k = KernelInstance { id: String::new(), variant, dtype, keys: keys.clone(), role: role.name, tile };
             k.id = op.kernel_id(&spec.name, &k);

@@ -76,8 +76,10 @@ fn the_flash_spec_loads() {
     assert_eq!(spec.version, 1);
     assert_eq!(spec.variants.len(), 15);
     assert_eq!(spec.dtypes, vec![DType::BF16, DType::F16, DType::F32]);
-    assert_eq!(spec.key_values("head_dim"), [64, 128]);
+    assert_eq!(spec.key_values("head_dim"), [64, 96, 128, 192, 256]);
     assert_eq!(spec.schedule.values("block_m"), [64, 128]);
+    assert_eq!(spec.schedule.overrides.len(), 3);
+    assert_eq!(spec.schedule.all_values("block_m"), [64, 128, 192]);
     assert_eq!(spec.schedule.values("block_n"), [32, 64, 128]);
     assert_eq!(spec.schedule.values("num_warps"), [4, 8]);
     assert_eq!(spec.schedule.values("num_stages"), [2, 3]);

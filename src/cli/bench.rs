@@ -74,7 +74,7 @@ pub fn run(req: &Request) -> Outcome {
     let work = p.op.work(&v.features, p.dtype, &sizes);
     let mut results = Vec::new();
     for plan in p.plans(v) {
-        for config in p.plan_configs(&plan, false) {
+        for config in p.plan_configs(&plan, false, &p.host_target(req.backend)) {
             let kernels = match p.kernels(v, &plan, &config) {
                 Ok(k) => k,
                 Err(o) => return o,

@@ -36,16 +36,10 @@ pub fn run(path: &Path) -> Outcome {
     }
     let launch: Vec<&str> =
         op.axes().iter().filter(|a| a.kind == ejc_ir::op::AxisKind::Launch).map(|a| a.name).collect();
-    let points = spec.schedule.points(&launch).len();
-    let choices: usize = spec.variants.iter().map(|v| ejc_ir::op::plan_choices(&spec, v)).sum::<usize>()
-        * spec.dtypes.len()
-        * spec.key_points().len();
     let instances_n = spec.variants.len() * spec.dtypes.len() * spec.key_points().len();
     let keys: Vec<String> = spec.keys.iter().map(|(k, v)| format!("{} {k}s", v.len())).collect();
-    let targets: Vec<String> = spec.targets.iter().map(|t| t.to_string()).collect();
     println!(
-        "ok: {}: `{}` ({}@{}): {} variants x {} dtypes{} = {} instances; {} tile programs (all verified); \
-         {} candidates (plans x tilings x run-time axes) x {} GPU configurations = {} GPU candidates; targets: {}",
+        "ok: {}: `{}` ({}@{}): {} variants x {} dtypes{} = {} instances; {} tile programs (all verified); targets: {}",
         ejc_ir::limits::escape_controls(&path.display().to_string()),
         spec.name,
         spec.op,
@@ -55,10 +49,7 @@ pub fn run(path: &Path) -> Outcome {
         keys.iter().map(|k| format!(" x {k}")).collect::<String>(),
         instances_n,
         all.len(),
-        choices,
-        points,
-        choices * points,
-        targets.join(", ")
+        super::list::target_summary(&spec, &launch),
     );
     Outcome::Ok
 }

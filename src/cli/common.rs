@@ -13,7 +13,7 @@ use ejc_ir::op::{
     self, parse_dims, parse_shape, with_defaults, Config, HostCall, KernelInstance, Keys, Operation, PlanDecl, Sizes,
 };
 use ejc_ir::passes::{default_pipeline, run_pipeline};
-use ejc_ir::spec::{Spec, Variant};
+use ejc_ir::spec::{ScheduleSpace, Spec, Target, Variant};
 use ejc_ir::types::DType;
 use ejc_runtime::call::Call;
 use ejc_runtime::cpu::CpuKernel;
@@ -148,12 +148,9 @@ impl Problem {
                     names.join(", ")
                 )));
             }
-            if !spec.schedule.values(k).contains(v) {
-                let tiling = format!(
-                    "{k}={v} is not in spec `{}`'s schedule ({k}: {})",
-                    spec.name,
-                    list(spec.schedule.values(k))
-                );
+            let listed = spec.schedule.all_values(k);
+            if !listed.contains(v) {
+                let tiling = format!("{k}={v} is not in spec `{}`'s schedule ({k}: {})", spec.name, list(&listed));
                 return Err(err(if k.starts_with("block_") { format!("tiling: {tiling}") } else { tiling }));
             }
         }
@@ -301,9 +298,26 @@ impl Problem {
         op::spec_plans(&self.spec, v).into_iter().filter(|p| self.plan.as_deref().is_none_or(|n| n == p.name)).collect()
     }
 
+    /// The schedule this problem's kernels have on `target` (the spec's overrides for
+    /// its dtype and keys applied).
+    pub fn schedule(&self, target: &Target) -> ScheduleSpace {
+        self.spec.schedule.resolve(Some(target), self.dtype, &self.keys)
+    }
+
+    /// The target a host back end runs: `interp` the tile IR, `cpu` this problem's ISA.
+    pub fn host_target(&self, backend: &str) -> Target {
+        if backend == "cpu" {
+            Target::Cpu(Some(self.isa.name().to_string()))
+        } else {
+            Target::Ir
+        }
+    }
+
     /// Every configuration of a plan's tile axes and run-time axes (the explicit ones
-    /// fixed), or only the first of each when `first`.
-    pub fn plan_configs(&self, plan: &PlanDecl, first: bool) -> Vec<Config> {
+    /// fixed) in the problem's schedule on `target`, or only the first of each when
+    /// `first`.
+    pub fn plan_configs(&self, plan: &PlanDecl, first: bool, target: &Target) -> Vec<Config> {
+        let schedule = self.schedule(target);
         let mut axes: Vec<&str> = Vec::new();
         for r in &plan.roles {
             for a in &r.tile_axes {
@@ -317,8 +331,8 @@ impl Problem {
         for a in axes {
             let vals: Vec<u32> = match self.config.get(a) {
                 Some(v) => vec![*v],
-                None if first => self.spec.schedule.values(a).iter().take(1).copied().collect(),
-                None => self.spec.schedule.values(a).to_vec(),
+                None if first => schedule.values(a).iter().take(1).copied().collect(),
+                None => schedule.values(a).to_vec(),
             };
             out = out
                 .into_iter()

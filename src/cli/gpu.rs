@@ -113,15 +113,18 @@ pub fn precheck(p: &Problem, variants: &[&Variant]) -> Result<(), Outcome> {
     use ejc_codegen::ptx::candidates::{candidates, Skip};
     for v in variants {
         let Some(plan) = p.plans(v).into_iter().next() else { continue };
-        let config = p.plan_configs(&plan, true).remove(0);
+        // Before a GPU is found: the schedule of the oldest arch (the policy checks sm_80).
+        let sm80 = Target::Ptx(Arch::Sm80.name().into());
+        let config = p.plan_configs(&plan, true, &sm80).remove(0);
         for (role, k) in p.kernels(v, &plan, &config)? {
             // A role may fix its warps (split-KV's combine runs on one warp).
             let fixed = plan.roles.iter().find(|r| r.name == role.as_str()).and_then(|r| r.fixed.get("num_warps"));
             let warps = match fixed {
-                Some(w) => std::slice::from_ref(w),
-                None => p.spec.schedule.values("num_warps"),
+                Some(w) => vec![*w],
+                None => p.schedule(&sm80).values("num_warps").to_vec(),
             };
-            let warps = if warps.is_empty() { &[1, 2, 4, 8][..] } else { warps };
+            let warps = if warps.is_empty() { vec![1, 2, 4, 8] } else { warps };
+            let warps = warps.as_slice();
             if let Err(skip) = candidates(&k, Arch::Sm80, warps, &[1], &[]) {
                 let why = match skip {
                     Skip::F32Products => "f32 products: tensor cores take 16-bit operands (tf32 would miss f32's 1e-5 tolerance): use --dtype bf16 or f16, or --backend cpu for f32"
@@ -216,7 +219,7 @@ pub fn run(p: &Problem, seed: u64, json_out: bool) -> Outcome {
     // The first tiling unless one is given: `run` checks a configuration, `bench` times them all.
     let mut fixed = p.config.clone();
     for a in p.op.axes().iter().filter(|a| a.kind == ejc_ir::op::AxisKind::Tile) {
-        if let Some(v) = p.spec.schedule.values(a.name).first() {
+        if let Some(v) = p.schedule(&Target::Ptx(arch.name().into())).values(a.name).first() {
             fixed.entry(a.name.to_string()).or_insert(*v);
         }
     }

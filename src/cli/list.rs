@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use ejc_ir::op::{instances, spec_plans, AxisKind};
+use ejc_ir::op::{instances, spec_plans, target_counts, AxisKind, KernelInstance};
+use ejc_ir::spec::{ScheduleSpace, Spec, Target};
 use serde_json::json;
 
 use super::{load_spec, Outcome};
@@ -14,30 +15,52 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
     };
     let op = spec.operation();
     let all = instances(&spec);
-    // The GPU targets' launch configurations (launch axes of the schedule).
+    // The launch configurations (launch axes of the schedule) of each GPU target, per kernel.
     let launch: Vec<&str> = op.axes().iter().filter(|a| a.kind == AxisKind::Launch).map(|a| a.name).collect();
-    let configs: Vec<String> = spec
-        .schedule
-        .points(&launch)
-        .iter()
-        .map(|c| {
-            c.iter()
-                .map(|(k, v)| match k.as_str() {
-                    "num_warps" => format!("w{v}"),
-                    "num_stages" => format!("s{v}"),
-                    other => format!("{other}{v}"),
-                })
-                .collect::<Vec<_>>()
-                .join("_")
-        })
-        .collect();
+    let config_names = |schedule: &ScheduleSpace| -> Vec<String> {
+        schedule
+            .points(&launch)
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|(k, v)| match k.as_str() {
+                        "num_warps" => format!("w{v}"),
+                        "num_stages" => format!("s{v}"),
+                        other => format!("{other}{v}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("_")
+            })
+            .collect()
+    };
+    // Per kernel: the targets that build it and, for GPU targets, its configurations there.
+    let kernel_targets = |i: &KernelInstance| -> Vec<(String, Option<Vec<String>>)> {
+        spec.targets
+            .iter()
+            .filter_map(|t| {
+                let schedule = spec.schedule.resolve(Some(t), i.dtype, &i.keys);
+                // Built there when its tile-axis values are in that schedule (a role's fixed
+                // values are not the schedule's).
+                let builds = i.tile.iter().all(|(a, v)| {
+                    schedule.values(a).contains(v)
+                        || !op.axes().iter().any(|d| d.name == a.as_str() && d.kind == AxisKind::Tile)
+                });
+                builds.then(|| (t.to_string(), is_gpu(t).then(|| config_names(&schedule))))
+            })
+            .collect()
+    };
     if as_json {
         let kernels: Vec<_> = all
             .iter()
             .map(|i| {
+                let targets = kernel_targets(i);
+                let gpu_configs: serde_json::Map<String, serde_json::Value> =
+                    targets.iter().filter_map(|(t, c)| c.as_ref().map(|c| (t.clone(), json!(c)))).collect();
                 let mut k = json!({
                     "kernel_id": i.id, "variant": i.variant.name, "dtype": i.dtype.to_string(),
-                    "keys": i.keys, "role": i.role, "tile": i.tile, "gpu_configs": configs,
+                    "keys": i.keys, "role": i.role, "tile": i.tile,
+                    "targets": targets.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>(),
+                    "gpu_configs": gpu_configs,
                 });
                 for (n, v) in i.keys.iter().chain(&i.tile) {
                     k[n] = json!(v);
@@ -73,24 +96,57 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
         let plans: Vec<&str> = spec_plans(&spec, v).iter().map(|p| p.name).collect();
         println!("  {:<16} {}   (plans: {})", v.name, op.describe(&v.features), plans.join(", "));
     }
-    println!("kernels ({}), each with GPU configurations {} = {}:", all.len(), launch.join(" x "), configs.join(" "));
+    // The base schedule's view: every target, the schedule's configurations; a kernel an
+    // override treats otherwise says so on its line.
+    let base = config_names(&spec.schedule);
+    let base_view: Vec<(String, Option<Vec<String>>)> =
+        spec.targets.iter().map(|t| (t.to_string(), is_gpu(t).then(|| base.clone()))).collect();
+    println!("kernels ({}), each with GPU configurations {} = {}:", all.len(), launch.join(" x "), base.join(" "));
     for i in &all {
-        println!("  {}", i.id);
+        let targets = kernel_targets(i);
+        if targets == base_view {
+            println!("  {}", i.id);
+        } else {
+            let parts: Vec<String> = targets
+                .iter()
+                .map(|(t, c)| match c {
+                    Some(c) if *c != base => format!("{t} {}", c.join(" ")),
+                    _ => t.clone(),
+                })
+                .collect();
+            println!("  {}  (built for {})", i.id, parts.join(", "));
+        }
     }
     let keys: Vec<String> = spec.keys.iter().map(|(k, v)| format!("{} {k}", v.len())).collect();
-    let choices: usize = spec.variants.iter().map(|v| ejc_ir::op::plan_choices(&spec, v)).sum::<usize>()
-        * spec.dtypes.len()
-        * spec.key_points().len();
     println!(
-        "{} variants x {} dtypes x {} = {} tile programs; {} candidates (plans x tilings x run-time axes) \
-         x {} GPU configurations = {} GPU candidates",
+        "{} variants x {} dtypes x {} = {} tile programs; {}",
         spec.variants.len(),
         spec.dtypes.len(),
         if keys.is_empty() { "tilings".to_string() } else { format!("{} x tilings and roles", keys.join(" x ")) },
         all.len(),
-        choices,
-        configs.len(),
-        choices * configs.len()
+        target_summary(&spec, &launch)
     );
     Outcome::Ok
+}
+
+/// GPU targets take launch configurations (warps, stages) on top of a tile program.
+fn is_gpu(t: &Target) -> bool {
+    matches!(t, Target::Ptx(_)) || *t == Target::Mlir("gpu".into())
+}
+
+/// What each target builds: `ir: 675 tile programs; ...; ptx:sm_90a: 1215 tile programs,
+/// 1215 candidates (plans x tilings x run-time axes), 4590 with the launch configurations; ...`.
+pub fn target_summary(spec: &Spec, launch: &[&str]) -> String {
+    spec.targets
+        .iter()
+        .map(|t| {
+            let (programs, choices, configs) = target_counts(spec, t, launch);
+            if is_gpu(t) {
+                format!("{t}: {programs} tile programs, {choices} candidates (plans x tilings x run-time axes), {configs} with the launch configurations")
+            } else {
+                format!("{t}: {programs} tile programs")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -80,7 +80,7 @@ use smaller sizes or --backend cpu",
                 p.spec.name
             ));
         };
-        let config: Config = p.plan_configs(&plan, true).remove(0);
+        let config: Config = p.plan_configs(&plan, true, &p.host_target(req.backend)).remove(0);
         if !req.json && !header {
             header = true;
             let isa = if req.backend == "cpu" { format!(" isa={}", p.isa) } else { String::new() };

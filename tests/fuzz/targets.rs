@@ -130,13 +130,16 @@ pub fn spec(data: &[u8], scratch: &Scratch) -> bool {
     let bound = [spec.variants.len(), spec.dtypes.len(), 4]
         .into_iter()
         .chain(spec.keys.iter().map(|(_, v)| v.len()))
-        .chain(spec.schedule.axes.iter().map(|(_, v)| v.len()))
+        .chain(spec.schedule.axes.iter().map(|(n, _)| spec.schedule.all_values(n).len()))
+        // An override may set an axis the schedule does not list.
+        .chain(spec.schedule.overrides.iter().flat_map(|o| o.axes.iter().map(|(_, v)| v.len())))
+        .chain([spec.targets.len()])
         .fold(1usize, |a, b| a.saturating_mul(b.max(1)));
     if bound > MAX_INSTANCES {
         return true;
     }
     let _ = spec.schedule.points(&launch).len();
-    let _: usize = spec.variants.iter().map(|v| plan_choices(&spec, v)).sum();
+    let _: usize = spec.variants.iter().map(|v| plan_choices(&spec, v, &spec.schedule)).sum();
     let all = instances(&spec);
     if all.is_empty() {
         return true;
@@ -399,7 +402,7 @@ pub fn cli(data: &[u8]) -> bool {
             let _ = p.dims_text();
             for v in p.variants() {
                 for plan in p.plans(v) {
-                    assert!(!p.plan_configs(&plan, true).is_empty());
+                    assert!(!p.plan_configs(&plan, true, &spec::Target::Ir).is_empty());
                 }
             }
             true

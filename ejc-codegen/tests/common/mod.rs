@@ -156,11 +156,6 @@ pub fn pool_kernels(dtypes: &[DType], head_dim: usize, block_h: usize) -> Vec<Po
     out
 }
 
-/// The spec's head dims.
-pub fn head_dims(spec: &Spec) -> Vec<usize> {
-    spec.key_values("head_dim").iter().map(|d| *d as usize).collect()
-}
-
 /// Run one host kernel (parameters `params`, grid `grid`) on a flash call made from
 /// `inputs` and `rt`, through the runtime's plan executor; the call's `out` and `lse`.
 pub fn run_flash(

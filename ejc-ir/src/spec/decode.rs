@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 
 use super::diag::{suggest, Diagnostic, Source, SpecError, ROOT};
 use super::yaml::{self, join, Node, NodeKind, Style};
-use super::{ScheduleSpace, Spec, Target, Variant};
+use super::{ScheduleOverride, ScheduleSpace, Spec, Target, Variant};
 use crate::limits::MAX_DIAGNOSTICS;
 use crate::op::{AxisDecl, Features, Operation};
 use crate::types::DType;
@@ -108,7 +108,7 @@ fn decode(file: &str, text: &str, hash: String) -> Result<Spec, SpecError> {
 
 /// The fields every spec has; an operation adds its own ([`Operation::fields`]).
 const TOP_FIELDS: &[&str] =
-    &["name", "op", "version", "description", "dtypes", "variants", "schedule", "plans", "targets"];
+    &["name", "op", "version", "description", "dtypes", "variants", "schedule", "overrides", "plans", "targets"];
 pub(crate) const TARGETS: &[&str] = &[
     "ir",
     "cpu",
@@ -578,7 +578,10 @@ impl Decoder<'_> {
         let required: Vec<&str> = axes.iter().filter(|a| a.required).map(|a| a.name).collect();
         let schedule_allowed = format!("a mapping with {}", and_list(&required));
         if let Some(v) = self.required(&f, "schedule", &schedule_allowed) {
-            spec.schedule = self.schedule(v, axes, &required);
+            spec.schedule = self.schedule(v, "schedule", axes, &required);
+        }
+        if let Some(v) = f.value("overrides") {
+            spec.schedule.overrides = self.overrides(v, axes, &spec);
         }
         if let Some(v) = f.value("plans") {
             let names = op.plan_names();
@@ -670,21 +673,133 @@ impl Decoder<'_> {
         out
     }
 
-    fn schedule(&mut self, node: &Node, axes: &[AxisDecl], required: &[&str]) -> ScheduleSpace {
+    /// A schedule mapping: the spec's `schedule` (`required` lists the axes it must
+    /// have) or an override's (`required` empty: any subset of the axes).
+    fn schedule(&mut self, node: &Node, path: &str, axes: &[AxisDecl], required: &[&str]) -> ScheduleSpace {
         let mut space = ScheduleSpace::default();
-        let allowed = format!("a mapping with {}, each a list", and_list(required));
         let names: Vec<&str> = axes.iter().map(|a| a.name).collect();
-        let Some(f) = self.fields(node, "schedule", &names, "schedule field", &allowed) else {
+        let allowed = if required.is_empty() {
+            format!("a mapping with some of {}, each a list", and_list(&names))
+        } else {
+            format!("a mapping with {}, each a list", and_list(required))
+        };
+        let Some(f) = self.fields(node, path, &names, "schedule field", &allowed) else {
             return space;
         };
         for a in axes {
-            let v = if a.required { self.required(&f, a.name, a.list_allowed) } else { f.value(a.name) };
+            let v =
+                if required.contains(&a.name) { self.required(&f, a.name, a.list_allowed) } else { f.value(a.name) };
             if let Some(v) = v {
                 let values = self.u32_list(v, &f.path(a.name), a.noun, a.list_allowed, a.allowed, a.check);
                 space.axes.push((a.name.to_string(), values));
             }
         }
         space
+    }
+
+    /// The spec's `overrides:`: a list of `{when: {...}, schedule: {...}}`.
+    fn overrides(&mut self, node: &Node, axes: &[AxisDecl], spec: &Spec) -> Vec<ScheduleOverride> {
+        let allowed = "a non-empty list of `{when: {target/dtype/key: value or list}, schedule: {axis: [values]}}`";
+        let Some(items) = self.list(node, "overrides", allowed) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let path = format!("overrides[{i}]");
+            let Some(f) = self.fields(item, &path, &["when", "schedule"], "override field", allowed) else {
+                continue;
+            };
+            let mut o = ScheduleOverride::default();
+            if let Some(w) = self.required(&f, "when", "a mapping of conditions (target, dtype, a compile-time key)") {
+                self.when(w, &f.path("when"), spec, &mut o);
+            }
+            if let Some(v) = self.required(&f, "schedule", "a mapping of schedule axes, each a list") {
+                let sched = self.schedule(v, &f.path("schedule"), axes, &[]);
+                o.axes = sched.axes;
+                if o.axes.is_empty() {
+                    let names: Vec<&str> = axes.iter().map(|a| a.name).collect();
+                    self.invalid(v, &f.path("schedule"), "an override must set an axis", and_list(&names));
+                }
+            }
+            out.push(o);
+        }
+        out
+    }
+
+    /// An override's `when`: `target`, `dtype` and the operation's compile-time keys,
+    /// each one value or a list; at least one condition.
+    fn when(&mut self, node: &Node, path: &str, spec: &Spec, o: &mut ScheduleOverride) {
+        let mut known = vec!["target", "dtype"];
+        known.extend(spec.keys.iter().map(|(k, _)| k.as_str()));
+        let allowed = format!("a mapping with some of {}", and_list(&known));
+        let Some(f) = self.fields(node, path, &known, "condition", &allowed) else {
+            return;
+        };
+        if f.entries.is_empty() {
+            self.invalid(
+                node,
+                path,
+                "an override needs a condition (an empty `when` would replace the schedule)",
+                allowed,
+            );
+        }
+        if let Some(v) = f.value("target") {
+            let p = f.path("target");
+            o.targets = self.one_or_list(v, &p, "target", |d, node, path| {
+                let s = d.string(node, path, &or_list(TARGETS))?;
+                let t = parse_target(s);
+                if t.is_none() {
+                    d.invalid(node, path, format!("unknown target `{s}`"), or_list(TARGETS));
+                }
+                t
+            });
+        }
+        if let Some(v) = f.value("dtype") {
+            let names: Vec<String> = spec.dtypes.iter().map(|d| d.to_string()).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            let p = f.path("dtype");
+            o.dtypes = self.one_or_list(v, &p, "dtype", |d, node, path| {
+                let s = d.string(node, path, &format!("one of the spec's dtypes: {}", or_list(&names)))?;
+                match spec.dtypes.iter().find(|t| t.to_string() == s) {
+                    Some(t) => Some(*t),
+                    None => {
+                        d.invalid(node, path, format!("the spec does not build dtype `{s}`"), or_list(&names));
+                        None
+                    }
+                }
+            });
+        }
+        for (key, have) in &spec.keys {
+            let Some(v) = f.value(key) else { continue };
+            let listed = have.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
+            let allowed = format!("one of the spec's values: {listed}");
+            let p = f.path(key);
+            let vs = self.one_or_list(v, &p, key, |d, node, path| {
+                let x = d.int(node, path, &allowed, |_| None)?;
+                match u32::try_from(x).ok().filter(|x| have.contains(x)) {
+                    Some(x) => Some(x),
+                    None => {
+                        d.invalid(node, path, format!("the spec does not build {key} {x}"), allowed.as_str());
+                        None
+                    }
+                }
+            });
+            o.keys.push((key.clone(), vs));
+        }
+    }
+
+    /// One value or a non-empty list of them, each decoded by `item`.
+    fn one_or_list<T: PartialEq>(
+        &mut self,
+        node: &Node,
+        path: &str,
+        noun: &str,
+        mut item: impl FnMut(&mut Self, &Node, &str) -> Option<T>,
+    ) -> Vec<T> {
+        match &node.kind {
+            NodeKind::Seq(_) => self.unique_list(node, path, noun, &format!("a {noun} or a list of them"), item),
+            _ => item(self, node, path).into_iter().collect(),
+        }
     }
 
     pub fn u32_list(
@@ -751,6 +866,7 @@ pub fn source_text(node: &Node) -> String {
 mod tests {
     use super::*;
     use crate::flash::{SoftCap, Window};
+    use crate::op::Keys;
 
     const MINI: &str = "\
 name: mini
@@ -930,6 +1046,68 @@ schedule:
         );
         let e = errors(&with_line("variants:", "variants: {}\nx:"));
         assert_eq!(e[0].message, "at least one variant is required");
+    }
+
+    #[test]
+    fn overrides_refine_the_schedule_per_target_dtype_and_key() {
+        let text = with_line("head_dims:", "head_dims: [64, 128, 256]")
+            + "overrides:\n  - when: {head_dim: [128, 256]}\n    schedule: {block_m: [128], num_warps: [8]}\n  \
+               - when: {target: \"ptx:sm_90a\", head_dim: 256, dtype: bf16}\n    schedule: {block_n: [32, 64]}\n  \
+               - when: {target: cpu}\n    schedule: {num_warps: [1]}\n";
+        let spec = load_str("t.yaml", &text).unwrap_or_else(|e| panic!("{e}"));
+        let s = &spec.schedule;
+        assert_eq!(s.overrides.len(), 3);
+        let keys = |d: u32| Keys::from([("head_dim".to_string(), d)]);
+        let (sm90, cpu) = (Target::Ptx("sm_90a".into()), Target::Cpu(Some("avx2".into())));
+        let r = s.resolve(Some(&sm90), DType::BF16, &keys(64));
+        assert_eq!((r.values("block_m"), r.values("block_n"), r.values("num_warps")), (&[64][..], &[64][..], &[4][..]));
+        let r = s.resolve(Some(&sm90), DType::BF16, &keys(128));
+        assert_eq!(
+            (r.values("block_m"), r.values("block_n"), r.values("num_warps")),
+            (&[128][..], &[64][..], &[8][..])
+        );
+        // Every matching override applies, in file order.
+        let r = s.resolve(Some(&sm90), DType::BF16, &keys(256));
+        assert_eq!((r.values("block_m"), r.values("block_n")), (&[128][..], &[32, 64][..]));
+        // Another dtype or target, or none: not the second override.
+        assert_eq!(s.resolve(Some(&sm90), DType::F16, &keys(256)).values("block_n"), &[64]);
+        assert_eq!(s.resolve(None, DType::BF16, &keys(256)).values("block_n"), &[64]);
+        // `cpu` stands for every CPU ISA; later overrides win.
+        assert_eq!(s.resolve(Some(&cpu), DType::BF16, &keys(128)).values("num_warps"), &[1]);
+        assert!(r.overrides.is_empty());
+        assert_eq!(s.all_values("block_n"), vec![64, 32]);
+        assert_eq!(s.all_values("num_warps"), vec![4, 8, 1]);
+    }
+
+    #[test]
+    fn overrides_are_checked_like_the_schedule() {
+        let with = |o: &str| MINI.to_string() + "overrides:\n" + o;
+        let messages = |o: &str| -> Vec<String> { errors(&with(o)).into_iter().map(|d| d.message).collect() };
+        assert_eq!(
+            messages(
+                "  - when: {head_dim: 128, dtype: f16, target: ptx:sm_99, seq: 4}\n    schedule: {block_m: [48]}\n"
+            ),
+            [
+                "the spec does not build head_dim 128",
+                "the spec does not build dtype `f16`",
+                "unknown target `ptx:sm_99`",
+                "unknown condition `seq`",
+                "block size is not a power of two",
+            ]
+        );
+        assert_eq!(
+            messages("  - when: {}\n    schedule: {}\n"),
+            [
+                "an override needs a condition (an empty `when` would replace the schedule)",
+                "an override must set an axis"
+            ]
+        );
+        assert_eq!(messages("  - schedule: {block_m: [64]}\n"), ["missing required field `when`"]);
+        assert_eq!(
+            messages("  - when: {head_dim: 64}\n    schedule: {block_k: [64]}\n"),
+            ["an override must set an axis", "unknown schedule field `block_k`; did you mean `block_m`?"]
+        );
+        assert_eq!(messages("  when: {head_dim: 64}\n"), ["expected a list"]);
     }
 
     #[test]

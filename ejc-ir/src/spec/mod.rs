@@ -8,7 +8,7 @@
 //! ```
 //!
 //! A spec names an operation (`op:`); the fields every spec has (name, op, version,
-//! description, dtypes, variants, schedule, plans, targets) are decoded here, and the
+//! description, dtypes, variants, schedule, overrides, plans, targets) are decoded here, and the
 //! operation ([`crate::op::Operation`]) decodes its own: its top-level fields (flash's
 //! `head_dims`, `layout`), each variant's features, and the rules of its schedule axes.
 //!
@@ -64,16 +64,83 @@ pub struct Variant {
 }
 
 /// The schedule space: what the autotuner searches. Named axes, declared by the
-/// operation, each with the values the spec lists, in the operation's axis order.
+/// operation, each with the values the spec lists, in the operation's axis order, and
+/// the spec's `overrides:`, which refine it for some targets, dtypes or compile-time keys.
+///
+/// [`ScheduleSpace::values`] and [`ScheduleSpace::points`] read the base schedule only;
+/// a kernel's own schedule is [`ScheduleSpace::resolve`]'s.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScheduleSpace {
     pub axes: Vec<(String, Vec<u32>)>,
+    /// In file order; every matching one applies, a later one's axes replacing an
+    /// earlier one's.
+    pub overrides: Vec<ScheduleOverride>,
+}
+
+/// One entry of a spec's `overrides:`: for the kernels that match `when` (every
+/// condition given must hold), the axes it lists replace the schedule's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScheduleOverride {
+    /// The targets it applies to (empty: every target). `cpu` stands for every CPU ISA.
+    pub targets: Vec<Target>,
+    /// The dtypes it applies to (empty: every dtype).
+    pub dtypes: Vec<DType>,
+    /// Compile-time keys and the values it applies to (e.g. `head_dim` 192, 256).
+    pub keys: Vec<(String, Vec<u32>)>,
+    /// The axes it sets, each replacing the schedule's list.
+    pub axes: Vec<(String, Vec<u32>)>,
+}
+
+impl ScheduleOverride {
+    /// Whether this override applies to a kernel of `dtype` and `keys` built for `target`
+    /// (`None`: no target in particular, which matches only overrides without one).
+    pub fn matches(&self, target: Option<&Target>, dtype: DType, keys: &Keys) -> bool {
+        let target_ok = self.targets.is_empty()
+            || target.is_some_and(|t| {
+                self.targets.iter().any(|w| w == t || (*w == Target::Cpu(None) && matches!(t, Target::Cpu(_))))
+            });
+        target_ok
+            && (self.dtypes.is_empty() || self.dtypes.contains(&dtype))
+            && self.keys.iter().all(|(k, vs)| keys.get(k).is_some_and(|v| vs.contains(v)))
+    }
 }
 
 impl ScheduleSpace {
-    /// The values of axis `name` (empty when the spec does not list it).
+    /// The values of axis `name` in the base schedule (empty when the spec does not
+    /// list it there).
     pub fn values(&self, name: &str) -> &[u32] {
         self.axes.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// Every value the spec lists for axis `name`, in the base schedule or in any
+    /// override (the base's order first).
+    pub fn all_values(&self, name: &str) -> Vec<u32> {
+        let mut out = self.values(name).to_vec();
+        for o in &self.overrides {
+            for (_, vs) in o.axes.iter().filter(|(n, _)| n == name) {
+                for v in vs {
+                    if !out.contains(v) {
+                        out.push(*v);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The schedule of the kernels of `dtype` and `keys` built for `target`: the base
+    /// schedule with every matching override applied, in file order.
+    pub fn resolve(&self, target: Option<&Target>, dtype: DType, keys: &Keys) -> ScheduleSpace {
+        let mut axes = self.axes.clone();
+        for o in self.overrides.iter().filter(|o| o.matches(target, dtype, keys)) {
+            for (name, vs) in &o.axes {
+                match axes.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, old)) => *old = vs.clone(),
+                    None => axes.push((name.clone(), vs.clone())),
+                }
+            }
+        }
+        ScheduleSpace { axes, overrides: Vec::new() }
     }
 
     /// Every combination of the given axes' values (outermost first); axes the spec does
