@@ -8,11 +8,11 @@
 
 mod common;
 use common::spec;
-use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, CodePath, PtxConfig};
+use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, CodePath, Overlap, PtxConfig};
 
 const MMA: CodePath = CodePath::MmaSync;
-const WGMMA: CodePath = CodePath::Wgmma { sink: false };
-const WS: CodePath = CodePath::WarpSpecialised { sink: false };
+const WGMMA: CodePath = CodePath::Wgmma { overlap: Overlap::Rotated };
+const WS: CodePath = CodePath::WarpSpecialised { overlap: Overlap::Rotated };
 use ejc_ir::spec::Spec;
 use ejc_ir::types::DType;
 use rayon::prelude::*;
@@ -368,7 +368,7 @@ fn the_schedules_are_pinned() {
     let cases = [
         ("causal", 128, 128, 64, "sm80", cfg(Arch::Sm80, 8, MMA)),
         ("causal", 128, 128, 64, "sm90a_wgmma", cfg(Arch::Sm90a, 8, WGMMA)),
-        ("softcap", 64, 128, 64, "sm90a_wgmma_sink", cfg(Arch::Sm90a, 8, CodePath::Wgmma { sink: true })),
+        ("softcap", 64, 128, 64, "sm90a_wgmma_sink", cfg(Arch::Sm90a, 8, CodePath::Wgmma { overlap: Overlap::Sunk })),
         ("causal", 128, 128, 128, "sm90a_ws", cfg(Arch::Sm90a, 8, WS)),
         ("gpt_oss", 64, 64, 64, "sm90a_ws_w4", cfg(Arch::Sm90a, 4, WS)),
     ];
@@ -410,6 +410,39 @@ fn the_schedules_are_pinned() {
     }
 }
 
+/// Head dims 96, 192 and 256 compile on every path the candidate policy offers them;
+/// at d = 256 the serial key loop (no `pipeline-dots` rotation) is what keeps the
+/// two-warpgroup 128 × 64 tile within 240 registers: its plain wgmma form spills in
+/// neither entry, where the rotated one spills in the general entry (docs/perf.md).
+#[test]
+fn larger_head_dims_compile_and_the_serial_loop_fits_d256() {
+    use ejc_codegen::ptx::candidates::candidates;
+    let spec = spec();
+    let tool = find_ptxas();
+    for d in [96, 192, 256] {
+        let k = kernel(&spec, "causal", DType::BF16, d, 128, 64);
+        let cands = candidates(&k, Arch::Sm90a, &[8], &[2], &[]).unwrap();
+        let suffixes: Vec<&str> = cands.iter().map(|c| c.suffix.as_str()).collect();
+        // d = 96 is not whole 64-column TMA blocks: no warp-specialised candidate.
+        let want: &[&str] = match d {
+            96 => &["w8_s2", "w8_s2_wgmma"],
+            _ => &["w8_s2", "w8_s2_wgmma", "w8_s2_wgmma_serial", "w8_s2_wgmma_ws", "w8_s2_wgmma_ws_serial"],
+        };
+        assert_eq!(suffixes, want, "d = {d}");
+        for c in cands.iter().filter(|c| d != 256 || c.cfg.path == CodePath::Wgmma { overlap: Overlap::Serial }) {
+            let p = compile(&k, &c.cfg).unwrap_or_else(|e| panic!("{} {}: {e}", k.name, c.suffix));
+            // The serial loop issues the score product inside the loop: no rotated prologue.
+            let Some(t) = &tool else { continue };
+            let entries = ptxas_entries(t, &p.ptx, Arch::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+            if d == 256 {
+                for (entry, r) in entries {
+                    assert_eq!(r.spill_stores + r.spill_loads, 0, "{entry} ({}) spills: {r:?}", c.suffix);
+                }
+            }
+        }
+    }
+}
+
 /// On every variant and code path, the schedule waits for every asynchronous product
 /// exactly once; `mma.sync` products are never waited for. (While emitting, the emitter
 /// checks that each wait completes exactly the products it names, and refuses to read
@@ -420,7 +453,9 @@ fn every_wgmma_product_is_waited_for_exactly_once() {
     let spec = spec();
     let mut cases = Vec::new();
     for v in &spec.variants {
-        for (path, w) in [(MMA, 8), (WGMMA, 8), (CodePath::Wgmma { sink: true }, 8), (WS, 8), (WS, 4)] {
+        let (sunk, serial) = (CodePath::Wgmma { overlap: Overlap::Sunk }, CodePath::Wgmma { overlap: Overlap::Serial });
+        let ws_serial = CodePath::WarpSpecialised { overlap: Overlap::Serial };
+        for (path, w) in [(MMA, 8), (WGMMA, 8), (sunk, 8), (serial, 8), (WS, 8), (WS, 4), (ws_serial, 8)] {
             if path.ws() && fx(v).varlen {
                 continue; // refused: bounded tiles (warp_specialised_kernels_… above)
             }

@@ -22,14 +22,17 @@
 //!   in 64-row blocks per warpgroup), and warp specialisation where [`super::ws_applies`];
 //! - the softmax sunk into the masks' branch (`sink`) only where the loop-carried
 //!   accumulator is at most 64 columns wide: it keeps more registers live, which the H100
-//!   measurements show pays at 64 columns and costs at 128 (docs/perf.md).
+//!   measurements show pays at 64 columns and costs at 128 (docs/perf.md);
+//! - the serial key loop (no `pipeline-dots` rotation: [`super::Overlap::Serial`]) as well
+//!   where the accumulator is more than 128 columns wide (d = 192, 256): the rotated
+//!   loop's second score tile is what makes those spill at 240 registers.
 
 use std::collections::BTreeMap;
 
 use ejc_ir::ir::{walk_ops, Kernel, Op, OpKind};
 use ejc_ir::types::{DType, Type};
 
-use super::{Arch, CodePath, PtxConfig};
+use super::{Arch, CodePath, Overlap, PtxConfig};
 
 /// One candidate: a code-generation configuration, its file-name suffix and the values
 /// the manifest records in the artifact's `config`.
@@ -157,21 +160,32 @@ pub fn candidates(
     let stages: Vec<u32> =
         if products.is_empty() { stages.iter().copied().min().into_iter().collect() } else { stages.to_vec() };
     let sink_pays = accumulator_cols(kernel) <= 64;
+    // Wide accumulators (more than 128 columns: d = 192, 256) leave no room for the
+    // rotated loop's second score tile; the serial loop is a candidate there.
+    let serial_pays = accumulator_cols(kernel) > 128;
     let mut out = Vec::new();
     for &w in &warps {
         for &s in &stages {
             let base = PtxConfig { arch, num_warps: w as usize, num_stages: s as usize, path: CodePath::MmaSync };
             let mut cfgs = vec![base];
             if arch == Arch::Sm90a && w % 4 == 0 && !products.is_empty() {
-                let wg = PtxConfig { path: CodePath::Wgmma { sink: false }, ..base };
+                let wg = PtxConfig { path: CodePath::Wgmma { overlap: Overlap::Rotated }, ..base };
                 if super::wgmma_applies(kernel, &wg) {
                     cfgs.push(wg);
-                    let ws = PtxConfig { path: CodePath::WarpSpecialised { sink: false }, ..wg };
+                    if serial_pays {
+                        cfgs.push(PtxConfig { path: CodePath::Wgmma { overlap: Overlap::Serial }, ..base });
+                    }
+                    let ws = PtxConfig { path: CodePath::WarpSpecialised { overlap: Overlap::Rotated }, ..wg };
                     if super::ws_applies(kernel, &ws).is_ok() {
                         cfgs.push(ws);
                         if sink_pays {
-                            cfgs.push(PtxConfig { path: CodePath::WarpSpecialised { sink: true }, ..ws });
+                            let path = CodePath::WarpSpecialised { overlap: Overlap::Sunk };
+                            cfgs.push(PtxConfig { path, ..ws });
                         }
+                    }
+                    let ws_serial = PtxConfig { path: CodePath::WarpSpecialised { overlap: Overlap::Serial }, ..wg };
+                    if serial_pays && super::ws_applies(kernel, &ws_serial).is_ok() {
+                        cfgs.push(ws_serial);
                     }
                 }
             }

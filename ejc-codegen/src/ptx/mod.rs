@@ -119,20 +119,33 @@ pub enum CodePath {
     #[default]
     MmaSync,
     /// Hopper's warpgroup MMA (`sm_90a` only): products whose operands allow it run as
-    /// `wgmma.mma_async` with B (and a shared-memory A) read through descriptors, the
-    /// register tiles follow the warpgroup row layout, and the key loop is rotated by
-    /// `pipeline-dots` so that products overlap the softmax.
-    Wgmma {
-        /// `pipeline-dots` also sinks the softmax into both arms of the masks' branch,
-        /// so that ptxas keeps the value product in flight over it (costs registers: on
-        /// the H100 it helps head_dim 64 and hurts 128; docs/perf.md).
-        sink: bool,
-    },
+    /// `wgmma.mma_async` with B (and a shared-memory A) read through descriptors, and the
+    /// register tiles follow the warpgroup row layout; `overlap` says how the key loop's
+    /// products overlap its softmax.
+    Wgmma { overlap: Overlap },
     /// `wgmma` with warp specialisation ([`ws`]): a producer warp or warpgroup copies
     /// the key loop's tiles with the bulk tensor copy engine in the aligned entry while
     /// the `num_warps` consumer warps compute; the block has `num_warps +`
-    /// [`ws_producer_warps`] warps. `sink` as for [`CodePath::Wgmma`].
-    WarpSpecialised { sink: bool },
+    /// [`ws_producer_warps`] warps. `overlap` as for [`CodePath::Wgmma`].
+    WarpSpecialised { overlap: Overlap },
+}
+
+/// How a Hopper path's key loop overlaps its products with the softmax.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Overlap {
+    /// The loop as the tile program writes it: each product waits for the one before.
+    /// The fewest registers live: the choice where the accumulator is wide (d = 256,
+    /// where the rotated loop's second score tile does not fit 240 registers).
+    Serial,
+    /// The loop rotated by `pipeline-dots`: the next block's score product is issued
+    /// before this block's softmax and value product, so the tensor cores work while the
+    /// softmax runs.
+    #[default]
+    Rotated,
+    /// Rotated, and the softmax sunk into both arms of the masks' branch, so that ptxas
+    /// keeps the value product in flight over it (costs registers: on the H100 it helps
+    /// head_dim 64 and hurts 128; docs/perf.md).
+    Sunk,
 }
 
 impl CodePath {
@@ -146,9 +159,22 @@ impl CodePath {
         matches!(self, CodePath::WarpSpecialised { .. })
     }
 
+    /// The Hopper paths' loop overlap (`None` for `mma.sync`).
+    pub fn overlap(self) -> Option<Overlap> {
+        match self {
+            CodePath::MmaSync => None,
+            CodePath::Wgmma { overlap } | CodePath::WarpSpecialised { overlap } => Some(overlap),
+        }
+    }
+
     /// The softmax sunk into the masks' branch.
     pub fn sink(self) -> bool {
-        matches!(self, CodePath::Wgmma { sink: true } | CodePath::WarpSpecialised { sink: true })
+        self.overlap() == Some(Overlap::Sunk)
+    }
+
+    /// The key loop rotated by `pipeline-dots`.
+    pub fn rotated(self) -> bool {
+        matches!(self.overlap(), Some(Overlap::Rotated | Overlap::Sunk))
     }
 
     /// The name `ejc build --path` takes: `mma`, `wgmma` or `ws`.
@@ -160,22 +186,25 @@ impl CodePath {
         }
     }
 
-    /// The file-name and configuration suffix: ``, `_wgmma`, `_wgmma_sink`, `_wgmma_ws`,
-    /// `_wgmma_ws_sink`.
+    /// The file-name and configuration suffix: ``, `_wgmma`, `_wgmma_sink`,
+    /// `_wgmma_serial`, `_wgmma_ws`, `_wgmma_ws_sink`, `_wgmma_ws_serial`.
     pub fn suffix(self) -> &'static str {
         match self {
             CodePath::MmaSync => "",
-            CodePath::Wgmma { sink: false } => "_wgmma",
-            CodePath::Wgmma { sink: true } => "_wgmma_sink",
-            CodePath::WarpSpecialised { sink: false } => "_wgmma_ws",
-            CodePath::WarpSpecialised { sink: true } => "_wgmma_ws_sink",
+            CodePath::Wgmma { overlap: Overlap::Rotated } => "_wgmma",
+            CodePath::Wgmma { overlap: Overlap::Sunk } => "_wgmma_sink",
+            CodePath::Wgmma { overlap: Overlap::Serial } => "_wgmma_serial",
+            CodePath::WarpSpecialised { overlap: Overlap::Rotated } => "_wgmma_ws",
+            CodePath::WarpSpecialised { overlap: Overlap::Sunk } => "_wgmma_ws_sink",
+            CodePath::WarpSpecialised { overlap: Overlap::Serial } => "_wgmma_ws_serial",
         }
     }
 
-    /// The flags an artifact's manifest `config` records (`wgmma`, `ws`, `sink`: 1 when
-    /// on, absent otherwise), in that order.
+    /// The flags an artifact's manifest `config` records (`wgmma`, `ws`, `sink`,
+    /// `serial`: 1 when on, absent otherwise), in that order.
     pub fn flags(self) -> Vec<&'static str> {
-        [("wgmma", self.wgmma()), ("ws", self.ws()), ("sink", self.sink())]
+        let serial = self.overlap() == Some(Overlap::Serial);
+        [("wgmma", self.wgmma()), ("ws", self.ws()), ("sink", self.sink()), ("serial", serial)]
             .into_iter()
             .filter_map(|(f, on)| on.then_some(f))
             .collect()
@@ -287,6 +316,9 @@ fn rotated(kernel: &Kernel, cfg: &PtxConfig) -> Result<(Kernel, Streams), String
     let mut pipelined = kernel.clone();
     // `sink`: also move the softmax into the masks' branch, so that ptxas keeps the
     // value product in flight over it (docs/gpu.md).
+    if !cfg.path.rotated() {
+        return Ok((kernel.clone(), streams));
+    }
     let sink = cfg.path.sink();
     for r in ejc_ir::passes::rotate_loops(&mut pipelined, sink) {
         streams.extend(r.epilogue_loads);
