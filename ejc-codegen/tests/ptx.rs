@@ -371,6 +371,15 @@ fn the_schedules_are_pinned() {
         ("softcap", 64, 128, 64, "sm90a_wgmma_sink", cfg(Arch::Sm90a, 8, CodePath::Wgmma { overlap: Overlap::Sunk })),
         ("causal", 128, 128, 128, "sm90a_ws", cfg(Arch::Sm90a, 8, WS)),
         ("gpt_oss", 64, 64, 64, "sm90a_ws_w4", cfg(Arch::Sm90a, 4, WS)),
+        // The serial key loop: no prologue issued before the loop, each product waited for in order.
+        (
+            "causal",
+            256,
+            128,
+            64,
+            "sm90a_wgmma_serial",
+            cfg(Arch::Sm90a, 8, CodePath::Wgmma { overlap: Overlap::Serial }),
+        ),
     ];
     for (variant, d, bm, bn, tag, cfg) in cases {
         let k = kernel(&spec, variant, DType::BF16, d, bm, bn);

@@ -10,7 +10,8 @@
 //! different code). Ops are named by their [`OpId`] (`#n`, pre-order), so the plan can
 //! be printed ([`Schedule::render`]), compared and snapshot-tested:
 //! `EJC_DUMP_SCHEDULE=<dir>` writes each entry's schedule when a kernel is compiled, and
-//! `tests/ptx_schedule.rs` pins them for the flash kernels on every code path.
+//! `ejc-codegen/tests/ptx.rs` (`the_schedules_are_pinned`) pins them for the flash kernels on every
+//! code path.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
