@@ -150,32 +150,19 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
                 for (ti, target) in targets.iter().enumerate() {
                     let schedule = spec.schedule.resolve(*target, dtype, &keys);
                     for decl in &decls {
-                        let mut these = Vec::new();
-                        for role in &decl.roles {
-                            let mut n = 0;
-                            for mut tile in schedule.points(&role.tile_axes) {
-                                if !tile.iter().all(|(a, v)| opts.keeps(a, *v)) {
-                                    continue;
-                                }
-                                tile.extend(role.fixed.clone());
-                                let mut k = KernelInstance {
-                                    id: String::new(),
-                                    variant,
-                                    dtype,
-                                    keys: keys.clone(),
-                                    role: role.name,
-                                    tile,
-                                };
-                                k.id = op.kernel_id(&spec.name, &k);
-                                these.push(k);
-                                n += 1;
-                            }
-                            if n == 0 {
-                                these.clear();
-                                break;
-                            }
-                        }
-                        if these.is_empty() {
+                        // The plan's kernels at this target's tile points that the filters keep
+                        // (on the roles' tile axes: a role's fixed values are not filtered); a
+                        // role left without any drops the plan.
+                        let these: Vec<KernelInstance> = op::plan_kernels(spec, variant, dtype, &keys, decl, &schedule)
+                            .into_iter()
+                            .filter(|k| {
+                                let role = decl.roles.iter().find(|r| r.name == k.role);
+                                k.tile.iter().all(|(a, v)| {
+                                    role.is_none_or(|r| !r.tile_axes.contains(&a.as_str())) || opts.keeps(a, *v)
+                                })
+                            })
+                            .collect();
+                        if these.is_empty() || decl.roles.iter().any(|r| !these.iter().any(|k| k.role == r.name)) {
                             continue;
                         }
                         let first = &these[0];

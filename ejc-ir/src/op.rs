@@ -640,7 +640,6 @@ pub fn instance_schedules(spec: &Spec, dtype: DType, keys: &Keys, targets: &[Tar
 /// schedules overlap, is listed once). Each instance's tile axes come from its schedule
 /// for each of the spec's targets (the base schedule and the `overrides:` that match).
 pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
-    let op = spec.operation();
     let mut out: Vec<KernelInstance> = Vec::new();
     // The ids listed so far: a spec may declare tens of thousands of kernels (a variant
     // costs two lines), and a linear search per kernel made listing them quadratic.
@@ -651,21 +650,9 @@ pub fn instances(spec: &Spec) -> Vec<KernelInstance<'_>> {
             for keys in spec.key_points() {
                 for schedule in instance_schedules(spec, dtype, &keys, &spec.targets) {
                     for plan in &plans {
-                        for role in &plan.roles {
-                            for mut tile in schedule.points(&role.tile_axes) {
-                                tile.extend(role.fixed.clone());
-                                let mut k = KernelInstance {
-                                    id: String::new(),
-                                    variant,
-                                    dtype,
-                                    keys: keys.clone(),
-                                    role: role.name,
-                                    tile,
-                                };
-                                k.id = op.kernel_id(&spec.name, &k);
-                                if seen.insert(k.id.clone()) {
-                                    out.push(k);
-                                }
+                        for k in plan_kernels(spec, variant, dtype, &keys, plan, &schedule) {
+                            if seen.insert(k.id.clone()) {
+                                out.push(k);
                             }
                         }
                     }
