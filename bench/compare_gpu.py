@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from cupy_launch import EjcKernel, flash_sizes, instance, load_manifest, reference  # noqa: E402
+from cupy_launch import EjcKernel, flash_sizes, head_dims, instance, load_manifest, reference  # noqa: E402
 
 
 @triton.jit
@@ -80,16 +80,16 @@ def triton_attention(q, k, v, causal, out):
     return out
 
 
-def flops(b, h, s, d, causal, window=None):
-    """Forward FLOPs of the visible (query, key) pairs (4·d each): s² for full
-    attention, s²/2 causal (FlashAttention's convention), and a causal window of `left` keys before the diagonal
-    counts min(i, left) + 1 keys for row i."""
+def flops(b, h, s, d, causal, window=None, dv=None):
+    """Forward FLOPs of the visible (query, key) pairs (2·(d + dv) each, 4·d when v's head
+    dim is q's): s² for full attention, s²/2 causal (FlashAttention's convention), and a
+    causal window of `left` keys before the diagonal counts min(i, left) + 1 keys for row i."""
     if window is not None:
         left = window[0]
         pairs = sum(min(i, left) + 1 for i in range(s)) if causal else s * s
     else:
         pairs = s * s / 2 if causal else s * s
-    return 4.0 * b * h * pairs * d
+    return 2.0 * b * h * pairs * (d + (d if dv is None else dv))
 
 
 def load_fa4():
@@ -110,18 +110,22 @@ GEMMA2_CAP = 50.0
 
 
 def grid_rows(args):
-    """(d, s, variant, heads_q, heads_kv) rows: the standard grid (b·s = 16384 tokens,
+    """(d, s, variant, heads_q, heads_kv, dv) rows: the standard grid (b·s = 16384 tokens,
     h·d ≈ 2048, d 64/128 or --dims, s 512-16k, full and causal), then with --extra the Gemma-2
-    rows (window + soft cap) and GQA rows (8 query heads per KV head)."""
-    dims = [int(x) for x in args.dims.split(",")] if args.dims else [64, 128]
+    rows (window + soft cap) and GQA rows (8 query heads per KV head). A --dims entry
+    `192v128` is q/k head dim 192 with v head dim 128."""
+    dims = []
+    for x in (args.dims.split(",") if args.dims else ["64", "128"]):
+        d, _, dv = x.partition("v")
+        dims.append((int(d), int(dv or d)))
     # h·d ≈ 2048 (d = 96: 21 heads, 192: 11, 256: 8).
-    grid = [(d, s, "causal" if c else "full", round(2048 / d), round(2048 / d))
-            for d in dims for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
+    grid = [(d, s, "causal" if c else "full", round(2048 / d), round(2048 / d), dv)
+            for d, dv in dims for s in (512, 1024, 2048, 4096, 8192, 16384) for c in (False, True)]
     if args.quick:
-        grid = [(128, 2048, "full", 16, 16), (128, 2048, "causal", 16, 16), (64, 4096, "full", 32, 32)]
+        grid = [(128, 2048, "full", 16, 16, 128), (128, 2048, "causal", 16, 16, 128), (64, 4096, "full", 32, 32, 64)]
     if args.extra:
-        grid += [(128, s, "gemma2", 16, 16) for s in (2048, 8192, 16384)]
-        grid += [(128, s, v, 16, 2) for s in (512, 4096, 16384) for v in ("full", "causal")]
+        grid += [(128, s, "gemma2", 16, 16, 128) for s in (2048, 8192, 16384)]
+        grid += [(128, s, v, 16, 2, 128) for s in (512, 4096, 16384) for v in ("full", "causal")]
     if args.extra_only:
         grid = [g for g in grid if g[2] == "gemma2" or g[3] != g[4]]
     if args.rows:
@@ -138,7 +142,8 @@ def main():
                     help="add Gemma-2 rows (causal, 4096-key window, soft cap 50; ejc's `gemma2` variant) and GQA rows")
     ap.add_argument("--extra-only", action="store_true", help="only the --extra rows (implies --extra)")
     ap.add_argument("--dims", default=None,
-                    help="comma-separated head dims of the standard grid (default 64,128; e.g. 96,192,256)")
+                    help="comma-separated head dims of the standard grid (default 64,128; e.g. 96,192,256; "
+                         "192v128: q/k 192, v 128)")
     ap.add_argument("--rows", default=None, help="comma-separated sequence lengths to keep (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--verbose", action="store_true", help="print every candidate's time")
@@ -162,21 +167,22 @@ def main():
 
     rows = []
     kernels = {}
-    for d, s, variant, h, hkv in grid_rows(args):
+    for d, s, variant, h, hkv, dv in grid_rows(args):
         b = max(1, 16384 // s)
         causal = variant in ("causal", "gemma2")
         window, cap = (GEMMA2_WINDOW, GEMMA2_CAP) if variant == "gemma2" else (None, None)
         def candidates(man):
             return [a for a in man["artifacts"] if instance(a) == (variant, "bf16", d, "main") and runs_here(a["target"])
-                    and (args.only is None or args.only in a["artifact_id"])]
+                    and head_dims(a) == (d, dv) and (args.only is None or args.only in a["artifact_id"])]
         cands = candidates(m)
         torch.manual_seed(0)
         q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
-        k, v = (torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out = torch.empty_like(q)
+        k = torch.randn(b, s, hkv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(b, s, hkv, dv, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(b, s, h, dv, device="cuda", dtype=torch.bfloat16)
         lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-        fl = flops(b, h, s, d, causal, window)
-        row = dict(d=d, s=s, b=b, h=h, hkv=hkv, variant=variant, causal=causal)
+        fl = flops(b, h, s, d, causal, window, dv)
+        row = dict(d=d, dv=dv, s=s, b=b, h=h, hkv=hkv, variant=variant, causal=causal)
         scalars = dict(softmax_scale=1.0 / math.sqrt(d))
         if window is not None:
             scalars.update(window_left=window[0], window_right=window[1])
@@ -195,7 +201,7 @@ def main():
                 if kern is None:
                     continue
                 tensors = dict(q=q, k=k, v=v, out=out, lse=lse)
-                sizes = flash_sizes(q, k)
+                sizes = flash_sizes(q, k, v)
                 try:
                     ms = do_bench(lambda: kern(tensors, scalars, sizes), warmup=10, rep=60, return_mode="median")
                 except Exception as e:
@@ -210,7 +216,7 @@ def main():
         best = fastest(args.build, cands, "")
         if best is not None:
             a, ms, kern = best
-            kern(dict(q=q, k=k, v=v, out=out, lse=lse), scalars, flash_sizes(q, k))
+            kern(dict(q=q, k=k, v=v, out=out, lse=lse), scalars, flash_sizes(q, k, v))
             torch.cuda.synchronize()
             err = None
             if b * h * s * s * 4 <= 2 ** 31:
@@ -247,7 +253,7 @@ def main():
                 row["fa4"] = fl / ms / 1e9
             except Exception as e:
                 print(f"  fa4: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        if variant in ("full", "causal") and h == hkv:
+        if variant in ("full", "causal") and h == hkv and d == dv:
             try:
                 tout = torch.empty_like(q)
                 ms = do_bench(lambda: triton_attention(q, k, v, causal, tout), warmup=10, rep=60,
@@ -267,7 +273,7 @@ def main():
             return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
 
         print(
-            f"d={d:3d} s={s:5d} {variant:7s} h={h}/{hkv}  ejc {row.get('ejc', 0):6.1f}  fa4 {row.get('fa4', 0):6.1f}  "
+            f"d={d:3d}{'' if dv == d else f'/{dv}'} s={s:5d} {variant:7s} h={h}/{hkv}  ejc {row.get('ejc', 0):6.1f}  fa4 {row.get('fa4', 0):6.1f}  "
             f"cudnn {row.get('cudnn', 0):6.1f}  flash {row.get('flash', 0):6.1f}  triton {row.get('triton', 0):6.1f} TFLOP/s   "
             f"ejc/fa4 {r('fa4')}  ejc/cudnn {r('cudnn')}  ejc/flash {r('flash')}  ejc/triton {r('triton')}   "
             + (f"base {row.get('base', 0):6.1f}  ejc/base {r('base')}   " if base_m is not None else "")

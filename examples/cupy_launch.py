@@ -43,6 +43,13 @@ def instance(a):
     return a["variant"], a["dtype"], a["head_dim"], "main"
 
 
+def head_dims(a):
+    """(q/k head dim, v head dim) of an artifact: the keys `head_dim` and, where v's
+    differs, `head_dim_v`."""
+    keys = a["instance"].get("keys", {}) if "instance" in a else {"head_dim": a["head_dim"]}
+    return keys.get("head_dim"), keys.get("head_dim_v", keys.get("head_dim"))
+
+
 def eval_grid(formula, sizes):
     """A size formula from the manifest (`cdiv(seq_q, 128)`, `mul(batch, num_splits)`,
     `add(a, b)`, `max(a, 1)`, `heads_q`, `7`; docs/abi.md)."""
@@ -150,9 +157,10 @@ class EjcKernel:
         fn(self.grid(sizes), self.block, self.args(tensors, scalars, fn), shared_mem=self.smem)
 
 
-def flash_sizes(q, k):
+def flash_sizes(q, k, v=None):
     b, sq, hq, d = q.shape
-    return dict(batch=b, seq_q=sq, seq_k=k.shape[1], heads_q=hq, heads_kv=k.shape[2], head_dim=d)
+    dv = d if v is None else v.shape[3]
+    return dict(batch=b, seq_q=sq, seq_k=k.shape[1], heads_q=hq, heads_kv=k.shape[2], head_dim=d, head_dim_v=dv)
 
 
 def reference(q, k, v, causal, window=None, softcap=None):

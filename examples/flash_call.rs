@@ -18,7 +18,7 @@ use ejc::runtime::cpu::HostBuffer;
 use ejc::runtime::flash::{flash_attention, FlashArgs, FlashOptions};
 
 fn main() {
-    let shape = FlashShape { batch: 2, seq_q: 200, seq_k: 200, heads_q: 4, heads_kv: 2, head_dim: 64 };
+    let shape = FlashShape::new(2, 200, 200, 4, 2, 64);
     let features = Features { causal: true, ..Default::default() };
     let inputs = random_inputs(&features, DType::F32, &shape, 42);
     let (q, k, v) =

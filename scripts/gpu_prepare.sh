@@ -17,8 +17,9 @@
 #                                          # halves): the bench set (full, causal, gemma2; bf16; sm_90a), the soft-cap
 #                                          # variants on every path, and the generality cases, for gpu_run.sh
 #                                          # --anchors-check (call 1) and --anchors-bench (call 2)
-#   bash scripts/gpu_prepare.sh --headdims # head dims 96/192/256: checks on every path and the bench set (gpu_run.sh
-#                                          # --headdims, then --anchors-bench with EJC_DIMS=96,192,256)
+#   bash scripts/gpu_prepare.sh --headdims # head dims 96/192/256 and 192 with v 128: checks on every path and the bench
+#                                          # set (gpu_run.sh --headdims, then --anchors-bench with
+#                                          # EJC_DIMS=96,192,256,192v128); EJC_KEYS="--key head_dim_v=128": 192/128 alone
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
 # (seven packs: together they would pass the device tool's 64 MiB.)
@@ -70,16 +71,20 @@ if [ "${1:-}" = "--anchors" ]; then
     exit 0
 fi
 if [ "${1:-}" = "--headdims" ]; then
-    # Head dims 96, 192, 256: the check set (every variant x bf16/f16, 128 x 64 tiles, every path of
-    # sm_90a and sm_80) and the bench set (full, causal; bf16; sm_90a; the spec's search space for them).
+    # Head dims 96, 192 (v 192 and v 128), 256: the check set (every variant x bf16/f16, 128 x 64 tiles,
+    # every path of sm_90a and sm_80) and the bench set (full, causal; bf16; sm_90a; the spec's search
+    # space for them). EJC_KEYS narrows both (e.g. EJC_KEYS="--key head_dim_v=128": the 192/128 kernels).
+    read -r -a keys <<< "${EJC_KEYS:---head-dim 96 --head-dim 192 --head-dim 256}"
     $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
-        --head-dim 96 --head-dim 192 --head-dim 256 --block-m 128 --block-n 64 --num-warps 8 --num-stages 2 -o .gpu/hd
+        "${keys[@]}" --block-m 128 --block-n 64 --num-warps 8 --num-stages 2 -o .gpu/hd
     # sm_80 at d = 256: two stages of 128 x 64 tiles pass its shared memory; one stage.
-    $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --head-dim 256 --block-m 128 \
-        --block-n 64 --num-warps 8 --num-stages 1 -o .gpu/hd2
+    if [ -z "${EJC_KEYS:-}" ]; then
+        $EJC build specs/flash.yaml -q --target ptx:sm_80 --dtype bf16 --dtype f16 --head-dim 256 --block-m 128 \
+            --block-n 64 --num-warps 8 --num-stages 1 -o .gpu/hd2
+    fi
     $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
-        --head-dim 96 --head-dim 192 --head-dim 256 -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
-    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz hd hd2 bench
+        "${keys[@]}" -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz hd $([ -d .gpu/hd2 ] && echo hd2) bench
     rm -rf .gpu/hd .gpu/hd2 .gpu/bench
     du -sh .gpu/*
     exit 0

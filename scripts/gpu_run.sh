@@ -116,8 +116,13 @@ if [ "${1:-}" = "--headdims" ]; then
     # --anchors-bench (EJC_DIMS=96,192,256) after FA4's first half: `cp .anchors/fa4/part-aa /tmp/`.
     check_set hd || status=1
     check_set hd2 || status=1
-    memcheck hd "causal_bf16_d256_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
-    memcheck hd "varlen_causal_f16_d96_m128_n64@ptx:sm_80/w8_s2" || status=1
+    # A memcheck and a racecheck sample of the kernels the pack has (EJC_KEYS may narrow it).
+    for f in "causal_bf16_d256_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" "varlen_causal_f16_d96_m128_n64@ptx:sm_80/w8_s2" \
+        "causal_bf16_d192v128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" "sinks_f16_d192v128_m128_n64@ptx:sm_80/w8_s2"; do
+        grep -q "${f%%@*}\"" /tmp/ejc-art/hd/manifest.json && { memcheck hd "$f" || status=1; }
+    done
+    grep -q 'causal_bf16_d192v128_m128_n64"' /tmp/ejc-art/hd/manifest.json &&
+        { racecheck hd "causal_bf16_d192v128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1; }
     grep -h "d96\|d192\|d256" /tmp/ejc-art/bench_ptxas.txt 2>/dev/null | head -400 > "$OUT/bench_ptxas.txt"
     exit $status
 fi

@@ -19,7 +19,7 @@ start=$SECONDS
 step() { printf '\n== [%ds] %s\n' $((SECONDS - start)) "$*"; }
 step "ejc check"
 $ejc check specs/flash.yaml
-step "ejc build: tile IR and the CPU library of all 675 kernels (head dims 64 to 256)"
+step "ejc build: tile IR and the CPU library of all 720 kernels (head dims 64 to 256, and 192 with v 128)"
 $ejc build specs/flash.yaml --target ir --target cpu -o out
 step "ejc build: PTX (sm_80, sm_90a), bf16, head dims 64 and 128, block 128x64, 4 warps, 2 stages"
 $ejc build specs/flash.yaml --target ptx --dtype bf16 --head-dim 64 --head-dim 128 --block-m 128 --block-n 64 \

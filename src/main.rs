@@ -23,9 +23,10 @@ Examples:
   ejc tune specs/flash.yaml --variant causal --dtype bf16 --size batch=1,seq_q=2048,seq_k=2048,heads_q=8,heads_kv=8,head_dim=128
   ejc cache ls                               what this machine's tuning cache holds
 
-Sizes: every operation names its sizes (flash: batch, seq_q, seq_k, heads_q, heads_kv, head_dim; mean_pooling:
-batch, seq, heads, head_dim, chunk_size). Give them as --size NAME=N,... (any subset: the rest keep their
-defaults) or positionally, in that order, as --shape N,N,... (the shorthand).
+Sizes: every operation names its sizes (flash: batch, seq_q, seq_k, heads_q, heads_kv, head_dim and, where v's
+head dim differs from q's, head_dim_v; mean_pooling: batch, seq, heads, head_dim, chunk_size). Give them as
+--size NAME=N,... (any subset: the rest keep their defaults) or positionally, in that order, as --shape N,N,...
+(the shorthand).
 
 Exit status: 0 success, 1 a result outside its tolerance, 2 bad input or an unsupported request.
 Docs: docs/spec.md (spec format), docs/semantics.md (what each feature means), docs/abi.md (manifest).";
@@ -86,7 +87,8 @@ EJC_DUMP_MLIR=<dir> the MLIR module after every stage."
         targets: Vec<String>,
         #[command(flatten)]
         filter: Filter,
-        /// Only this value of a compile-time key (repeat for several), e.g. head_dim=128.
+        /// Only this value of a compile-time key (repeat for several), e.g. head_dim=128;
+        /// head_dim_v=128 selects the kernels whose v has a head dim of its own.
         #[arg(long = "key", value_name = "NAME=N")]
         keys: Vec<String>,
         /// Only this value of a schedule axis (repeat for several), e.g. block_m=64 or
@@ -263,7 +265,7 @@ struct ProblemArgs {
     /// Input dtype: bf16, f16 or f32 (must be one of the spec's).
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    /// Sizes, positionally in the operation's order: flash batch,seq_q,seq_k,heads_q,heads_kv,head_dim;
+    /// Sizes, positionally in the operation's order: flash batch,seq_q,seq_k,heads_q,heads_kv,head_dim[,head_dim_v];
     /// mean_pooling batch,seq,heads,head_dim,chunk_size. Compile-time sizes (head_dim) must be the spec's;
     /// for varlen variants batch is the number of sequences and the lengths are random up to the sizes.
     #[arg(long)]

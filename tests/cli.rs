@@ -31,14 +31,16 @@ fn check_valid_spec() {
     let out = text(&o.stdout);
     assert!(out.starts_with("ok: "), "{out}");
     assert!(
-        out.contains("15 variants x 3 dtypes x 5 head_dims = 225 instances; 1215 tile programs (all verified)"),
+        out.contains(
+            "15 variants x 3 dtypes x 6 head_dim/head_dim_v pairs = 270 instances; 1395 tile programs (all verified)"
+        ),
         "{out}"
     );
     // Per target (the spec's overrides): one tiling at d 96/192/256 on the CPU, four on
     // the GPU, and the 192-row tile at d 64 on sm_90a alone.
-    assert!(out.contains("cpu: 675 tile programs;"), "{out}");
-    assert!(out.contains("ptx:sm_80: 1080 tile programs,"), "{out}");
-    assert!(out.contains("ptx:sm_90a: 1215 tile programs,"), "{out}");
+    assert!(out.contains("cpu: 720 tile programs;"), "{out}");
+    assert!(out.contains("ptx:sm_80: 1260 tile programs,"), "{out}");
+    assert!(out.contains("ptx:sm_90a: 1395 tile programs,"), "{out}");
 }
 
 #[test]
@@ -91,7 +93,7 @@ fn list_table_and_json() {
     let o = ejc(&["list", SPEC, "--json"]);
     assert_eq!(code(&o), 0);
     let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(doc["kernels"].as_array().unwrap().len(), 1215);
+    assert_eq!(doc["kernels"].as_array().unwrap().len(), 1395);
     // The 192-row tile is Hopper's alone (an override), with its 12-warp configurations.
     assert!(out.contains("flash_full_bf16_d64_m192_n64  (built for ptx:sm_90a "), "{out}");
     let k =
@@ -185,10 +187,10 @@ fn build_writes_ir_and_a_manifest_the_runtime_verifies() {
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
     let loaded = ejc_runtime::manifest::load(&out).expect("manifest verifies");
     let m = &loaded.manifest;
-    assert_eq!(m.artifacts.len(), 675);
+    assert_eq!(m.artifacts.len(), 720);
     assert_eq!(m.spec.op, "flash_attention_fwd");
     // One plan per instance (variant x dtype x head_dim): flash.yaml has no split-KV axis.
-    assert_eq!(m.plans.len(), 225);
+    assert_eq!(m.plans.len(), 270);
     assert!(m.plans.iter().all(|p| p.name == "single" && p.launches.len() == 1 && p.launches[0].role == "main"));
     for a in &m.artifacts {
         let text = std::fs::read_to_string(loaded.path_of(a)).unwrap();

@@ -144,7 +144,9 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
             .collect();
         for &dtype in spec.dtypes.iter().filter(|d| opts.dtypes.is_empty() || opts.dtypes.contains(d)) {
             for keys in spec.key_points() {
-                if !keys.iter().all(|(k, v)| opts.keys.get(k).is_none_or(|vs| vs.contains(v))) {
+                // Every key the options name must be the instance's, with a listed value
+                // (`head_dim_v=128` selects the instances whose v has a head dim of its own).
+                if !opts.keys.iter().all(|(k, vs)| keys.get(k).is_some_and(|v| vs.contains(v))) {
                     continue;
                 }
                 for (ti, target) in targets.iter().enumerate() {

@@ -102,8 +102,9 @@ fn head_dim_128_and_spec_tilings() {
 }
 
 #[test]
-fn head_dims_96_192_256_every_variant() {
-    // The larger head dims (FlashAttention-3's and cuDNN's 96, 192, 256) on every variant,
+fn head_dims_96_192_256_and_192_128_every_variant() {
+    // The larger head dims (FlashAttention-3's and cuDNN's 96, 192, 256, and 192 for q/k
+    // with 128 for v) on every variant,
     // at the spec's CPU tiling for them (an override: 64 x 64), f32 and bf16, against the
     // reference on awkward sizes.
     let spec = spec();
@@ -112,25 +113,28 @@ fn head_dims_96_192_256_every_variant() {
     let target = ejc_ir::spec::Target::Cpu(None);
     let mut kernels = Vec::new();
     let mut cases = Vec::new();
-    for d in [96u32, 192, 256] {
+    // And q/k and v head dims apart (192/128, DeepSeek-V3's): the spec builds them.
+    assert!(spec.key_points().contains(&ejc_ir::flash::key_set(192, 128)), "flash.yaml builds d 192 / dv 128");
+    for (d, dv) in [(96u32, 96u32), (192, 192), (256, 256), (192, 128)] {
         for (i, v) in spec.variants.iter().enumerate() {
             // bf16 on every other variant: f32 on all of them.
             for dtype in [DType::F32, DType::BF16].into_iter().take(1 + (i % 2)) {
-                let keys = ejc_ir::op::Keys::from([("head_dim".to_string(), d)]);
+                let keys = ejc_ir::flash::key_set(d, dv);
                 let sched = spec.schedule.resolve(Some(&target), dtype, &keys);
                 let (bm, bn) = (sched.values("block_m")[0], sched.values("block_n")[0]);
                 assert_eq!((sched.values("block_m").len(), sched.values("block_n").len()), (1, 1), "one CPU tiling");
-                let k = kernel(&spec, v, dtype, d as usize, bm, bn);
-                cases.push((v, dtype, d, k.name.clone()));
+                let dims = ejc_ir::flash::HeadDims { qk: d as usize, v: dv as usize };
+                let k = kernel(&spec, v, dtype, dims, bm, bn);
+                cases.push((v, dtype, (d, dv), k.name.clone()));
                 kernels.push(k);
             }
         }
     }
     let obj = compile_object(&kernels, Isa::host()).unwrap();
     let jit = JitLibrary::load(&obj.object).unwrap();
-    for (i, (v, dtype, d, name)) in cases.iter().enumerate() {
+    for (i, (v, dtype, (d, dv), name)) in cases.iter().enumerate() {
         let k = CpuKernel { entry: jit.entry(name).unwrap(), scratch_bytes: obj.kernels[i].scratch_bytes as usize };
-        check(&k, abi(&kernels[i]), v, *dtype, &format!("2,70,83,4,2,{d}"), seed + i as u64, name);
+        check(&k, abi(&kernels[i]), v, *dtype, &format!("2,70,83,4,2,{d},{dv}"), seed + i as u64, name);
     }
 }
 

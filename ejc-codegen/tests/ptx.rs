@@ -9,6 +9,7 @@
 mod common;
 use common::spec;
 use ejc_codegen::ptx::{compile, find_ptxas, ptxas, ptxas_entries, Arch, CodePath, Overlap, PtxConfig};
+use ejc_ir::flash::HeadDims;
 
 const MMA: CodePath = CodePath::MmaSync;
 const WGMMA: CodePath = CodePath::Wgmma { overlap: Overlap::Rotated };
@@ -18,7 +19,14 @@ use ejc_ir::types::DType;
 use rayon::prelude::*;
 
 use common::split_kv_kernels;
-fn kernel(spec: &Spec, variant: &str, dtype: DType, d: usize, bm: u32, bn: u32) -> ejc_ir::ir::Kernel {
+fn kernel(
+    spec: &Spec,
+    variant: &str,
+    dtype: DType,
+    d: impl Into<ejc_ir::flash::HeadDims>,
+    bm: u32,
+    bn: u32,
+) -> ejc_ir::ir::Kernel {
     common::kernel(spec, spec.variant(variant).unwrap(), dtype, d, bm, bn)
 }
 
@@ -428,13 +436,16 @@ fn larger_head_dims_compile_and_the_serial_loop_fits_d256() {
     use ejc_codegen::ptx::candidates::candidates;
     let spec = spec();
     let tool = find_ptxas();
-    for d in [96, 192, 256] {
-        let k = kernel(&spec, "causal", DType::BF16, d, 128, 64);
+    // (q/k head dim, v head dim): 192/128 is DeepSeek-V3's.
+    for (d, dv) in [(96, 96), (192, 192), (256, 256), (192, 128)] {
+        let k = kernel(&spec, "causal", DType::BF16, HeadDims { qk: d, v: dv }, 128, 64);
         let cands = candidates(&k, Arch::Sm90a, &[8], &[2], &[]).unwrap();
         let suffixes: Vec<&str> = cands.iter().map(|c| c.suffix.as_str()).collect();
-        // d = 96 is not whole 64-column TMA blocks: no warp-specialised candidate.
-        let want: &[&str] = match d {
-            96 => &["w8_s2", "w8_s2_wgmma"],
+        // d = 96 is not whole 64-column TMA blocks: no warp-specialised candidate. The
+        // serial loop is offered where the accumulator (v's head dim) is wider than 128.
+        let want: &[&str] = match (d, dv) {
+            (96, _) => &["w8_s2", "w8_s2_wgmma"],
+            (_, 128) => &["w8_s2", "w8_s2_wgmma", "w8_s2_wgmma_ws"],
             _ => &["w8_s2", "w8_s2_wgmma", "w8_s2_wgmma_serial", "w8_s2_wgmma_ws", "w8_s2_wgmma_ws_serial"],
         };
         assert_eq!(suffixes, want, "d = {d}");
@@ -443,7 +454,7 @@ fn larger_head_dims_compile_and_the_serial_loop_fits_d256() {
             // The serial loop issues the score product inside the loop: no rotated prologue.
             let Some(t) = &tool else { continue };
             let entries = ptxas_entries(t, &p.ptx, Arch::Sm90a).unwrap_or_else(|e| panic!("{}: {e}", k.name));
-            if d == 256 {
+            if d == 256 || dv != d {
                 for (entry, r) in entries {
                     assert_eq!(r.spill_stores + r.spill_loads, 0, "{entry} ({}) spills: {r:?}", c.suffix);
                 }

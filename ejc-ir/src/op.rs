@@ -103,6 +103,9 @@ pub struct DimDecl {
     pub name: &'static str,
     /// Used by `ejc run` when the user gives no value.
     pub default: i64,
+    /// A trailing size that may be left out (of `--shape` too): the operation derives it
+    /// from the others (flash's `head_dim_v` is `head_dim`), and `default` is unused.
+    pub optional: bool,
     pub doc: &'static str,
 }
 
@@ -254,8 +257,11 @@ pub trait Operation: Sync {
     fn dtype_refusal(&self) -> &'static str;
     /// The operation's own top-level spec fields (flash: `layout`, `head_dims`).
     fn fields(&self) -> &'static [&'static str];
-    /// Decode them (reporting problems through `d`), adding the compile-time keys.
-    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>);
+    /// Decode them (reporting problems through `d`), adding the compile-time keys and
+    /// the values of each; an operation whose keys come in pairs rather than in every
+    /// combination (flash: `head_dim` with `head_dim_v`) also lists the combinations it
+    /// builds in `sets`.
+    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, sets: &mut Vec<Keys>);
     /// The fields a variant may have (besides `description`).
     fn variant_fields(&self) -> &'static [&'static str];
     /// What a variant is, for messages: "a mapping of features such as `causal: true`".
@@ -583,13 +589,14 @@ pub fn parse_dims(op: &dyn Operation, text: &str, into: &mut Sizes) -> Result<()
 pub fn parse_shape(op: &dyn Operation, text: &str) -> Result<Sizes, String> {
     let names: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
     let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-    if parts.len() != names.len() {
-        return Err(format!(
-            "shape `{text}` has {} fields; expected {}: {}",
-            parts.len(),
-            names.len(),
-            names.join(",")
-        ));
+    let required = op.dims().iter().filter(|d| !d.optional).count();
+    if parts.len() < required || parts.len() > names.len() {
+        let expected = if required == names.len() {
+            format!("{}: {}", names.len(), names.join(","))
+        } else {
+            format!("{required} to {}: {}[,{}]", names.len(), names[..required].join(","), names[required..].join(","))
+        };
+        return Err(format!("shape `{text}` has {} fields; expected {expected}", parts.len()));
     }
     let mut out = Sizes::new();
     for (i, (n, p)) in names.iter().zip(&parts).enumerate() {
@@ -603,10 +610,11 @@ pub fn parse_shape(op: &dyn Operation, text: &str) -> Result<Sizes, String> {
     Ok(out)
 }
 
-/// The dims with the operation's defaults for those not given.
+/// The dims with the operation's defaults for those not given (optional ones stay
+/// absent: the operation derives them).
 pub fn with_defaults(op: &dyn Operation, given: &Sizes) -> Sizes {
     let mut out = given.clone();
-    for d in op.dims() {
+    for d in op.dims().iter().filter(|d| !d.optional) {
         out.entry(d.name.to_string()).or_insert(d.default);
     }
     out

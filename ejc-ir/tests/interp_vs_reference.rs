@@ -165,3 +165,31 @@ fn sliding_window_skips_blocks_on_both_sides() {
 fn fx(v: &ejc_ir::spec::Variant) -> ejc_ir::flash::Features {
     ejc_ir::flash::Features::from_json(&v.features).expect("flash features")
 }
+
+#[test]
+fn value_head_dim_of_its_own_every_variant() {
+    // v (and the output) with a head dim apart from q/k's, narrower and wider, on every
+    // variant, before and after the pass pipeline; then the spec's own 192/128 kernel.
+    let spec = spec();
+    let seed = seed();
+    eprintln!("seed = {seed}");
+    for v in &spec.variants {
+        for (i, (d, dv)) in [(32usize, 16usize), (16, 48)].into_iter().enumerate() {
+            let dims = ejc_ir::flash::HeadDims { qk: d, v: dv };
+            let raw = build_flash_kernel(&v.name, &fx(v), DType::F32, dims, 16, 16).unwrap();
+            let opt = run_pipeline(&raw, &default_pipeline()).unwrap();
+            let shape = format!("2,37,53,4,2,{d},{dv}");
+            let s = seed.wrapping_add(i as u64);
+            let a = run_case(&raw, &fx(v), DType::F32, &shape, s, 1e-6);
+            let b = run_case(&opt, &fx(v), DType::F32, &shape, s, 1e-6);
+            assert_eq!(a.out.shape[2..], [4, dv]);
+            assert_eq!(a.out.to_vec(), b.out.to_vec(), "{}: passes changed the output", v.name);
+        }
+    }
+    let v = spec.variant("causal").unwrap();
+    let dims = ejc_ir::flash::HeadDims { qk: 192, v: 128 };
+    let k = main_kernel(&spec, v, DType::BF16, dims, 64, 64).unwrap();
+    assert_eq!(k.name, "flash_causal_bf16_d192v128_m64_n64");
+    let k = run_pipeline(&k, &default_pipeline()).unwrap();
+    run_case(&k, &fx(v), DType::BF16, "1,70,83,2,1,192,128", seed, 1e-2);
+}

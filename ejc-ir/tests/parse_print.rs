@@ -41,9 +41,11 @@ fn every_spec_kernel_round_trips_before_and_after_the_pipeline() {
     let mut n = 0;
     for v in &spec.variants {
         for &dtype in &spec.dtypes {
-            for &head_dim in spec.key_values("head_dim") {
-                let head_dim = head_dim as usize;
-                let k = ejc_ir::flash::main_kernel(&spec, v, dtype, head_dim, 64, 32)
+            for keys in spec.key_points() {
+                let head_dim = keys["head_dim"] as usize;
+                let dims =
+                    ejc_ir::flash::HeadDims { qk: head_dim, v: ejc_ir::flash::head_dim_v(&keys).unwrap() as usize };
+                let k = ejc_ir::flash::main_kernel(&spec, v, dtype, dims, 64, 32)
                     .unwrap_or_else(|e| panic!("{} {dtype} d{head_dim}: {e}", v.name));
                 assert_round_trips(&k, &k.name);
                 let opt = run_pipeline(&k, &default_pipeline()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
@@ -52,8 +54,8 @@ fn every_spec_kernel_round_trips_before_and_after_the_pipeline() {
             }
         }
     }
-    assert_eq!(n, spec.variants.len() * spec.dtypes.len() * spec.key_values("head_dim").len());
-    assert_eq!(n, 225, "15 variants x 3 dtypes x 5 head dims");
+    assert_eq!(n, spec.variants.len() * spec.dtypes.len() * spec.key_points().len());
+    assert_eq!(n, 270, "15 variants x 3 dtypes x 6 head dims (192/128 among them)");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use ejc_ir::tensor::{compare, HostTensor};
 use ejc_ir::types::DType;
 
 fn shape(batch: usize, seq_q: usize, seq_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize) -> FlashShape {
-    FlashShape { batch, seq_q, seq_k, heads_q, heads_kv, head_dim }
+    FlashShape::new(batch, seq_q, seq_k, heads_q, heads_kv, head_dim)
 }
 
 fn run(features: &Features, rt: &FlashRuntime, x: &FlashInputs) -> FlashOutputs {
@@ -763,4 +763,44 @@ fn bad_runtime_scalars_are_errors() {
     let fixed_cap = Features { logits_soft_cap: Some(SoftCap::Fixed(0.0)), ..Features::default() };
     expect_err(&fixed_cap, &rt, &x, "soft cap");
     expect_err(&Features::default(), &FlashRuntime { softmax_scale: f64::NAN, ..rt }, &x, "softmax_scale");
+}
+
+#[test]
+fn value_head_dim_of_its_own_gives_the_first_columns() {
+    // A value head dim apart from q/k's (192/128 in DeepSeek-V3) changes nothing but the
+    // output's width: with v narrowed to its first Dv columns, out is the full call's
+    // first Dv columns and lse is the same, bit for bit, on every feature at once that
+    // the reference allows with it (dropout, sinks, window, soft cap, segments).
+    let f = Features {
+        causal: true,
+        sliding_window: Some(Window::Runtime),
+        logits_soft_cap: Some(SoftCap::Runtime),
+        sinks: true,
+        segment_ids: true,
+        dropout: true,
+        bias: true,
+        ..Features::default()
+    };
+    for (d, dv, narrow) in [(24, 40, 16), (40, 24, 8)] {
+        let s = shape(2, 13, 17, 4, 2, d).with_head_dim_v(dv);
+        let x = random_inputs(&f, DType::F32, &s, 11);
+        assert_eq!(x.v.shape, [2, 17, 2, dv]);
+        let rt = default_runtime(&f, &s, 11);
+        let wide = run(&f, &rt, &x);
+        assert_eq!(wide.out.shape, [2, 13, 4, dv]);
+        let v = &x.v;
+        let narrowed = HostTensor::view(v, &[v.shape[0], v.shape[1], v.shape[2], narrow], &v.strides, 0);
+        let y = run(&f, &rt, &FlashInputs { v: narrowed, ..x.clone() });
+        assert_eq!(y.out.shape, [2, 13, 4, narrow]);
+        assert_eq!(y.lse.to_vec(), wide.lse.to_vec());
+        let first: Vec<f64> = wide.out.to_vec().chunks(dv).flat_map(|r| r[..narrow].to_vec()).collect();
+        assert_eq!(y.out.to_vec(), first);
+    }
+    // k and v must agree but for the head dim.
+    let s = shape(1, 3, 5, 2, 1, 16);
+    let x = random_inputs(&Features::default(), DType::F32, &s, 1);
+    let v = HostTensor::view(&x.v, &[1, 4, 1, 16], &x.v.strides, 0);
+    let e = reference(&Features::default(), &default_runtime(&Features::default(), &s, 1), &FlashInputs { v, ..x })
+        .unwrap_err();
+    assert!(e.contains("must match but for the head dim"), "{e}");
 }

@@ -250,3 +250,29 @@ fn front_end_ir() {
     snap!("split_kv__partial_gpt_oss", print_kernel(&p));
     snap!("split_kv__combine_gpt_oss", print_kernel(&c));
 }
+
+#[test]
+fn value_head_dim_of_its_own_splits_and_combines() {
+    // v with a head dim apart from q/k's: the partial kernels' o_partial and the
+    // combine's output have v's width.
+    let seed = seed();
+    for f in [Features::default(), Features { causal: true, sinks: true, ..Default::default() }] {
+        for (d, dv) in [(32usize, 16usize), (16, 48)] {
+            let dims = ejc_ir::flash::HeadDims { qk: d, v: dv };
+            let p = build_flash_partial_kernel("partial", &f, DType::F32, dims, 16, 16).unwrap();
+            let c = build_flash_combine_kernel("combine", &f, DType::F32, dv, 16).unwrap();
+            let (p, c) =
+                (run_pipeline(&p, &default_pipeline()).unwrap(), run_pipeline(&c, &default_pipeline()).unwrap());
+            let shape = FlashShape::parse(&format!("2,19,53,4,2,{d},{dv}")).unwrap();
+            for splits in [1, 3, 7] {
+                let (got, _) = run_split(&p, &c, &f, DType::F32, &shape, seed, splits, splits);
+                assert_eq!(got.out.shape, [2, 19, 4, dv]);
+                let (out, lse) = errors(&got, &f, DType::F32, &shape, seed);
+                assert!(
+                    out <= 1e-5 && lse <= 1e-5,
+                    "d {d} dv {dv} splits {splits}: out {out:e} lse {lse:e} seed {seed}"
+                );
+            }
+        }
+    }
+}

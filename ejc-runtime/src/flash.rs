@@ -246,7 +246,9 @@ impl Runtime {
             call.tensors.insert("sinks".into(), t);
         }
         // Outputs where the inputs are, NaN-filled so an unwritten element shows.
-        let out = HostBuffer::from_host(&HostTensor::full(dtype, &[b, sq, hq, d], f64::NAN));
+        // The output has v's head dim (which may differ from q's: 192/128).
+        let dv = a.v.shape()[3];
+        let out = HostBuffer::from_host(&HostTensor::full(dtype, &[b, sq, hq, dv], f64::NAN));
         let lse = HostBuffer::from_host(&HostTensor::full(DType::F32, &[b, hq, sq], f64::NAN));
         let on_device = !matches!(a.q, Arg::Host(_));
         if on_device {

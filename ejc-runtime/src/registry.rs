@@ -354,7 +354,9 @@ impl Registry {
     fn instance_matches(op: Option<&'static dyn ejc_ir::op::Operation>, i: &Instance, f: &Features, q: &Query) -> bool {
         q.variant.as_deref().is_none_or(|v| v == i.variant)
             && q.dtype.as_deref().is_none_or(|d| d == i.dtype)
-            && q.keys.iter().all(|(k, v)| i.keys.get(k) == Some(v))
+            // A query that names keys names all of them: flash's `head_dim` 192 alone
+            // asks for v of head dim 192 too, not for the `head_dim_v` 128 instance.
+            && (q.keys.is_empty() || q.keys == i.keys)
             && q.features.as_ref().is_none_or(|w| match op {
                 Some(op) => op.matches(f, w),
                 None => f == w,

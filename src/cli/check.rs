@@ -37,7 +37,7 @@ pub fn run(path: &Path) -> Outcome {
     let launch: Vec<&str> =
         op.axes().iter().filter(|a| a.kind == ejc_ir::op::AxisKind::Launch).map(|a| a.name).collect();
     let instances_n = spec.variants.len() * spec.dtypes.len() * spec.key_points().len();
-    let keys: Vec<String> = spec.keys.iter().map(|(k, v)| format!("{} {k}s", v.len())).collect();
+    let keys = spec.key_terms(true);
     println!(
         "ok: {}: `{}` ({}@{}): {} variants x {} dtypes{} = {} instances; {} tile programs (all verified); targets: {}",
         ejc_ir::limits::escape_controls(&path.display().to_string()),

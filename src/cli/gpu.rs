@@ -111,20 +111,20 @@ pub fn build_candidates(p: &Problem, variants: &[&Variant], target: Target, quie
 /// from the kernels' IR by the PTX candidate policy: e.g. f32 products).
 pub fn precheck(p: &Problem, variants: &[&Variant]) -> Result<(), Outcome> {
     use ejc_codegen::ptx::candidates::{candidates, Skip};
+    // Before a GPU is found: the schedule of the oldest arch (the policy checks sm_80).
+    let sm80 = Target::Ptx(Arch::Sm80.name().into());
+    let schedule = p.schedule(&sm80);
+    let spec_warps = match schedule.values("num_warps") {
+        [] => &[1, 2, 4, 8][..],
+        w => w,
+    };
     for v in variants {
         let Some(plan) = p.plans(v).into_iter().next() else { continue };
-        // Before a GPU is found: the schedule of the oldest arch (the policy checks sm_80).
-        let sm80 = Target::Ptx(Arch::Sm80.name().into());
         let config = p.plan_configs(&plan, true, &sm80).remove(0);
         for (role, k) in p.kernels(v, &plan, &config)? {
             // A role may fix its warps (split-KV's combine runs on one warp).
             let fixed = plan.roles.iter().find(|r| r.name == role.as_str()).and_then(|r| r.fixed.get("num_warps"));
-            let warps = match fixed {
-                Some(w) => vec![*w],
-                None => p.schedule(&sm80).values("num_warps").to_vec(),
-            };
-            let warps = if warps.is_empty() { vec![1, 2, 4, 8] } else { warps };
-            let warps = warps.as_slice();
+            let warps = fixed.map_or(spec_warps, std::slice::from_ref);
             if let Err(skip) = candidates(&k, Arch::Sm80, warps, &[1], &[]) {
                 let why = match skip {
                     Skip::F32Products => "f32 products: tensor cores take 16-bit operands (tf32 would miss f32's 1e-5 tolerance): use --dtype bf16 or f16, or --backend cpu for f32"

@@ -117,7 +117,7 @@ pub fn run(path: &Path, as_json: bool) -> Outcome {
             println!("  {}  (built for {})", i.id, parts.join(", "));
         }
     }
-    let keys: Vec<String> = spec.keys.iter().map(|(k, v)| format!("{} {k}", v.len())).collect();
+    let keys = spec.key_terms(false);
     println!(
         "{} variants x {} dtypes x {} = {} tile programs; {}",
         spec.variants.len(),
@@ -134,8 +134,8 @@ fn is_gpu(t: &Target) -> bool {
     matches!(t, Target::Ptx(_)) || *t == Target::Mlir("gpu".into())
 }
 
-/// What each target builds: `ir: 675 tile programs; ...; ptx:sm_90a: 1215 tile programs,
-/// 1215 candidates (plans x tilings x run-time axes), 4590 with the launch configurations; ...`.
+/// What each target builds: `ir: 720 tile programs; ...; ptx:sm_90a: 1395 tile programs,
+/// 1395 candidates (plans x tilings x run-time axes), 4590 with the launch configurations; ...`.
 pub fn target_summary(spec: &Spec, launch: &[&str]) -> String {
     spec.targets
         .iter()

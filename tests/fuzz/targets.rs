@@ -129,7 +129,7 @@ pub fn spec(data: &[u8], scratch: &Scratch) -> bool {
         op.axes().iter().filter(|a| a.kind == ejc::ir::op::AxisKind::Launch).map(|a| a.name).collect();
     let bound = [spec.variants.len(), spec.dtypes.len(), 4]
         .into_iter()
-        .chain(spec.keys.iter().map(|(_, v)| v.len()))
+        .chain([spec.key_points().len()])
         .chain(spec.schedule.axes.iter().map(|(n, _)| spec.schedule.all_values(n).len()))
         // An override may set an axis the schedule does not list.
         .chain(spec.schedule.overrides.iter().flat_map(|o| o.axes.iter().map(|(_, v)| v.len())))
@@ -272,10 +272,23 @@ pub fn manifest(data: &[u8], scratch: &Scratch) -> bool {
 }
 
 fn symbols(n: i64) -> BTreeMap<String, i64> {
-    ["batch", "seq_q", "seq_k", "heads_q", "heads_kv", "head_dim", "num_splits", "block_m", "block_n", "seq", "heads"]
-        .iter()
-        .map(|s| (s.to_string(), n))
-        .collect()
+    [
+        "batch",
+        "seq_q",
+        "seq_k",
+        "heads_q",
+        "heads_kv",
+        "head_dim",
+        "head_dim_v",
+        "num_splits",
+        "block_m",
+        "block_n",
+        "seq",
+        "heads",
+    ]
+    .iter()
+    .map(|s| (s.to_string(), n))
+    .collect()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -42,7 +42,14 @@ pub fn tol(d: DType) -> f64 {
 }
 
 /// The tile IR of `v` at a tiling, after the pass pipeline.
-pub fn kernel(spec: &Spec, v: &Variant, dtype: DType, head_dim: usize, bm: u32, bn: u32) -> Kernel {
+pub fn kernel(
+    spec: &Spec,
+    v: &Variant,
+    dtype: DType,
+    head_dim: impl Into<ejc_ir::flash::HeadDims>,
+    bm: u32,
+    bn: u32,
+) -> Kernel {
     let k = main_kernel(spec, v, dtype, head_dim, bm, bn).unwrap();
     run_pipeline(&k, &default_pipeline()).unwrap()
 }
@@ -171,7 +178,7 @@ pub fn run_flash(
     use ejc_ir::op::Operation;
     let host = ejc_ir::flash::op::host_call(f, rt, inputs);
     let op = &ejc_ir::flash::op::FlashAttentionFwd;
-    let keys = ejc_ir::op::Keys::from([("head_dim".to_string(), inputs.q.shape[3] as u32)]);
+    let keys = ejc_ir::flash::key_set(inputs.q.shape[3] as u32, inputs.v.shape[3] as u32);
     let sizes = op.validate(&f.to_json(), dtype, &keys, &host)?;
     let mut call = ejc_runtime::call::Call::from_host(&host);
     let spec = ejc_runtime::exec::HostLaunchSpec {

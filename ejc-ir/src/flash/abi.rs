@@ -46,8 +46,8 @@ pub fn abi_params(f: &Features, dtype: DType) -> Vec<AbiParam> {
     let mut v = vec![
         p("q", t4.clone(), "input: queries [B, Sq, Hq, D] (varlen: [1, total_q, Hq, D])"),
         p("k", t4.clone(), "input: keys [B, Sk, Hkv, D] (varlen: [1, total_k, Hkv, D])"),
-        p("v", t4.clone(), "input: values [B, Sk, Hkv, D] (varlen: [1, total_k, Hkv, D])"),
-        p("out", t4.clone(), "output: attention output, q's shape"),
+        p("v", t4.clone(), "input: values [B, Sk, Hkv, Dv] (varlen: [1, total_k, Hkv, Dv])"),
+        p("out", t4.clone(), "output: attention output [B, Sq, Hq, Dv] (q's shape, v's head dim)"),
         p(
             "lse",
             Type::Tensor(DType::F32, 3),
@@ -189,7 +189,7 @@ pub fn grid(f: &Features, block_m: usize) -> [GridExpr; 3] {
 }
 
 /// Values of the grid symbols for a call: `batch`, `seq_q`, `seq_k`, `heads_q`,
-/// `heads_kv`, `head_dim`, and for varlen `num_seqs`, `max_seqlen_q`, `max_seqlen_k`.
+/// `heads_kv`, `head_dim`, `head_dim_v`, and for varlen `num_seqs`, `max_seqlen_q`, `max_seqlen_k`.
 pub fn grid_symbols(inputs: &FlashInputs) -> Vec<(&'static str, i64)> {
     let q = &inputs.q.shape;
     let k = &inputs.k.shape;
@@ -200,6 +200,7 @@ pub fn grid_symbols(inputs: &FlashInputs) -> Vec<(&'static str, i64)> {
         ("heads_q", q[2] as i64),
         ("heads_kv", k[2] as i64),
         ("head_dim", q[3] as i64),
+        ("head_dim_v", inputs.v.shape[3] as i64),
     ];
     let longest = |cu: &HostTensor| -> i64 {
         let c = cu.to_vec();
@@ -234,7 +235,8 @@ pub fn launch_grid_with(kernel: &Kernel, inputs: &FlashInputs, extra: &[(&str, i
 /// write can never pass a comparison.
 pub fn alloc_outputs(inputs: &FlashInputs) -> FlashOutputs {
     let q = &inputs.q;
-    let out = HostTensor::full(q.dtype, &q.shape, f64::NAN);
+    let dv = inputs.v.shape[3];
+    let out = HostTensor::full(q.dtype, &[q.shape[0], q.shape[1], q.shape[2], dv], f64::NAN);
     let lse = HostTensor::full(DType::F32, &[q.shape[0], q.shape[2], q.shape[1]], f64::NAN);
     FlashOutputs { out, lse }
 }
@@ -244,7 +246,7 @@ pub fn alloc_outputs(inputs: &FlashInputs) -> FlashOutputs {
 /// filled with NaN like [`alloc_outputs`]'s.
 pub fn alloc_split_temps(inputs: &FlashInputs, num_splits: usize) -> (HostTensor, HostTensor) {
     let q = &inputs.q.shape;
-    let (b, sq, hq, d) = (q[0], q[1], q[2], q[3]);
+    let (b, sq, hq, d) = (q[0], q[1], q[2], inputs.v.shape[3]);
     let o = HostTensor::full(DType::F32, &[num_splits, b, hq, sq, d], f64::NAN);
     let lse = HostTensor::full(DType::F32, &[num_splits, b, hq, sq], f64::NAN);
     (o, lse)

@@ -41,13 +41,34 @@ pub struct FlashHooks {
     pub score_mod: Option<ScoreMod>,
 }
 
-/// Build a flash forward kernel for any feature combination, dtype, head dim and
-/// tiling (tests use tilings outside the spec's schedule space, e.g. 16 x 16).
+/// The head dims of a flash kernel: of q and k (`qk`), and of v and the output (`v`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadDims {
+    pub qk: usize,
+    pub v: usize,
+}
+
+impl HeadDims {
+    /// q, k and v share `d`.
+    pub fn same(d: usize) -> Self {
+        HeadDims { qk: d, v: d }
+    }
+}
+
+impl From<usize> for HeadDims {
+    fn from(d: usize) -> Self {
+        HeadDims::same(d)
+    }
+}
+
+/// Build a flash forward kernel for any feature combination, dtype, head dims (one
+/// `usize` for q, k and v, or [`HeadDims`]) and tiling (tests use tilings outside the
+/// spec's schedule space, e.g. 16 x 16).
 pub fn build_flash_kernel(
     name: &str,
     f: &Features,
     dtype: DType,
-    head_dim: usize,
+    head_dim: impl Into<HeadDims>,
     block_m: usize,
     block_n: usize,
 ) -> Result<Kernel, VerifyError> {
@@ -59,12 +80,12 @@ pub fn build_flash_kernel_with(
     name: &str,
     f: &Features,
     dtype: DType,
-    head_dim: usize,
+    head_dim: impl Into<HeadDims>,
     block_m: usize,
     block_n: usize,
     hooks: &FlashHooks,
 ) -> Result<Kernel, VerifyError> {
-    build_flash(name, f, dtype, head_dim, block_m, block_n, hooks, Output::Forward)
+    build_flash(name, f, dtype, head_dim.into(), block_m, block_n, hooks, Output::Forward)
 }
 
 /// Split-KV's kernels take dense batches only: a varlen variant is an error.
@@ -97,13 +118,13 @@ pub fn build_flash_partial_kernel(
     name: &str,
     f: &Features,
     dtype: DType,
-    head_dim: usize,
+    dims: impl Into<HeadDims>,
     block_m: usize,
     block_n: usize,
 ) -> Result<Kernel, VerifyError> {
     refuse_varlen(name, f)?;
     let f = Features { sinks: false, ..f.clone() };
-    build_flash(name, &f, dtype, head_dim, block_m, block_n, &FlashHooks::default(), Output::SplitPartial)
+    build_flash(name, &f, dtype, dims.into(), block_m, block_n, &FlashHooks::default(), Output::SplitPartial)
 }
 
 /// What a kernel built by [`build_flash`] computes and stores.
@@ -122,13 +143,13 @@ fn build_flash(
     name: &str,
     f: &Features,
     dtype: DType,
-    head_dim: usize,
+    dims: HeadDims,
     block_m: usize,
     block_n: usize,
     hooks: &FlashHooks,
     output: Output,
 ) -> Result<Kernel, VerifyError> {
-    let (bm, bn, d) = (block_m, block_n, head_dim);
+    let (bm, bn, d, dv) = (block_m, block_n, dims.qk, dims.v);
     let split_kv = output == Output::SplitPartial;
     let mut b = KernelBuilder::new(name);
     let abi = if split_kv { abi_params_partial(f, dtype) } else { abi_params(f, dtype) };
@@ -199,7 +220,7 @@ fn build_flash(
     // ---- online-softmax state; sinks enter it once, before any key ----
     let mut m_i = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
     let mut l_i = b.full(0.0, DType::F32, &[bm]);
-    let acc = b.full(0.0, DType::F32, &[bm, d]);
+    let acc = b.full(0.0, DType::F32, &[bm, dv]);
     let log2e = b.const_f32(LOG2_E);
     if f.sinks {
         (m_i, l_i) = enter_sinks(&mut b, param("sinks"), head, bm, (c0, c1, log2e), (m_i, l_i));
@@ -412,7 +433,7 @@ fn build_flash(
                 Axis::Index(tensor_batch),
                 kv_rows,
                 Axis::Index(kv_head),
-                Axis::Range { start: c0, size: d, limit: None },
+                Axis::Range { start: c0, size: dv, limit: None },
             ],
             0.0,
         );
@@ -425,7 +446,7 @@ fn build_flash(
     if let Some((split, _)) = split {
         // The split's own softmax, normalised, in f32: the combine weighs it by its LSE.
         let rows = Axis::Range { start: q_row0, size: bm, limit: q_end };
-        let cols = Axis::Range { start: c0, size: d, limit: None };
+        let cols = Axis::Range { start: c0, size: dv, limit: None };
         let at = [Axis::Index(split), Axis::Index(batch), Axis::Index(head)];
         b.store(param("o_partial"), [&at[..], &[rows, cols]].concat(), o);
         b.store(param("lse_partial"), [&at[..], &[rows]].concat(), lse);
@@ -438,7 +459,7 @@ fn build_flash(
             Axis::Index(tensor_batch),
             Axis::Range { start: q_row0, size: bm, limit: q_end },
             Axis::Index(head),
-            Axis::Range { start: c0, size: d, limit: None },
+            Axis::Range { start: c0, size: dv, limit: None },
         ],
         o,
     );

@@ -6,7 +6,7 @@
 //! use ejc_ir::types::DType;
 //!
 //! let features = Features { bias: true, mask: true, ..Features::default() };
-//! let shape = FlashShape { batch: 2, seq_q: 16, seq_k: 24, heads_q: 4, heads_kv: 2, head_dim: 32 };
+//! let shape = FlashShape::new(2, 16, 24, 4, 2, 32);
 //! let x = inputs::random_inputs(&features, DType::F16, &shape, 7);
 //! assert_eq!(x.k.shape, vec![2, 24, 2, 32]); // BSHD logically...
 //! assert_eq!(x.k.strides, vec![2 * 24 * 32, 32, 24 * 32, 1]); // ...stored head-major
@@ -33,15 +33,15 @@ use crate::types::DType;
 
 /// Random inputs for `features` at `shape`, q/k/v/bias in `dtype`.
 ///
-/// Dense: q `[B, Sq, Hq, D]` (contiguous), k/v `[B, Sk, Hkv, D]` stored as
-/// `[B, Hkv, Sk, D]`. Varlen: the same with batch 1 and the packed totals, sequence
+/// Dense: q `[B, Sq, Hq, D]` (contiguous), k `[B, Sk, Hkv, D]` and v `[B, Sk, Hkv, Dv]`
+/// stored as `[B, Hkv, Sk, D]`. Varlen: the same with batch 1 and the packed totals, sequence
 /// lengths uniform in `[1, seq_q]` / `[1, seq_k]` except sequence 0, which gets exactly
 /// `seq_q` / `seq_k` so the maximum lengths are exercised. Tensors for features the
 /// variant lacks are `None`; the others are generated from the shape even where the
 /// reference rejects the combination (varlen with bias, mask or segment ids).
 pub fn random_inputs(features: &Features, dtype: DType, shape: &FlashShape, seed: u64) -> FlashInputs {
     let mut rng = StdRng::seed_from_u64(seed);
-    let FlashShape { batch, seq_q, seq_k, heads_q, heads_kv, head_dim } = *shape;
+    let FlashShape { batch, seq_q, seq_k, heads_q, heads_kv, head_dim, head_dim_v } = *shape;
 
     let (cu_seqlens_q, cu_seqlens_k) = if features.varlen {
         let (cu_q, cu_k) = varlen_offsets(&mut rng, batch, seq_q, seq_k);
@@ -62,7 +62,7 @@ pub fn random_inputs(features: &Features, dtype: DType, shape: &FlashShape, seed
         normals(&mut rng, dtype, qkv_batch * rows_q * heads_q * head_dim, 1.0),
     );
     let k = head_major(&mut rng, dtype, [qkv_batch, rows_k, heads_kv, head_dim]);
-    let v = head_major(&mut rng, dtype, [qkv_batch, rows_k, heads_kv, head_dim]);
+    let v = head_major(&mut rng, dtype, [qkv_batch, rows_k, heads_kv, head_dim_v]);
 
     let bias = features.bias.then(|| {
         // One [Hq, Sq, Sk] plane shared by every batch entry: stride 0 on the batch axis.

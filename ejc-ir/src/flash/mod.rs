@@ -28,6 +28,6 @@ pub mod reference;
 
 pub use combine::build_flash_combine_kernel;
 pub use features::{CallFeatures, Features, SoftCap, Window};
-pub use frontend::{build_flash_kernel, build_flash_kernel_with, build_flash_partial_kernel, FlashHooks};
-pub use op::main_kernel;
+pub use frontend::{build_flash_kernel, build_flash_kernel_with, build_flash_partial_kernel, FlashHooks, HeadDims};
+pub use op::{head_dim_v, key_set, main_kernel};
 pub use problem::{FlashInputs, FlashOutputs, FlashRuntime, FlashShape};

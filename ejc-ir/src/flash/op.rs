@@ -109,16 +109,42 @@ const AXES: &[AxisDecl] = &[
 ];
 
 const DIMS: &[DimDecl] = &[
-    DimDecl { name: "batch", default: 2, doc: "batch size (varlen: the number of packed sequences)" },
-    DimDecl { name: "seq_q", default: 77, doc: "query length (varlen: the longest)" },
-    DimDecl { name: "seq_k", default: 93, doc: "key length (varlen: the longest)" },
-    DimDecl { name: "heads_q", default: 4, doc: "query heads" },
-    DimDecl { name: "heads_kv", default: 2, doc: "key/value heads (divides heads_q: GQA/MQA)" },
-    DimDecl { name: "head_dim", default: 64, doc: "head dimension (compiled in: one of the spec's head_dims)" },
+    DimDecl { name: "batch", default: 2, optional: false, doc: "batch size (varlen: the number of packed sequences)" },
+    DimDecl { name: "seq_q", default: 77, optional: false, doc: "query length (varlen: the longest)" },
+    DimDecl { name: "seq_k", default: 93, optional: false, doc: "key length (varlen: the longest)" },
+    DimDecl { name: "heads_q", default: 4, optional: false, doc: "query heads" },
+    DimDecl { name: "heads_kv", default: 2, optional: false, doc: "key/value heads (divides heads_q: GQA/MQA)" },
+    DimDecl {
+        name: "head_dim",
+        default: 64,
+        optional: false,
+        doc: "head dimension of q and k (compiled in: one of the spec's head_dims)",
+    },
+    DimDecl {
+        name: "head_dim_v",
+        default: 0,
+        optional: true,
+        doc: "head dimension of v and the output (compiled in; default: head_dim)",
+    },
 ];
 
 fn features(f: &op::Features) -> Result<Features, String> {
     Features::from_json(f)
+}
+
+/// The compile-time keys of a q/k head dim `d` and value head dim `dv`: `head_dim`, and
+/// `head_dim_v` only where it differs (so the usual case reads as it always has).
+pub fn key_set(d: u32, dv: u32) -> Keys {
+    let mut k = Keys::from([("head_dim".to_string(), d)]);
+    if dv != d {
+        k.insert("head_dim_v".into(), dv);
+    }
+    k
+}
+
+/// The value head dim of an instance's keys.
+pub fn head_dim_v(keys: &Keys) -> Option<u32> {
+    keys.get("head_dim_v").or(keys.get("head_dim")).copied()
 }
 
 /// The flash runtime of a call's scalars (the defaults where a scalar is absent).
@@ -213,6 +239,10 @@ fn shape_of(dims: &Sizes) -> Result<FlashShape, String> {
         heads_q: g("heads_q")?,
         heads_kv: g("heads_kv")?,
         head_dim: g("head_dim")?,
+        head_dim_v: match dims.get("head_dim_v") {
+            Some(&v) if v > 0 => v as usize,
+            _ => g("head_dim")?,
+        },
     };
     s.validate()?;
     Ok(s)
@@ -226,6 +256,7 @@ fn dims_of(s: &FlashShape) -> Sizes {
         ("heads_q".to_string(), s.heads_q as i64),
         ("heads_kv".to_string(), s.heads_kv as i64),
         ("head_dim".to_string(), s.head_dim as i64),
+        ("head_dim_v".to_string(), s.head_dim_v as i64),
     ])
 }
 
@@ -241,6 +272,10 @@ pub fn problem_of(sizes: &Sizes) -> FlashShape {
         heads_q: g("heads_q"),
         heads_kv: g("heads_kv"),
         head_dim: g("head_dim"),
+        head_dim_v: match g("head_dim_v") {
+            0 => g("head_dim"),
+            v => v,
+        },
     }
 }
 
@@ -273,26 +308,52 @@ impl Operation for FlashAttentionFwd {
         &["layout", "head_dims"]
     }
 
-    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>) {
+    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, sets: &mut Vec<Keys>) {
         if let Some(v) = f.value("layout") {
             d.choice(v, "layout", "layout", &["bshd"]);
         }
         let allowed = "a multiple of 16 from 16 to 256";
-        let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
+        let list_allowed = "a non-empty list of head dimensions: multiples of 16 from 16 to 256, or \
+                            `{qk: D, v: DV}` where the value head dimension differs";
+        let check = |v: i64| {
+            if v % 16 != 0 {
+                Some("head dimension is not a multiple of 16")
+            } else if !(16..=256).contains(&v) {
+                Some("head dimension is out of range")
+            } else {
+                None
+            }
+        };
         if let Some(v) = d.required(f, "head_dims", list_allowed) {
-            let dims = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
-                let v = d.int(node, path, allowed, |v| {
-                    if v % 16 != 0 {
-                        Some("head dimension is not a multiple of 16")
-                    } else if !(16..=256).contains(&v) {
-                        Some("head dimension is out of range")
-                    } else {
-                        None
-                    }
-                })?;
-                u32::try_from(v).ok()
+            // Each entry: (q/k head dim, value head dim).
+            let pairs = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
+                if !matches!(node.kind, crate::spec::yaml::NodeKind::Map(_)) {
+                    let v = u32::try_from(d.int(node, path, allowed, check)?).ok()?;
+                    return Some((v, v));
+                }
+                let pair_allowed = "`{qk: D, v: DV}`: the q/k and the value head dimension";
+                let f = d.fields(node, path, &["qk", "v"], "head dimension field", pair_allowed)?;
+                let qk = d.required(&f, "qk", allowed);
+                let vv = d.required(&f, "v", allowed);
+                let qk = u32::try_from(d.int(qk?, &f.path("qk"), allowed, check)?).ok()?;
+                let vv = u32::try_from(d.int(vv?, &f.path("v"), allowed, check)?).ok()?;
+                Some((qk, vv))
             });
-            keys.push(("head_dim".into(), dims));
+            let mut qk: Vec<u32> = Vec::new();
+            let mut dv: Vec<u32> = Vec::new();
+            for &(a, b) in &pairs {
+                if !qk.contains(&a) {
+                    qk.push(a);
+                }
+                if a != b && !dv.contains(&b) {
+                    dv.push(b);
+                }
+            }
+            keys.push(("head_dim".into(), qk));
+            if !dv.is_empty() {
+                keys.push(("head_dim_v".into(), dv));
+                sets.extend(pairs.iter().map(|&(a, b)| key_set(a, b)));
+            }
         }
     }
 
@@ -343,7 +404,7 @@ impl Operation for FlashAttentionFwd {
                     Temporary {
                         name: o,
                         dtype: "f32".into(),
-                        shape: ["num_splits", "batch", "heads_q", "seq_q", "head_dim"].map(String::from).to_vec(),
+                        shape: ["num_splits", "batch", "heads_q", "seq_q", "head_dim_v"].map(String::from).to_vec(),
                         fill: "none".into(),
                     },
                     Temporary {
@@ -365,7 +426,11 @@ impl Operation for FlashAttentionFwd {
 
     fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {
         let hd = k.keys.get("head_dim").copied().unwrap_or(0);
-        let base = format!("{spec_name}_{}_{}_d{hd}", k.variant.name, k.dtype);
+        let dv = match k.keys.get("head_dim_v") {
+            Some(v) => format!("v{v}"),
+            None => String::new(),
+        };
+        let base = format!("{spec_name}_{}_{}_d{hd}{dv}", k.variant.name, k.dtype);
         let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
         match k.role {
             "partial" => format!("{base}_m{m}_n{n}_split"),
@@ -377,13 +442,20 @@ impl Operation for FlashAttentionFwd {
     fn build(&self, spec: &Spec, k: &KernelInstance) -> Result<Kernel, String> {
         let f = features(&k.variant.features)?;
         let hd = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
+        let dv = head_dim_v(&k.keys).unwrap_or(hd as u32) as usize;
+        let dims = super::frontend::HeadDims { qk: hd, v: dv };
         let tile = |n: &str| k.tile.get(n).copied().map(|v| v as usize).ok_or(format!("no `{n}` for {}", k.id));
         let mut kernel = match k.role {
-            "main" => super::frontend::build_flash_kernel(&k.id, &f, k.dtype, hd, tile("block_m")?, tile("block_n")?),
-            "partial" => {
-                super::frontend::build_flash_partial_kernel(&k.id, &f, k.dtype, hd, tile("block_m")?, tile("block_n")?)
-            }
-            "combine" => super::combine::build_flash_combine_kernel(&k.id, &f, k.dtype, hd, tile("block_m")?),
+            "main" => super::frontend::build_flash_kernel(&k.id, &f, k.dtype, dims, tile("block_m")?, tile("block_n")?),
+            "partial" => super::frontend::build_flash_partial_kernel(
+                &k.id,
+                &f,
+                k.dtype,
+                dims,
+                tile("block_m")?,
+                tile("block_n")?,
+            ),
+            "combine" => super::combine::build_flash_combine_kernel(&k.id, &f, k.dtype, dv, tile("block_m")?),
             other => return Err(format!("flash has no role `{other}`")),
         }
         .map_err(|e| e.to_string())?;
@@ -394,6 +466,9 @@ impl Operation for FlashAttentionFwd {
             ("dtype".to_string(), k.dtype.to_string()),
             ("head_dim".to_string(), hd.to_string()),
         ];
+        if dv != hd {
+            attrs.push(("head_dim_v".to_string(), dv.to_string()));
+        }
         for (n, v) in &k.tile {
             if n.starts_with("block_") {
                 attrs.push((n.clone(), v.to_string()));
@@ -419,7 +494,7 @@ impl Operation for FlashAttentionFwd {
             dropout: true,
         };
         match name {
-            "o_partial" => "temporary: per-split outputs, f32 [num_splits, B, Hq, Sq, D]",
+            "o_partial" => "temporary: per-split outputs, f32 [num_splits, B, Hq, Sq, Dv]",
             "lse_partial" => "temporary: per-split log-sum-exps, f32 [num_splits, B, Hq, Sq]",
             "num_splits" => "scalar: key splits of the split-KV plan",
             _ => abi_params(&all, DType::F32).into_iter().find(|p| p.name == name).map(|p| p.meaning).unwrap_or(""),
@@ -437,7 +512,9 @@ impl Operation for FlashAttentionFwd {
     }
 
     fn keys_of(&self, dims: &Sizes) -> Keys {
-        Keys::from([("head_dim".to_string(), dims.get("head_dim").copied().unwrap_or(0).max(0) as u32)])
+        let d = dims.get("head_dim").copied().unwrap_or(0).max(0) as u32;
+        let dv = dims.get("head_dim_v").copied().filter(|v| *v > 0).map_or(d, |v| v as u32);
+        key_set(d, dv)
     }
 
     fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String> {
@@ -445,7 +522,11 @@ impl Operation for FlashAttentionFwd {
         if q.shape.len() != 4 {
             return Err(format!("argument `q`: shape {:?} is not [batch, seq, heads, head_dim]", q.shape));
         }
-        Ok(Keys::from([("head_dim".to_string(), q.shape[3] as u32)]))
+        let dv = match call.tensor("v") {
+            Some(v) if v.shape.len() == 4 => v.shape[3] as u32,
+            _ => q.shape[3] as u32,
+        };
+        Ok(key_set(q.shape[3] as u32, dv))
     }
 
     fn dims_of(&self, sizes: &Sizes) -> Sizes {
@@ -473,6 +554,7 @@ impl Operation for FlashAttentionFwd {
     fn validate(&self, f: &op::Features, dtype: DType, keys: &Keys, call: &dyn CallView) -> Result<Sizes, String> {
         let f = features(f)?;
         let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
+        let head_dim_v = head_dim_v(keys).unwrap_or(0) as usize;
         // Every tensor the kernels take: present, dtype and rank.
         for p in abi_params(&f, dtype) {
             if let Type::Tensor(d, rank) = p.ty {
@@ -505,13 +587,22 @@ impl Operation for FlashAttentionFwd {
                 k.shape, q.shape
             ));
         }
-        if v.shape != k.shape {
-            return Err(format!("argument `v` has shape {:?}, it must equal k's {:?}", v.shape, k.shape));
+        let dv = v.shape[3];
+        if v.shape[..3] != k.shape[..3] {
+            return Err(format!(
+                "argument `v` has shape {:?}; with k {:?} it must be [{bk}, {sk}, {hkv}, Dv]",
+                v.shape, k.shape
+            ));
+        }
+        if dv != head_dim_v {
+            return Err(format!(
+                "argument `v` has head_dim {dv}, but this kernel is compiled for a value head_dim of {head_dim_v}"
+            ));
         }
         if hkv == 0 || hq % hkv != 0 {
             return Err(format!("heads_q ({hq}) must be a multiple of heads_kv ({hkv})"));
         }
-        expect_shape(call, "out", &[batch, sq, hq, d])?;
+        expect_shape(call, "out", &[batch, sq, hq, dv])?;
         expect_shape(call, "lse", &[batch, hq, sq])?;
         let mut sizes = Sizes::from([
             ("batch".to_string(), batch as i64),
@@ -520,6 +611,7 @@ impl Operation for FlashAttentionFwd {
             ("heads_q".to_string(), hq as i64),
             ("heads_kv".to_string(), hkv as i64),
             ("head_dim".to_string(), d as i64),
+            ("head_dim_v".to_string(), dv as i64),
         ]);
         if f.varlen {
             if batch != 1 {
@@ -606,11 +698,15 @@ impl Operation for FlashAttentionFwd {
     fn cache_desc(&self, wanted: &op::Features, dtype: DType, sizes: &Sizes) -> serde_json::Value {
         let s = problem_of(sizes);
         let b = |n: usize| n.max(16).next_power_of_two();
-        json!({
+        let mut desc = json!({
             "q": {"shape": [s.batch, b(s.seq_q), s.heads_q, s.head_dim], "dtype": dtype.to_string()},
             "k": {"shape": [s.batch, b(s.seq_k), s.heads_kv, s.head_dim], "dtype": dtype.to_string()},
             "features": wanted,
-        })
+        });
+        if s.head_dim_v != s.head_dim {
+            desc["v"] = json!({"shape": [s.batch, b(s.seq_k), s.heads_kv, s.head_dim_v], "dtype": dtype.to_string()});
+        }
+        desc
     }
 
     fn random_call(&self, f: &op::Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String> {
@@ -624,10 +720,12 @@ impl Operation for FlashAttentionFwd {
     fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
         let f = features(f)?;
         let s = shape_of(dims)?;
-        let FlashShape { batch: b, seq_q: sq, seq_k: sk, heads_q: hq, heads_kv: hk, head_dim: d } = s;
+        let FlashShape { batch: b, seq_q: sq, seq_k: sk, heads_q: hq, heads_kv: hk, head_dim: d, head_dim_v: dv } = s;
         let q = op::elements(&[b, sq, hq, d])?;
-        let kv = op::elements(&[b, sk, hk, d])?;
-        let mut counts = vec![q, kv, kv, q, op::elements(&[b, hq, sq])?];
+        let k = op::elements(&[b, sk, hk, d])?;
+        let v = op::elements(&[b, sk, hk, dv])?;
+        let o = op::elements(&[b, sq, hq, dv])?;
+        let mut counts = vec![q, k, v, o, op::elements(&[b, hq, sq])?];
         if f.bias {
             counts.push(op::elements(&[hq, sq, sk])?);
         }
@@ -662,29 +760,32 @@ impl Operation for FlashAttentionFwd {
             heads_q: s.heads_q,
             heads_kv: s.heads_kv,
             head_dim: s.head_dim,
+            head_dim_v: s.head_dim_v,
         })
     }
 
     fn check_dims(&self, keys: &Keys) -> Vec<Sizes> {
         let d = keys.get("head_dim").copied().unwrap_or(64) as usize;
+        let dv = head_dim_v(keys).unwrap_or(d as u32) as usize;
         // s_q ≠ s_k both ways, lengths off the block size, GQA 2:1 and 4:1, MQA, one query row.
         [[2, 77, 93, 4, 2], [1, 45, 21, 2, 1], [1, 19, 140, 8, 2], [2, 129, 129, 4, 1], [1, 1, 23, 2, 2]]
             .iter()
-            .map(|[b, sq, sk, hq, hkv]| {
-                dims_of(&FlashShape { batch: *b, seq_q: *sq, seq_k: *sk, heads_q: *hq, heads_kv: *hkv, head_dim: d })
-            })
+            .map(|[b, sq, sk, hq, hkv]| dims_of(&FlashShape::new(*b, *sq, *sk, *hq, *hkv, d).with_head_dim_v(dv)))
             .collect()
     }
 
     fn work(&self, f: &op::Features, dtype: DType, sizes: &Sizes) -> Work {
         let causal = features(f).map(|f| f.causal).unwrap_or(false);
         let s = problem_of(sizes);
-        let mut flops = 4.0 * (s.batch * s.heads_q) as f64 * s.seq_q as f64 * s.seq_k as f64 * s.head_dim as f64;
+        // Two products: q·kᵀ over head_dim and p·v over head_dim_v.
+        let mut flops =
+            2.0 * (s.batch * s.heads_q) as f64 * s.seq_q as f64 * s.seq_k as f64 * (s.head_dim + s.head_dim_v) as f64;
         if causal {
             flops /= 2.0;
         }
-        let elems =
-            (s.batch * s.head_dim) as f64 * (2.0 * (s.seq_q * s.heads_q) as f64 + 2.0 * (s.seq_k * s.heads_kv) as f64);
+        let (d, dv) = (s.head_dim as f64, s.head_dim_v as f64);
+        let (rows_q, rows_k) = ((s.seq_q * s.heads_q) as f64, (s.seq_k * s.heads_kv) as f64);
+        let elems = s.batch as f64 * (rows_q * (d + dv) + rows_k * (d + dv));
         Work { flops, bytes: elems * dtype.size_bytes() as f64 }
     }
 
@@ -702,21 +803,23 @@ impl Operation for FlashAttentionFwd {
     }
 }
 
-/// The one-kernel plan's kernel of `variant` at a tiling, named and annotated as
+/// The one-kernel plan's kernel of `variant` at head dims (one `usize`, or
+/// [`super::HeadDims`]) and a tiling, named and annotated as
 /// `ejc build` compiles it (tests and tools that want one flash kernel of a spec).
 pub fn main_kernel(
     spec: &Spec,
     variant: &crate::spec::Variant,
     dtype: DType,
-    head_dim: usize,
+    head_dims: impl Into<super::frontend::HeadDims>,
     block_m: u32,
     block_n: u32,
 ) -> Result<Kernel, String> {
+    let dims = head_dims.into();
     let mut k = KernelInstance {
         id: String::new(),
         variant,
         dtype,
-        keys: Keys::from([("head_dim".to_string(), head_dim as u32)]),
+        keys: key_set(dims.qk as u32, dims.v as u32),
         role: "main",
         tile: Config::from([("block_m".to_string(), block_m), ("block_n".to_string(), block_n)]),
     };

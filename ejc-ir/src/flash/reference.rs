@@ -6,7 +6,7 @@
 //! use ejc_ir::types::DType;
 //!
 //! let features = Features { causal: true, sinks: true, ..Features::default() };
-//! let shape = FlashShape { batch: 2, seq_q: 5, seq_k: 7, heads_q: 4, heads_kv: 2, head_dim: 8 };
+//! let shape = FlashShape::new(2, 5, 7, 4, 2, 8);
 //! let x = inputs::random_inputs(&features, DType::BF16, &shape, 1);
 //! let rt = inputs::default_runtime(&features, &shape, 1);
 //! let y = reference(&features, &rt, &x).unwrap();
@@ -32,7 +32,7 @@ use crate::types::DType;
 
 /// Compute `out` and `lse` for one forward call.
 ///
-/// Outputs are `f64` and unrounded: `out` has q's logical shape (contiguous), `lse` is
+/// Outputs are `f64` and unrounded: `out` has q's logical shape with v's head dim (contiguous), `lse` is
 /// `[B, Hq, Sq]` (varlen: `[1, Hq, total_q]`). Tensors that `features` does not use are
 /// ignored, like the unused fields of `rt`.
 pub fn reference(features: &Features, rt: &FlashRuntime, inputs: &FlashInputs) -> Result<FlashOutputs, String> {
@@ -64,7 +64,8 @@ pub fn reference_with_mods(
     let q_shape = &inputs.q.shape;
     let heads_q = q_shape[2];
 
-    let mut out = HostTensor::zeros(DType::F64, q_shape);
+    let dv = inputs.v.shape.get(3).copied().unwrap_or(0);
+    let mut out = HostTensor::zeros(DType::F64, &[q_shape[0], q_shape[1], heads_q, dv]);
     // Packed rows past cu_seqlens_q[B] belong to no sequence; they keep out = 0 and
     // lse = -inf, the values of a row that sees nothing.
     let mut lse = HostTensor::full(DType::F64, &[q_shape[0], heads_q, q_shape[1]], f64::NEG_INFINITY);
@@ -129,6 +130,8 @@ struct Problem<'a> {
     /// Query heads per KV head.
     group: usize,
     head_dim: usize,
+    /// v's and the output's.
+    head_dim_v: usize,
     scale: f64,
     softcap: Option<f64>,
     causal: bool,
@@ -160,8 +163,12 @@ impl<'a> Problem<'a> {
         check_layout("v", v)?;
         let [batch_q, rows_q, heads_q, head_dim] = dims4("q", q)?;
         let [batch_k, rows_k, heads_kv, head_dim_k] = dims4("k", k)?;
-        if v.shape != k.shape {
-            return Err(format!("v has shape {:?} but k has {:?}; they must match", v.shape, k.shape));
+        let head_dim_v = dims4("v", v)?[3];
+        if v.shape[..3] != k.shape[..3] || head_dim_v == 0 {
+            return Err(format!(
+                "v has shape {:?} but k has {:?}; they must match but for the head dim",
+                v.shape, k.shape
+            ));
         }
         if head_dim_k != head_dim {
             return Err(format!("q has head_dim {head_dim} but k has {head_dim_k}; they must match"));
@@ -284,6 +291,7 @@ impl<'a> Problem<'a> {
             sinks,
             group: heads_q / heads_kv,
             head_dim,
+            head_dim_v,
             scale,
             softcap,
             causal: features.causal,
@@ -296,12 +304,12 @@ impl<'a> Problem<'a> {
     }
 
     fn gather_kv(&self, seq: &Sequence, kv_head: usize) -> KvRows {
-        let row = |t: &HostTensor, j: usize| -> Vec<f64> {
-            (0..self.head_dim).map(|d| t.get(&[seq.batch, seq.k_start + j, kv_head, d])).collect()
+        let row = |t: &HostTensor, j: usize, n: usize| -> Vec<f64> {
+            (0..n).map(|d| t.get(&[seq.batch, seq.k_start + j, kv_head, d])).collect()
         };
         KvRows {
-            k: (0..seq.len_k).map(|j| row(self.k, j)).collect(),
-            v: (0..seq.len_k).map(|j| row(self.v, j)).collect(),
+            k: (0..seq.len_k).map(|j| row(self.k, j, self.head_dim)).collect(),
+            v: (0..seq.len_k).map(|j| row(self.v, j, self.head_dim_v)).collect(),
         }
     }
 
@@ -388,7 +396,7 @@ impl<'a> Problem<'a> {
         }
         let sinks = self.sink_logits(h);
 
-        let mut out = vec![0.0; self.head_dim];
+        let mut out = vec![0.0; self.head_dim_v];
         let m = logits.iter().map(|&(_, s)| s).chain(sinks.iter().copied()).fold(f64::NEG_INFINITY, f64::max);
         if m == f64::NEG_INFINITY {
             // Nothing carries weight (no visible key and no sink, or all of them -inf):

@@ -403,12 +403,13 @@ impl Decoder<'_> {
                 continue;
             };
             if let Some((_, first)) = out.iter().find(|(seen, _)| *seen == v) {
-                let message = format!(
-                    "duplicate {noun} {} (first listed at line {}, column {})",
-                    source_text(node),
-                    first.line,
-                    first.col
-                );
+                // A scalar is quoted; a mapping is found equal to the first by value.
+                let what = match node.kind {
+                    NodeKind::Scalar { .. } => format!(" {}", source_text(node)),
+                    _ => String::new(),
+                };
+                let message =
+                    format!("duplicate {noun}{what} (first listed at line {}, column {})", first.line, first.col);
                 self.error(node, &path, message).allowed = Some("each value once".into());
                 continue;
             }
@@ -510,6 +511,7 @@ impl Decoder<'_> {
             description: None,
             dtypes: Vec::new(),
             keys: Vec::new(),
+            key_sets: Vec::new(),
             variants: Vec::new(),
             schedule: ScheduleSpace::default(),
             plans: Vec::new(),
@@ -570,7 +572,7 @@ impl Decoder<'_> {
         if let Some(v) = self.required(&f, "dtypes", &dtypes_allowed) {
             spec.dtypes = self.dtypes(v, op, &dtype_names, &dtypes_allowed);
         }
-        op.decode_fields(self, &f, &mut spec.keys);
+        op.decode_fields(self, &f, &mut spec.keys, &mut spec.key_sets);
         if let Some(v) = self.required(&f, "variants", "a mapping from variant names to their features") {
             spec.variants = self.variants(v, op);
         }
@@ -1027,6 +1029,35 @@ schedule:
         );
         assert_eq!(e[1].path, "dtypes[1]");
         assert_eq!(e[2].path, "dtypes[3]");
+    }
+
+    #[test]
+    fn head_dims_may_give_v_its_own() {
+        let text = with_line("head_dims:", "head_dims: [64, {qk: 192, v: 128}, 192]")
+            + "overrides:\n  - when: {head_dim_v: 128}\n    schedule: {block_m: [32]}\n";
+        let spec = load_str("t.yaml", &text).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(spec.keys, [("head_dim".to_string(), vec![64, 192]), ("head_dim_v".to_string(), vec![128])]);
+        let sets = [(64, 64), (192, 128), (192, 192)].map(|(d, v)| crate::flash::key_set(d, v));
+        assert_eq!(spec.key_points(), sets);
+        assert_eq!(spec.key_terms(true), ["3 head_dim/head_dim_v pairs"]);
+        assert_eq!(spec.schedule.resolve(None, DType::BF16, &sets[1]).values("block_m"), [32]);
+        assert_eq!(spec.schedule.resolve(None, DType::BF16, &sets[2]).values("block_m"), [64]);
+        // Equal head dims are the plain entry: listed both ways, a duplicate.
+        let e = errors(&with_line(
+            "head_dims:",
+            "head_dims: [64, {qk: 64, v: 64}, {qk: 48, w: 1}, {v: 32}, {qk: 8, v: 32}]",
+        ));
+        let messages: Vec<&str> = e.iter().map(|d| d.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "duplicate head dimension (first listed at line 4, column 13)",
+                "missing required field `v`",
+                "unknown head dimension field `w`; did you mean `v`?",
+                "missing required field `qk`",
+                "head dimension is not a multiple of 16",
+            ]
+        );
     }
 
     #[test]

@@ -46,6 +46,10 @@ pub struct Spec {
     /// The operation's compile-time keys and the values the spec builds, in the op's
     /// order (flash: `head_dim` from `head_dims`).
     pub keys: Vec<(String, Vec<u32>)>,
+    /// The combinations of keys the spec builds, when the operation pairs them (flash:
+    /// a `head_dims` entry `{qk: 192, v: 128}` is `head_dim` 192 with `head_dim_v` 128);
+    /// empty: every combination of `keys` ([`Spec::key_points`]).
+    pub key_sets: Vec<Keys>,
     /// Named variants, in file order.
     pub variants: Vec<Variant>,
     pub schedule: ScheduleSpace,
@@ -177,9 +181,24 @@ impl Spec {
         self.keys.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice()).unwrap_or(&[])
     }
 
-    /// Every combination of the spec's compile-time keys (one empty one when the
+    /// The compile-time keys in words, for summaries: `5 head_dims` (`plural`) or
+    /// `5 head_dim`, or with paired keys `6 head_dim/head_dim_v pairs` (either way).
+    pub fn key_terms(&self, plural: bool) -> Vec<String> {
+        let s = if plural { "s" } else { "" };
+        if self.key_sets.is_empty() {
+            return self.keys.iter().map(|(k, v)| format!("{} {k}{s}", v.len())).collect();
+        }
+        let names: Vec<&str> = self.keys.iter().map(|(k, _)| k.as_str()).collect();
+        vec![format!("{} {} pairs", self.key_sets.len(), names.join("/"))]
+    }
+
+    /// The combinations of compile-time keys the spec builds: its `key_sets` when the
+    /// operation pairs keys, else every combination of `keys` (one empty one when the
     /// operation has none).
     pub fn key_points(&self) -> Vec<Keys> {
+        if !self.key_sets.is_empty() {
+            return self.key_sets.clone();
+        }
         let mut out = vec![Keys::new()];
         for (n, vals) in &self.keys {
             out = out

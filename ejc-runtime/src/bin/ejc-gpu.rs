@@ -308,9 +308,11 @@ fn check(args: &[String]) -> ExitCode {
         let mut empty_case = false;
         let mut all_dims = op.check_dims(&fam.instance.keys);
         if let Some(g) = &given {
-            // The instance's compile-time keys (head_dim) stay the artifact's.
+            // The instance's compile-time keys (head_dim, head_dim_v) stay the
+            // artifact's: a size that sets a key is not taken.
             let mut d = all_dims.first().cloned().unwrap_or_default();
-            d.extend(g.iter().filter(|(k, _)| !fam.instance.keys.contains_key(*k)).map(|(k, v)| (k.clone(), *v)));
+            let sets_key = |k: &String, v: i64| op.keys_of(&Sizes::from([(k.clone(), v)])).contains_key(k);
+            d.extend(g.iter().filter(|(k, v)| !sets_key(k, **v)).map(|(k, v)| (k.clone(), *v)));
             all_dims = vec![d];
         }
         for (i, dims) in all_dims.iter().enumerate() {

@@ -87,11 +87,16 @@ const AXES: &[AxisDecl] = &[
 ];
 
 const DIMS: &[DimDecl] = &[
-    DimDecl { name: "batch", default: 2, doc: "batch size (varlen: the number of packed sequences)" },
-    DimDecl { name: "seq", default: 300, doc: "tokens per sequence (varlen: the longest)" },
-    DimDecl { name: "heads", default: 4, doc: "heads" },
-    DimDecl { name: "head_dim", default: 64, doc: "head dimension (compiled in: one of the spec's head_dims)" },
-    DimDecl { name: "chunk_size", default: 32, doc: "tokens per chunk (>= 1)" },
+    DimDecl { name: "batch", default: 2, optional: false, doc: "batch size (varlen: the number of packed sequences)" },
+    DimDecl { name: "seq", default: 300, optional: false, doc: "tokens per sequence (varlen: the longest)" },
+    DimDecl { name: "heads", default: 4, optional: false, doc: "heads" },
+    DimDecl {
+        name: "head_dim",
+        default: 64,
+        optional: false,
+        doc: "head dimension (compiled in: one of the spec's head_dims)",
+    },
+    DimDecl { name: "chunk_size", default: 32, optional: false, doc: "tokens per chunk (>= 1)" },
 ];
 
 fn shape_of(dims: &Sizes) -> Result<PoolShape, String> {
@@ -135,7 +140,7 @@ impl Operation for MeanPooling {
         &["head_dims"]
     }
 
-    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>) {
+    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, _sets: &mut Vec<Keys>) {
         let allowed = "a multiple of 16 from 16 to 256";
         let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
         if let Some(v) = d.required(f, "head_dims", list_allowed) {
