@@ -87,6 +87,135 @@ pub fn reference_with_mods(
     Ok(FlashOutputs { out, lse })
 }
 
+/// Gradients of the loss `L = Σ dout ∘ out` for one call ([`reference_bwd`]): f64,
+/// unrounded, contiguous, each with its input's logical shape.
+#[derive(Clone, Debug)]
+pub struct FlashGrads {
+    /// `[B, Sq, Hq, D]`.
+    pub dq: HostTensor,
+    /// `[B, Sk, Hkv, D]`: summed over the query heads of each KV head (GQA/MQA).
+    pub dk: HostTensor,
+    /// `[B, Sk, Hkv, Dv]`: summed likewise.
+    pub dv: HostTensor,
+    /// `[B, Hq, Sq, Sk]` (bias variants): the gradient of every logit's bias term,
+    /// unsummed over the axes a broadcast bias shares (the caller sums those).
+    pub dbias: Option<HostTensor>,
+    /// `[Hq, n_sinks]` (sinks variants): summed over the batch and the query rows.
+    pub dsinks: Option<HostTensor>,
+}
+
+/// The backward of one forward call: the gradients of `L = Σ dout ∘ out` with respect to
+/// q, k, v, and the bias and sinks where the variant has them (docs/semantics.md,
+/// "Backward"). `dout` has `out`'s logical shape, `[B, Sq, Hq, Dv]`.
+///
+/// The forward is recomputed here in f64 (its P, its LSE, its output), so the
+/// definition depends on nothing a kernel stored; a kernel takes `out` and `lse` from
+/// its forward instead, as FlashAttention does. Masks, segment ids, windows and
+/// dropout's keep-mask select and scale exactly as in the forward; a row that sees
+/// nothing (LSE −∞) contributes nothing, and a row with sinks but no visible key only
+/// to nothing either (its output is 0, so `Δ = 0`).
+///
+/// ```
+/// use ejc_ir::flash::{inputs, reference, FlashShape, Features};
+/// use ejc_ir::tensor::HostTensor;
+/// use ejc_ir::types::DType;
+///
+/// let f = Features { causal: true, sinks: true, ..Features::default() };
+/// let shape = FlashShape::new(1, 3, 4, 2, 1, 8);
+/// let x = inputs::random_inputs(&f, DType::F32, &shape, 1);
+/// let rt = inputs::default_runtime(&f, &shape, 1);
+/// let dout = HostTensor::full(DType::F32, &[1, 3, 2, 8], 0.5);
+/// let g = reference::reference_bwd(&f, &rt, &x, &dout).unwrap();
+/// assert_eq!(g.dk.shape, vec![1, 4, 1, 8]); // k's shape: summed over the 2 query heads
+/// assert_eq!(g.dsinks.unwrap().shape, vec![2, 3]);
+/// ```
+pub fn reference_bwd(
+    features: &Features,
+    rt: &FlashRuntime,
+    inputs: &FlashInputs,
+    dout: &HostTensor,
+) -> Result<FlashGrads, String> {
+    let p = Problem::new(features, rt, inputs)?;
+    let (q_shape, k_shape, v_shape) = (&inputs.q.shape, &inputs.k.shape, &inputs.v.shape);
+    let (heads_q, dv) = (q_shape[2], p.head_dim_v);
+    check_tensor("dout", dout, &[q_shape[0], q_shape[1], heads_q, dv])?;
+    let mut dq = HostTensor::zeros(DType::F64, q_shape);
+    let mut dk = HostTensor::zeros(DType::F64, k_shape);
+    let mut dvt = HostTensor::zeros(DType::F64, v_shape);
+    let mut dbias = p.bias.map(|b| HostTensor::zeros(DType::F64, &b.shape));
+    let mut dsinks = p.sinks.map(|t| HostTensor::zeros(DType::F64, &t.shape));
+
+    let mut logits = Vec::new();
+    for seq in &p.sequences {
+        for h in 0..heads_q {
+            let kv_head = h / p.group;
+            let kv = p.gather_kv(seq, kv_head);
+            for i in 0..seq.len_q {
+                let t = seq.q_start + i;
+                let q_i: Vec<f64> = (0..p.head_dim).map(|d| p.q.get(&[seq.batch, t, h, d])).collect();
+                logits.clear();
+                for j in 0..seq.len_k {
+                    if p.visible(seq, h, i, j) {
+                        logits.push((j, p.logit(seq, h, i, j, &q_i, &kv.k[j])));
+                    }
+                }
+                let sinks = p.sink_logits(h);
+                let m = logits.iter().map(|&(_, s)| s).chain(sinks.iter().copied()).fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue; // out = 0 whatever the inputs: every gradient is 0
+                }
+                let z: f64 = logits.iter().map(|&(_, s)| s).chain(sinks.iter().copied()).map(|s| (s - m).exp()).sum();
+                let lse = m + z.ln();
+                let do_i: Vec<f64> = (0..dv).map(|d| dout.get(&[seq.batch, t, h, d])).collect();
+                // P'_ij = P_ij · keep_ij; out_i = Σ_j P'_ij v_j; Δ_i = dout_i · out_i.
+                let weights: Vec<(usize, f64, f64, f64)> = logits
+                    .iter()
+                    .map(|&(j, s)| {
+                        let p_ij = (s - lse).exp();
+                        (j, s, p_ij, p.dropout_factor(seq, h, i, j))
+                    })
+                    .collect();
+                let mut out_i = vec![0.0; dv];
+                for &(j, _, p_ij, keep) in &weights {
+                    for (o, &x) in out_i.iter_mut().zip(&kv.v[j]) {
+                        *o += p_ij * keep * x;
+                    }
+                }
+                let delta: f64 = do_i.iter().zip(&out_i).map(|(a, b)| a * b).sum();
+                for &(j, s, p_ij, keep) in &weights {
+                    let tj = seq.k_start + j;
+                    for (d, &g) in do_i.iter().enumerate() {
+                        let at = [seq.batch, tj, kv_head, d];
+                        dvt.set(&at, dvt.get(&at) + p_ij * keep * g);
+                    }
+                    let dp: f64 = keep * do_i.iter().zip(&kv.v[j]).map(|(a, b)| a * b).sum::<f64>();
+                    let mut ds = p_ij * (dp - delta);
+                    if let Some(c) = p.softcap {
+                        // s = c·tanh(u / c): ds/du = 1 − tanh² = 1 − (s / c)².
+                        ds *= 1.0 - (s / c) * (s / c);
+                    }
+                    if let Some(db) = dbias.as_mut() {
+                        db.set(&[seq.index, h, i, j], ds);
+                    }
+                    for (d, (&k_jd, &q_id)) in kv.k[j].iter().zip(&q_i).enumerate() {
+                        let at = [seq.batch, t, h, d];
+                        dq.set(&at, dq.get(&at) + p.scale * ds * k_jd);
+                        let at = [seq.batch, tj, kv_head, d];
+                        dk.set(&at, dk.get(&at) + p.scale * ds * q_id);
+                    }
+                }
+                if let Some(dsk) = dsinks.as_mut() {
+                    // A sink joins the softmax with value 0: dP = 0, so dS = P · (0 − Δ).
+                    for (n, &s) in sinks.iter().enumerate() {
+                        dsk.set(&[h, n], dsk.get(&[h, n]) - (s - lse).exp() * delta);
+                    }
+                }
+            }
+        }
+    }
+    Ok(FlashGrads { dq, dk, dv: dvt, dbias, dsinks })
+}
+
 /// One sequence of the call: a batch entry (dense) or a `cu_seqlens` range (varlen).
 #[derive(Clone, Copy, Debug)]
 struct Sequence {
