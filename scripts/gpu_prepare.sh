@@ -20,6 +20,7 @@
 #   bash scripts/gpu_prepare.sh --headdims # head dims 96/192/256 and 192 with v 128: checks on every path and the bench
 #                                          # set (gpu_run.sh --headdims, then --anchors-bench with
 #                                          # EJC_DIMS=96,192,256,192v128); EJC_KEYS="--key head_dim_v=128": 192/128 alone
+#   bash scripts/gpu_prepare.sh --bwd      # the flash backward (specs/flash_bwd.yaml) on every PTX path (gpu_run.sh --bwd)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
 # (seven packs: together they would pass the device tool's 64 MiB.)
@@ -86,6 +87,18 @@ if [ "${1:-}" = "--headdims" ]; then
         "${keys[@]}" -o .gpu/bench --report --drop-spilling > .gpu/bench_ptxas.txt
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz hd $([ -d .gpu/hd2 ] && echo hd2) bench
     rm -rf .gpu/hd .gpu/hd2 .gpu/bench
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--bwd" ]; then
+    # The flash backward (specs/flash_bwd.yaml): every variant x bf16/f16 at d 64 and bf16 at d 128,
+    # every PTX path of sm_90a and sm_80 (gpu_run.sh --bwd).
+    $EJC build specs/flash_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
+        --head-dim 64 -o .gpu/bwd
+    $EJC build specs/flash_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 \
+        --head-dim 128 -o .gpu/bwd128 --report > .gpu/bwd_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bwd bwd128
+    rm -rf .gpu/bwd .gpu/bwd128
     du -sh .gpu/*
     exit 0
 fi

@@ -29,6 +29,10 @@
 #   bash scripts/gpu_run.sh --ops-bench  # decode rows (both plans vs cuDNN, FA2), pooling vs torch, 3 flash rows
 #   bash scripts/gpu_run.sh --ops-cli    # the compiler on the GPU: `ejc tune --backend cuda` stores a winner that the
 #                                        # runtime (`ejc-gpu call`, another process) then uses; `ejc run --backend cuda`
+#   bash scripts/gpu_run.sh --bwd        # the flash backward (`gpu_prepare.sh --bwd`): every artifact checked, memcheck,
+#                                        # racecheck (carry .anchors/fa4/part-aa too and `cp` it to /tmp/ for the bench)
+#   bash scripts/gpu_run.sh --bwd-bench  # then (carry .gpu/ejc-gpu, .anchors/fa4/part-ab and whl): the backward vs
+#                                        # cuDNN, FlashAttention-2 and FlashAttention-4 (bench/compare_gpu_bwd.py)
 #   bash scripts/gpu_run.sh --cpu [THREADS]  # the host CPU (`gpu_prepare.sh --cpu`): AMX detection, `ejc run --backend cpu`
 #                                        # on every variant x dtype with `--isa amx` (awkward sizes, against the reference),
 #                                        # then bench/compare_cpu.py with cpu:amx at THREADS (default 1,16): ratios, scaling
@@ -124,6 +128,28 @@ if [ "${1:-}" = "--headdims" ]; then
     grep -q 'causal_bf16_d192v128_m128_n64"' /tmp/ejc-art/hd/manifest.json &&
         { racecheck hd "causal_bf16_d192v128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1; }
     grep -h "d96\|d192\|d256" /tmp/ejc-art/bench_ptxas.txt 2>/dev/null | head -400 > "$OUT/bench_ptxas.txt"
+    exit $status
+fi
+if [ "${1:-}" = "--bwd" ]; then
+    # The flash backward (`gpu_prepare.sh --bwd`): every artifact on the awkward shapes, both entries,
+    # against the f64 reference backward; memcheck and racecheck samples.
+    check_set bwd || status=1
+    check_set bwd128 || status=1
+    memcheck bwd "causal_bf16_d64_dkdv_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    memcheck bwd "varlen_causal_f16_d64" || status=1
+    racecheck bwd "gpt_oss_bf16_d64_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    cp /tmp/ejc-art/bwd_ptxas.txt "$OUT/" 2>/dev/null
+    exit $status
+fi
+if [ "${1:-}" = "--bwd-bench" ]; then
+    # After --bwd on the same warm machine (its packs in /tmp/ejc-art), with FA4's second half carried:
+    # the backward side by side against cuDNN, FlashAttention-2 and FlashAttention-4 (~5 min).
+    source .anchors/fa4/whl/install.sh || echo "FA4 not installed: its column stays empty"
+    rows=(); [ -n "${2:-}" ] && rows=(--rows "$2")
+    timeout "${EJC_BENCH_TIMEOUT:-560}" python3 bench/compare_gpu_bwd.py /tmp/ejc-art/bwd /tmp/ejc-art/bwd128 \
+        "${rows[@]}" --json "$OUT/bench_bwd.json" > "$OUT/bench_bwd.log" 2>&1
+    status=$?
+    grep -E '^(d=|fa4|device)' "$OUT/bench_bwd.log"
     exit $status
 fi
 if [ "${1:-}" = "--anchors-check" ]; then

@@ -611,3 +611,52 @@ fn the_kernel_suite_compiles_on_every_code_path() {
     }
     eprintln!("packed {} cases into {}", cases.len(), dir.display());
 }
+
+/// The backward's kernels (specs/flash_bwd.yaml: preprocess, dkdv with two transposed
+/// products per iteration, dq, dsinks) on every variant at d = 64, as the build makes
+/// them (ejc_ir::op::instances): on sm_80 and on sm_90a, some candidate compiles and
+/// passes ptxas without a spill in either entry (what `--drop-spilling` keeps; the
+/// candidates are tried in the policy's order until one does), but for one known gap. On the lent H100 every
+/// candidate also matches the reference (docs/gpu.md).
+#[test]
+fn backward_kernels_compile_with_a_candidate_that_does_not_spill() {
+    use ejc_codegen::ptx::candidates::candidates;
+    let spec = ejc_ir::spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash_bwd.yaml")).unwrap();
+    let op = spec.operation();
+    let tool = find_ptxas();
+    let kernels: Vec<_> = ejc_ir::op::instances(&spec)
+        .into_iter()
+        .filter(|k| k.dtype == DType::BF16 && k.keys["head_dim"] == 64)
+        .map(|k| {
+            let ir = op.build(&spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
+            ejc_ir::passes::run_pipeline(&ir, &ejc_ir::passes::default_pipeline()).unwrap()
+        })
+        .collect();
+    assert_eq!(kernels.len(), 15 * 3 + 2, "preprocess, dkdv, dq per variant; dsinks for sinks and gpt_oss");
+    let cases: Vec<_> = kernels.iter().flat_map(|k| [(k, Arch::Sm80), (k, Arch::Sm90a)]).collect();
+    let compiled: usize = cases
+        .par_iter()
+        .map(|&(k, arch)| {
+            let cands = candidates(k, arch, &[4], &[2], &[]).unwrap_or_else(|e| panic!("{}: {e:?}", k.name));
+            let mut tried = Vec::new();
+            for c in &cands {
+                let p = compile(k, &c.cfg).unwrap_or_else(|e| panic!("{} {}: {e}", k.name, c.suffix));
+                let Some(t) = &tool else { return 1 };
+                let entries = ptxas_entries(t, &p.ptx, arch).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+                let spills: u32 = entries.iter().map(|(_, r)| r.spill_stores + r.spill_loads).sum();
+                tried.push(format!("{} {spills} bytes", c.suffix));
+                if spills == 0 {
+                    return tried.len();
+                }
+            }
+            // Known gap: bias and dropout together keep a bias tile and Philox's state live
+            // beside the products (16-72 bytes on mma.sync at 4 warps; more on wgmma).
+            if k.name.contains("_bias_dropout_") {
+                eprintln!("note: {} ({arch}) spills: {tried:?}", k.name);
+                return tried.len();
+            }
+            panic!("{} ({arch}): every candidate spills: {tried:?}", k.name)
+        })
+        .sum();
+    eprintln!("{compiled} backward candidates compiled");
+}

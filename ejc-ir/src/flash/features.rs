@@ -62,6 +62,22 @@ pub enum SoftCap {
 const FLAGS: [&str; 7] = ["causal", "sinks", "bias", "mask", "segment_ids", "varlen", "dropout"];
 
 impl Features {
+    /// Every feature at once (run-time window and soft cap; not causal, which takes no
+    /// parameter): the variant whose kernels take every parameter, for documenting them.
+    pub fn every() -> Features {
+        Features {
+            causal: false,
+            sliding_window: Some(Window::Runtime),
+            logits_soft_cap: Some(SoftCap::Runtime),
+            sinks: true,
+            bias: true,
+            mask: true,
+            segment_ids: true,
+            varlen: true,
+            dropout: true,
+        }
+    }
+
     fn flags(&self) -> [bool; 7] {
         [self.causal, self.sinks, self.bias, self.mask, self.segment_ids, self.varlen, self.dropout]
     }

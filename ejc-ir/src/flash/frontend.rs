@@ -277,24 +277,7 @@ fn build_flash(
         terms.push((MaskTerm::ColGe, k_lo));
         terms.push((MaskTerm::ColLt, k_hi));
     }
-    if f.causal {
-        terms.push((MaskTerm::ColLeRow, shift));
-    }
-    if let Some(w) = f.sliding_window {
-        let (left, right) = match w {
-            Window::Runtime => (param("window_left"), param("window_right")),
-            Window::Fixed { left, right } => (b.const_i32(left as i64), b.const_i32(right as i64)),
-        };
-        // A side wider than s_q + s_k hides nothing more; clamping keeps `shift ± side`
-        // inside i32 for any run-time window (the reference saturates the same way).
-        let span = b.add(seq_q, seq_k);
-        let left = b.min(left, span);
-        let right = b.min(right, span);
-        let lo = b.sub(shift, left);
-        let hi = b.add(shift, right);
-        terms.push((MaskTerm::ColGeRow, lo));
-        terms.push((MaskTerm::ColLeRow, hi));
-    }
+    terms.extend(band_terms(&mut b, f, &param, shift, seq_q, seq_k));
 
     // A mask mod that is a conjunction of affine terms joins the analysable mask.
     let mask_mod_terms = hooks.mask_mod.and_then(|m| m.affine);
@@ -482,6 +465,38 @@ fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
 /// sink logit (exp2 domain) is a one-column block of scores. Shared by the forward
 /// kernel and the split-KV combine, so both add them the same way. `consts` are the
 /// caller's i32 0 and 1 and f32 log2(e).
+/// The causal and window mask terms (bottom-right aligned: `shift = s_k − s_q`), the
+/// forward's and the backward's.
+pub(super) fn band_terms(
+    b: &mut KernelBuilder,
+    f: &Features,
+    param: &dyn Fn(&str) -> Value,
+    shift: Value,
+    seq_q: Value,
+    seq_k: Value,
+) -> Vec<(MaskTerm, Value)> {
+    let mut terms = Vec::new();
+    if f.causal {
+        terms.push((MaskTerm::ColLeRow, shift));
+    }
+    if let Some(w) = f.sliding_window {
+        let (left, right) = match w {
+            Window::Runtime => (param("window_left"), param("window_right")),
+            Window::Fixed { left, right } => (b.const_i32(left as i64), b.const_i32(right as i64)),
+        };
+        // A side wider than s_q + s_k hides nothing more; clamping keeps `shift ± side`
+        // inside i32 for any run-time window (the reference saturates the same way).
+        let span = b.add(seq_q, seq_k);
+        let left = b.min(left, span);
+        let right = b.min(right, span);
+        let lo = b.sub(shift, left);
+        let hi = b.add(shift, right);
+        terms.push((MaskTerm::ColGeRow, lo));
+        terms.push((MaskTerm::ColLeRow, hi));
+    }
+    terms
+}
+
 pub(super) fn enter_sinks(
     b: &mut KernelBuilder,
     sinks: Value,

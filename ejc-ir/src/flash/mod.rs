@@ -18,11 +18,13 @@
 //! ```
 
 pub mod abi;
+pub mod backward;
 pub mod combine;
 pub mod features;
 pub mod frontend;
 pub mod inputs;
 pub mod op;
+pub mod op_bwd;
 pub mod problem;
 pub mod reference;
 

@@ -60,7 +60,7 @@ fn block_m_check(v: i64) -> Option<&'static str> {
     }
 }
 
-const AXES: &[AxisDecl] = &[
+pub(super) const AXES: &[AxisDecl] = &[
     AxisDecl {
         name: "block_m",
         kind: AxisKind::Tile,
@@ -128,7 +128,7 @@ const DIMS: &[DimDecl] = &[
     },
 ];
 
-fn features(f: &op::Features) -> Result<Features, String> {
+pub(super) fn features(f: &op::Features) -> Result<Features, String> {
     Features::from_json(f)
 }
 
@@ -228,7 +228,7 @@ pub fn inputs_of(call: &HostCall) -> Result<FlashInputs, String> {
     })
 }
 
-fn shape_of(dims: &Sizes) -> Result<FlashShape, String> {
+pub(super) fn shape_of(dims: &Sizes) -> Result<FlashShape, String> {
     let g = |k: &str| -> Result<usize, String> {
         dims.get(k).map(|v| *v as usize).ok_or_else(|| format!("size `{k}` is missing"))
     };
@@ -279,7 +279,7 @@ pub fn problem_of(sizes: &Sizes) -> FlashShape {
     }
 }
 
-fn expect_shape(call: &dyn CallView, name: &str, want: &[usize]) -> Result<(), String> {
+pub(super) fn expect_shape(call: &dyn CallView, name: &str, want: &[usize]) -> Result<(), String> {
     let t = call.tensor(name).ok_or_else(|| format!("argument `{name}` is missing"))?;
     if t.shape != want {
         return Err(format!("argument `{name}` has shape {:?}, expected {want:?}", t.shape));
@@ -482,17 +482,7 @@ impl Operation for FlashAttentionFwd {
     }
 
     fn param_doc(&self, name: &str) -> &'static str {
-        let all = Features {
-            causal: false,
-            sliding_window: Some(Window::Runtime),
-            logits_soft_cap: Some(SoftCap::Runtime),
-            sinks: true,
-            bias: true,
-            mask: true,
-            segment_ids: true,
-            varlen: true,
-            dropout: true,
-        };
+        let all = Features::every();
         match name {
             "o_partial" => "temporary: per-split outputs, f32 [num_splits, B, Hq, Sq, Dv]",
             "lse_partial" => "temporary: per-split log-sum-exps, f32 [num_splits, B, Hq, Sq]",

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert_eq!(names, ["flash_attention_fwd", "mean_pooling"]);
+//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling"]);
 //! ```
 
 use crate::op::Operation;
@@ -12,7 +12,7 @@ pub mod mean_pooling;
 
 /// Every operation, in the order `ejc` lists them.
 pub fn all() -> &'static [&'static dyn Operation] {
-    &[&crate::flash::op::FlashAttentionFwd, &mean_pooling::op::MeanPooling]
+    &[&crate::flash::op::FlashAttentionFwd, &crate::flash::op_bwd::FlashAttentionBwd, &mean_pooling::op::MeanPooling]
 }
 
 /// The operation named `name`.

@@ -611,8 +611,8 @@ impl Decoder<'_> {
         if names.contains(&s) {
             return Some(s.to_string());
         }
-        // No typo suggestion: `flash_attention_bwd` is one letter from the forward op
-        // but is a different operation, not a misspelling of it.
+        // No typo suggestion: op names one letter apart (`flash_attention_fwd`,
+        // `flash_attention_bwd`) are different operations, not misspellings of each other.
         self.invalid(node, "op", format!("unknown op `{s}`"), or_list(&names));
         None
     }

@@ -4,7 +4,7 @@
 //! use ejc_ir::spec::load_str;
 //! let text = "\
 //! name: flash
-//! op: flash_attention_bwd
+//! op: ring_attention
 //! dtypes: [bf16]
 //! head_dims: [64]
 //! variants: { full: {} }
@@ -13,8 +13,8 @@
 //! let err = load_str("bad.yaml", text).unwrap_err();
 //! let d = &err.diagnostics[0];
 //! assert_eq!((d.line, d.column, d.path.as_str()), (2, 5, "op"));
-//! assert_eq!(d.short(), "error: bad.yaml:2:5: op: unknown op `flash_attention_bwd`");
-//! assert_eq!(d.found.as_deref(), Some("a string \"flash_attention_bwd\""));
+//! assert_eq!(d.short(), "error: bad.yaml:2:5: op: unknown op `ring_attention`");
+//! assert_eq!(d.found.as_deref(), Some("a string \"ring_attention\""));
 //! eprintln!("{err}"); // every diagnostic, with source lines and carets
 //! ```
 //!

@@ -1,0 +1,331 @@
+//! The flash-attention backward as an [`Operation`]: `flash_attention_bwd`, built from
+//! its own spec file (`specs/flash_bwd.yaml`, the forward's vocabulary: variants, dtypes,
+//! head dims). A call gives the forward's inputs, its `out` and `lse`, and `dout`; it
+//! returns `dq`, `dk`, `dv` (and `dsinks`). docs/semantics.md, "Flash-attention
+//! backward", defines it; [`super::backward`] has the kernels.
+//!
+//! ```
+//! let op = ejc_ir::ops::get("flash_attention_bwd").unwrap();
+//! assert_eq!(op.plan_names(), ["two_pass"]);
+//! let f = ejc_ir::flash::Features { causal: true, sinks: true, ..Default::default() };
+//! assert_eq!(op.outputs(&f.to_json()), ["dq", "dk", "dv", "dsinks"]);
+//! ```
+//!
+//! One plan, `two_pass`: `preprocess` (`delta = rowsum(dout ∘ out)` into an f32
+//! temporary), `dkdv` (one program per key block), `dq` (one program per query block),
+//! and for sinks variants `dsinks`. No atomics: every sum is taken in one order, so the
+//! results are deterministic.
+
+use std::collections::BTreeMap;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::backward::{build_bwd_kernel, bwd_params, Role};
+use super::features::Features;
+use super::frontend::HeadDims;
+use super::op::{expect_shape, features, head_dim_v, inputs_of, runtime_of, FlashAttentionFwd, AXES};
+use crate::ir::Kernel;
+use crate::manifest::{Launch, Temporary};
+use crate::op::{
+    self, AxisDecl, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, RoleDecl,
+    ScalarDecl, Sizes, Work,
+};
+use crate::spec::{Decoder, Fields, Spec};
+use crate::tensor::HostTensor;
+use crate::types::{DType, Type};
+
+/// The operation (registered in [`crate::ops`]).
+pub struct FlashAttentionBwd;
+
+/// Rows per program of the dsinks kernel, and its warps.
+const DSINKS_BLOCK_M: u32 = 64;
+const DSINKS_WARPS: u32 = 4;
+
+const FWD: FlashAttentionFwd = FlashAttentionFwd;
+
+impl Operation for FlashAttentionBwd {
+    fn name(&self) -> &'static str {
+        "flash_attention_bwd"
+    }
+
+    fn summary(&self) -> &'static str {
+        "flash-attention backward: dq, dk, dv (and dsinks) of every forward variant, deterministic"
+    }
+
+    fn dtypes(&self) -> &'static [DType] {
+        FWD.dtypes()
+    }
+
+    fn dtype_refusal(&self) -> &'static str {
+        FWD.dtype_refusal()
+    }
+
+    fn fields(&self) -> &'static [&'static str] {
+        FWD.fields()
+    }
+
+    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, sets: &mut Vec<Keys>) {
+        FWD.decode_fields(d, f, keys, sets)
+    }
+
+    fn variant_fields(&self) -> &'static [&'static str] {
+        FWD.variant_fields()
+    }
+
+    fn variant_allowed(&self) -> &'static str {
+        FWD.variant_allowed()
+    }
+
+    fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> op::Features {
+        FWD.decode_variant(d, f)
+    }
+
+    fn describe(&self, f: &op::Features) -> String {
+        FWD.describe(f)
+    }
+
+    fn axes(&self) -> &'static [AxisDecl] {
+        // The forward's, without split-KV's `num_splits`.
+        &AXES[..4]
+    }
+
+    fn plan_names(&self) -> &'static [&'static str] {
+        &["two_pass"]
+    }
+
+    fn plans(&self, _spec: &Spec, f: &op::Features) -> Vec<PlanDecl> {
+        let sinks = features(f).map(|f| f.sinks).unwrap_or(false);
+        let tiles = vec!["block_m", "block_n"];
+        let mut roles = vec![
+            RoleDecl { name: "preprocess", tile_axes: vec!["block_m"], fixed: Config::new() },
+            RoleDecl { name: "dkdv", tile_axes: tiles.clone(), fixed: Config::new() },
+            RoleDecl { name: "dq", tile_axes: tiles, fixed: Config::new() },
+        ];
+        if sinks {
+            roles.push(RoleDecl {
+                name: "dsinks",
+                tile_axes: vec![],
+                fixed: Config::from([("block_m".to_string(), DSINKS_BLOCK_M), ("num_warps".to_string(), DSINKS_WARPS)]),
+            });
+        }
+        let launches = roles.iter().map(|r| Launch { role: r.name.into(), bind: BTreeMap::new() }).collect();
+        vec![PlanDecl {
+            name: "two_pass",
+            roles,
+            temporaries: vec![Temporary {
+                name: "delta".into(),
+                dtype: "f32".into(),
+                shape: ["batch", "heads_q", "seq_q"].map(String::from).to_vec(),
+                fill: "none".into(),
+            }],
+            launches,
+            runtime_axes: vec![],
+        }]
+    }
+
+    fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {
+        let hd = k.keys.get("head_dim").copied().unwrap_or(0);
+        let dv = k.keys.get("head_dim_v").map(|v| format!("v{v}")).unwrap_or_default();
+        let base = format!("{spec_name}_{}_{}_d{hd}{dv}_{}", k.variant.name, k.dtype, k.role);
+        let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
+        match k.role {
+            "preprocess" => format!("{base}_m{m}"),
+            "dsinks" => base,
+            _ => format!("{base}_m{m}_n{n}"),
+        }
+    }
+
+    fn build(&self, spec: &Spec, k: &KernelInstance) -> Result<Kernel, String> {
+        let f = features(&k.variant.features)?;
+        let role = Role::from_name(k.role).ok_or_else(|| format!("flash_attention_bwd has no role `{}`", k.role))?;
+        let hd = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
+        let dv = head_dim_v(&k.keys).unwrap_or(hd as u32) as usize;
+        let tile = |n: &str| k.tile.get(n).copied().map(|v| v as usize);
+        let bm = tile("block_m").ok_or(format!("no `block_m` for {}", k.id))?;
+        let bn = tile("block_n").unwrap_or(bm);
+        let mut kernel = build_bwd_kernel(&k.id, role, &f, k.dtype, HeadDims { qk: hd, v: dv }, bm, bn)
+            .map_err(|e| e.to_string())?;
+        let mut attrs = vec![
+            ("op".to_string(), spec.op.clone()),
+            ("variant".to_string(), k.variant.name.clone()),
+            ("dtype".to_string(), k.dtype.to_string()),
+            ("head_dim".to_string(), hd.to_string()),
+        ];
+        if dv != hd {
+            attrs.push(("head_dim_v".to_string(), dv.to_string()));
+        }
+        for (n, v) in &k.tile {
+            if n.starts_with("block_") {
+                attrs.push((n.clone(), v.to_string()));
+            }
+        }
+        attrs.push(("role".into(), k.role.into()));
+        kernel.attrs = attrs;
+        Ok(kernel)
+    }
+
+    fn param_doc(&self, name: &str) -> &'static str {
+        let all = Features::every();
+        Role::ALL
+            .into_iter()
+            .flat_map(|r| bwd_params(r, &all, DType::F32))
+            .find(|p| p.name == name)
+            .map(|p| p.meaning)
+            .unwrap_or("")
+    }
+
+    fn dims(&self) -> &'static [DimDecl] {
+        FWD.dims()
+    }
+
+    fn call_dtype(&self, call: &dyn CallView) -> Result<DType, String> {
+        FWD.call_dtype(call)
+    }
+
+    fn keys_of(&self, dims: &Sizes) -> Keys {
+        FWD.keys_of(dims)
+    }
+
+    fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String> {
+        FWD.call_keys(call)
+    }
+
+    fn dims_of(&self, sizes: &Sizes) -> Sizes {
+        FWD.dims_of(sizes)
+    }
+
+    fn scalars(&self, f: &op::Features) -> Vec<ScalarDecl> {
+        FWD.scalars(f)
+    }
+
+    fn validate(&self, f: &op::Features, dtype: DType, keys: &Keys, call: &dyn CallView) -> Result<Sizes, String> {
+        // The forward's inputs, its out and lse (now inputs), and the scalars: the
+        // forward's checks; then what the backward adds.
+        let mut sizes = FWD.validate(f, dtype, keys, call)?;
+        let ff = features(f)?;
+        for role in Role::ALL.into_iter().filter(|r| r.applies(&ff)) {
+            for p in bwd_params(role, &ff, dtype) {
+                if p.name == "delta" {
+                    continue; // the plan's temporary
+                }
+                if let Type::Tensor(d, rank) = p.ty {
+                    let t = call.tensor(p.name).ok_or_else(|| {
+                        format!(
+                            "the kernel needs argument `{}` ({}), which the call does not provide",
+                            p.name, p.meaning
+                        )
+                    })?;
+                    if t.dtype != d || t.shape.len() != rank {
+                        return Err(format!(
+                            "argument `{}` is {} of rank {}, the kernel takes {d} of rank {rank}",
+                            p.name,
+                            t.dtype,
+                            t.shape.len()
+                        ));
+                    }
+                }
+            }
+        }
+        let shape = |n: &str| call.tensor(n).map(|t| t.shape).ok_or_else(|| format!("argument `{n}` is missing"));
+        let (q, k, v, out) = (shape("q")?, shape("k")?, shape("v")?, shape("out")?);
+        expect_shape(call, "dout", &out)?;
+        expect_shape(call, "dq", &q)?;
+        expect_shape(call, "dk", &k)?;
+        expect_shape(call, "dv", &v)?;
+        if ff.sinks {
+            let s = shape("sinks")?;
+            expect_shape(call, "dsinks", &s)?;
+            sizes.insert("n_sinks".into(), s[1] as i64);
+        }
+        Ok(sizes)
+    }
+
+    fn matches(&self, variant: &op::Features, wanted: &op::Features) -> bool {
+        FWD.matches(variant, wanted)
+    }
+
+    fn wanted(&self, f: &op::Features, call: &dyn CallView) -> op::Features {
+        FWD.wanted(f, call)
+    }
+
+    fn cache_desc(&self, wanted: &op::Features, dtype: DType, sizes: &Sizes) -> serde_json::Value {
+        FWD.cache_desc(wanted, dtype, sizes)
+    }
+
+    fn random_call(&self, f: &op::Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String> {
+        let ff = features(f)?;
+        let mut call = FWD.random_call(f, dtype, dims, seed)?;
+        // The forward's out and lse, from the reference (rounded as a kernel stores them).
+        let inputs = inputs_of(&call)?;
+        let rt = runtime_of(&call.scalars, inputs.q.shape[3]);
+        let y = super::reference::reference(&ff, &rt, &inputs)?;
+        let round = |t: &HostTensor, d: DType| {
+            HostTensor::from_vec(d, &t.shape, t.to_vec().into_iter().map(|x| d.round(x)).collect())
+        };
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_d007_u64.rotate_left(17));
+        let n = y.out.numel();
+        let dout = HostTensor::from_vec(
+            dtype,
+            &y.out.shape,
+            (0..n).map(|_| dtype.round(rng.random_range(-1.0..1.0))).collect(),
+        );
+        let nan = |t: &HostTensor| HostTensor::full(t.dtype, &t.shape, f64::NAN);
+        call.tensors.insert("out".into(), round(&y.out, dtype));
+        call.tensors.insert("lse".into(), round(&y.lse, DType::F32));
+        call.tensors.insert("dout".into(), dout);
+        call.tensors.insert("dq".into(), nan(&inputs.q));
+        call.tensors.insert("dk".into(), nan(&inputs.k));
+        call.tensors.insert("dv".into(), nan(&inputs.v));
+        if let Some(s) = &inputs.sinks {
+            call.tensors.insert("dsinks".into(), HostTensor::full(DType::F32, &s.shape, f64::NAN));
+        }
+        Ok(call)
+    }
+
+    fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
+        // Every tensor of the forward's call, and as many again (dout, dq, dk, dv, delta).
+        let fwd = FWD.call_elements(f, dims)?;
+        fwd.checked_mul(2).ok_or_else(|| "the call's element count overflows 64 bits".to_string())
+    }
+
+    fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {
+        let ff = features(f)?;
+        let inputs = inputs_of(call)?;
+        let rt = runtime_of(&call.scalars, inputs.q.shape[3]);
+        let dout = call.tensors.get("dout").ok_or("the call has no `dout`")?;
+        let g = super::reference::reference_bwd(&ff, &rt, &inputs, dout)?;
+        let mut out = BTreeMap::from([("dq".to_string(), g.dq), ("dk".to_string(), g.dk), ("dv".to_string(), g.dv)]);
+        if let Some(s) = g.dsinks {
+            out.insert("dsinks".into(), s);
+        }
+        Ok(out)
+    }
+
+    fn outputs(&self, f: &op::Features) -> Vec<&'static str> {
+        let sinks = features(f).map(|f| f.sinks).unwrap_or(false);
+        let mut v = vec!["dq", "dk", "dv"];
+        if sinks {
+            v.push("dsinks");
+        }
+        v
+    }
+
+    fn small_dims(&self, sizes: &Sizes) -> Sizes {
+        FWD.small_dims(sizes)
+    }
+
+    fn check_dims(&self, keys: &Keys) -> Vec<Sizes> {
+        FWD.check_dims(keys)
+    }
+
+    fn work(&self, f: &op::Features, dtype: DType, sizes: &Sizes) -> Work {
+        // FlashAttention's convention: the backward is 2.5 forwards' FLOPs.
+        let w = FWD.work(f, dtype, sizes);
+        Work { flops: 2.5 * w.flops, bytes: 2.0 * w.bytes }
+    }
+
+    fn heuristic(&self, configs: &[Config]) -> Option<usize> {
+        FWD.heuristic(configs)
+    }
+}
