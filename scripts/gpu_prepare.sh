@@ -21,6 +21,7 @@
 #                                          # set (gpu_run.sh --headdims, then --anchors-bench with
 #                                          # EJC_DIMS=96,192,256,192v128); EJC_KEYS="--key head_dim_v=128": 192/128 alone
 #   bash scripts/gpu_prepare.sh --bwd      # the flash backward (specs/flash_bwd.yaml) on every PTX path (gpu_run.sh --bwd)
+#   bash scripts/gpu_prepare.sh --train    # examples/train_gpu.py's kernels: forward and backward (gpu_run.sh --train)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
 # (seven packs: together they would pass the device tool's 64 MiB.)
@@ -99,6 +100,17 @@ if [ "${1:-}" = "--bwd" ]; then
         --head-dim 128 -o .gpu/bwd128 --report > .gpu/bwd_ptxas.txt
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bwd bwd128
     rm -rf .gpu/bwd .gpu/bwd128
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--train" ]; then
+    # examples/train_gpu.py (gpu_run.sh --train): the forward and the backward, bf16, d 64, full and causal.
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant full --variant causal --dtype bf16 \
+        --head-dim 64 --block-m 128 --block-n 64 --num-warps 8 --num-stages 2 -o .gpu/trainfwd
+    $EJC build specs/flash_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant full --variant causal \
+        --dtype bf16 --head-dim 64 -o .gpu/trainbwd
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz trainfwd trainbwd
+    rm -rf .gpu/trainfwd .gpu/trainbwd
     du -sh .gpu/*
     exit 0
 fi

@@ -33,6 +33,7 @@
 #                                        # racecheck (carry .anchors/fa4/part-aa too and `cp` it to /tmp/ for the bench)
 #   bash scripts/gpu_run.sh --bwd-bench  # then (carry .gpu/ejc-gpu, .anchors/fa4/part-ab and whl): the backward vs
 #                                        # cuDNN, FlashAttention-2 and FlashAttention-4 (bench/compare_gpu_bwd.py)
+#   bash scripts/gpu_run.sh --train      # examples/train_gpu.py, full and causal (`gpu_prepare.sh --train`)
 #   bash scripts/gpu_run.sh --cpu [THREADS]  # the host CPU (`gpu_prepare.sh --cpu`): AMX detection, `ejc run --backend cpu`
 #                                        # on every variant x dtype with `--isa amx` (awkward sizes, against the reference),
 #                                        # then bench/compare_cpu.py with cpu:amx at THREADS (default 1,16): ratios, scaling
@@ -150,6 +151,14 @@ if [ "${1:-}" = "--bwd-bench" ]; then
         "${rows[@]}" --json "$OUT/bench_bwd.json" > "$OUT/bench_bwd.log" 2>&1
     status=$?
     grep -E '^(d=|fa4|device)' "$OUT/bench_bwd.log"
+    exit $status
+fi
+if [ "${1:-}" = "--train" ]; then
+    # examples/train_gpu.py: a layer trained with ejc's forward and backward against torch's SDPA.
+    for c in "" --causal; do
+        python3 examples/train_gpu.py /tmp/ejc-art/trainfwd /tmp/ejc-art/trainbwd $c 2>&1 | tee -a "$OUT/train.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
     exit $status
 fi
 if [ "${1:-}" = "--anchors-check" ]; then
