@@ -35,7 +35,7 @@ use std::f64::consts::LOG2_E;
 
 use super::abi::AbiParam;
 use super::features::{Features, SoftCap, Window};
-use super::frontend::HeadDims;
+use super::frontend::{load_block, HeadDims};
 use crate::builder::{Axis, KernelBuilder};
 use crate::ir::{BinOp, CmpPred, GridExpr, Kernel, MaskTerm, ReduceOp, UnOp, Value};
 use crate::types::{DType, Type};
@@ -376,16 +376,7 @@ fn scores(
     let qk = b.dot(q_tile, k_tile, zero, false, true);
     let mut s = b.mul(qk, param("softmax_scale"));
     if f.bias {
-        let bias = b.load(
-            param("bias"),
-            vec![
-                Axis::Index(k.batch),
-                Axis::Index(head),
-                Axis::Range { start: i0, size: bm, limit: None },
-                Axis::Range { start: j0, size: bn, limit: None },
-            ],
-            0.0,
-        );
+        let bias = load_block(b, param("bias"), k.batch, head, (i0, bm), (j0, bn));
         let bias = b.cast(bias, DType::F32);
         s = b.add(s, bias);
     }
@@ -409,16 +400,7 @@ fn scores(
     s = b.mask_apply(s, i0, j0, &terms);
     let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
     if f.mask {
-        let m = b.load(
-            param("mask"),
-            vec![
-                Axis::Index(k.batch),
-                Axis::Index(head),
-                Axis::Range { start: i0, size: bm, limit: None },
-                Axis::Range { start: j0, size: bn, limit: None },
-            ],
-            0.0,
-        );
+        let m = load_block(b, param("mask"), k.batch, head, (i0, bm), (j0, bn));
         s = b.select(m, s, neg_inf);
     }
     if f.segment_ids {

@@ -341,16 +341,7 @@ fn build_flash(
         let qk = b.dot(q_tile, k_tile, zero_s, false, true);
         let mut s = b.mul(qk, qk_scale);
         if f.bias {
-            let bias = b.load(
-                param("bias"),
-                vec![
-                    Axis::Index(batch),
-                    Axis::Index(head),
-                    Axis::Range { start: i0, size: bm, limit: None },
-                    Axis::Range { start: j0, size: bn, limit: None },
-                ],
-                0.0,
-            );
+            let bias = load_block(b, param("bias"), batch, head, (i0, bm), (j0, bn));
             let bias = b.cast(bias, DType::F32);
             s = b.add(s, bias);
         }
@@ -378,16 +369,7 @@ fn build_flash(
             s = b.select(visible, s, neg_inf);
         }
         if f.mask {
-            let m = b.load(
-                param("mask"),
-                vec![
-                    Axis::Index(batch),
-                    Axis::Index(head),
-                    Axis::Range { start: i0, size: bm, limit: None },
-                    Axis::Range { start: j0, size: bn, limit: None },
-                ],
-                0.0,
-            );
+            let m = load_block(b, param("mask"), batch, head, (i0, bm), (j0, bn));
             s = b.select(m, s, neg_inf);
         }
         if let Some((q_ids, q_valid)) = q_seg {
@@ -465,6 +447,21 @@ fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
 /// sink logit (exp2 domain) is a one-column block of scores. Shared by the forward
 /// kernel and the split-KV combine, so both add them the same way. `consts` are the
 /// caller's i32 0 and 1 and f32 log2(e).
+/// The `[bm, bn]` block at query row `i0`, key `j0` of a `[B, Hq, Sq, Sk]` tensor (bias,
+/// mask) for sequence `batch`, head `head`.
+pub(super) fn load_block(
+    b: &mut KernelBuilder,
+    t: Value,
+    batch: Value,
+    head: Value,
+    (i0, bm): (Value, usize),
+    (j0, bn): (Value, usize),
+) -> Value {
+    let rows = Axis::Range { start: i0, size: bm, limit: None };
+    let cols = Axis::Range { start: j0, size: bn, limit: None };
+    b.load(t, vec![Axis::Index(batch), Axis::Index(head), rows, cols], 0.0)
+}
+
 /// The causal and window mask terms (bottom-right aligned: `shift = s_k − s_q`), the
 /// forward's and the backward's.
 pub(super) fn band_terms(

@@ -459,21 +459,7 @@ impl Operation for FlashAttentionFwd {
             other => return Err(format!("flash has no role `{other}`")),
         }
         .map_err(|e| e.to_string())?;
-        // Printed metadata (snapshots, dumps); nothing reads it back.
-        let mut attrs = vec![
-            ("op".to_string(), spec.op.clone()),
-            ("variant".to_string(), k.variant.name.clone()),
-            ("dtype".to_string(), k.dtype.to_string()),
-            ("head_dim".to_string(), hd.to_string()),
-        ];
-        if dv != hd {
-            attrs.push(("head_dim_v".to_string(), dv.to_string()));
-        }
-        for (n, v) in &k.tile {
-            if n.starts_with("block_") {
-                attrs.push((n.clone(), v.to_string()));
-            }
-        }
+        let mut attrs = kernel_attrs(spec, k, hd, dv);
         if k.role != "main" {
             attrs.push(("role".into(), k.role.into()));
         }
@@ -791,6 +777,26 @@ impl Operation for FlashAttentionFwd {
             })
             .or((!configs.is_empty()).then_some(0))
     }
+}
+
+/// A kernel's printed metadata (snapshots, dumps; nothing reads it back): op, variant,
+/// dtype, head dims, block sizes.
+pub(super) fn kernel_attrs(spec: &Spec, k: &KernelInstance, hd: usize, dv: usize) -> Vec<(String, String)> {
+    let mut attrs = vec![
+        ("op".to_string(), spec.op.clone()),
+        ("variant".to_string(), k.variant.name.clone()),
+        ("dtype".to_string(), k.dtype.to_string()),
+        ("head_dim".to_string(), hd.to_string()),
+    ];
+    if dv != hd {
+        attrs.push(("head_dim_v".to_string(), dv.to_string()));
+    }
+    for (n, v) in &k.tile {
+        if n.starts_with("block_") {
+            attrs.push((n.clone(), v.to_string()));
+        }
+    }
+    attrs
 }
 
 /// The one-kernel plan's kernel of `variant` at head dims (one `usize`, or

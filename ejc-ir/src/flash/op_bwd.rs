@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use super::backward::{build_bwd_kernel, bwd_params, Role};
 use super::features::Features;
 use super::frontend::HeadDims;
-use super::op::{expect_shape, features, head_dim_v, inputs_of, runtime_of, FlashAttentionFwd, AXES};
+use super::op::{expect_shape, features, head_dim_v, inputs_of, kernel_attrs, runtime_of, FlashAttentionFwd, AXES};
 use crate::ir::Kernel;
 use crate::manifest::{Launch, Temporary};
 use crate::op::{
@@ -146,20 +146,7 @@ impl Operation for FlashAttentionBwd {
         let bn = tile("block_n").unwrap_or(bm);
         let mut kernel = build_bwd_kernel(&k.id, role, &f, k.dtype, HeadDims { qk: hd, v: dv }, bm, bn)
             .map_err(|e| e.to_string())?;
-        let mut attrs = vec![
-            ("op".to_string(), spec.op.clone()),
-            ("variant".to_string(), k.variant.name.clone()),
-            ("dtype".to_string(), k.dtype.to_string()),
-            ("head_dim".to_string(), hd.to_string()),
-        ];
-        if dv != hd {
-            attrs.push(("head_dim_v".to_string(), dv.to_string()));
-        }
-        for (n, v) in &k.tile {
-            if n.starts_with("block_") {
-                attrs.push((n.clone(), v.to_string()));
-            }
-        }
+        let mut attrs = kernel_attrs(spec, k, hd, dv);
         attrs.push(("role".into(), k.role.into()));
         kernel.attrs = attrs;
         Ok(kernel)
