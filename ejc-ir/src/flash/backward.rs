@@ -35,7 +35,7 @@ use std::f64::consts::LOG2_E;
 
 use super::abi::AbiParam;
 use super::features::{Features, SoftCap, Window};
-use super::frontend::{load_block, HeadDims};
+use super::frontend::{cdiv, load_block, HeadDims};
 use crate::builder::{Axis, KernelBuilder};
 use crate::ir::{BinOp, CmpPred, GridExpr, Kernel, MaskTerm, ReduceOp, UnOp, Value};
 use crate::types::{DType, Type};
@@ -570,11 +570,7 @@ fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
     let k_tile = k.load_rows(b, kk, kr, kv_head, k.d);
     let v_tile = k.load_rows(b, v, kr, kv_head, k.dv);
     let bmc = b.const_i32(k.bm as i64);
-    let q_blocks = {
-        let t = b.add(k.seq_q, bmc);
-        let t = b.sub(t, k.c1);
-        b.div(t, bmc)
-    };
+    let q_blocks = cdiv(b, k.seq_q, bmc, k.c1);
     // The query blocks the band lets this key block be seen from (the others add exactly
     // 0): i >= j0 - shift - right and i < j0 + bn - shift + left, in whole blocks.
     let (shift, left, right) = band(b, k, param);
@@ -594,9 +590,7 @@ fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
             let e = b.add(e, l);
             let e = b.max(e, k.c0);
             let e = b.min(e, k.seq_q);
-            let e = b.add(e, bmc);
-            let e = b.sub(e, k.c1);
-            b.div(e, bmc)
+            cdiv(b, e, bmc, k.c1)
         }
         None => q_blocks,
     };
@@ -655,11 +649,7 @@ fn dsinks(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
         b.dim(lse, 2)
     };
     let bmc = b.const_i32(k.bm as i64);
-    let q_blocks = {
-        let t = b.add(rows, bmc);
-        let t = b.sub(t, k.c1);
-        b.div(t, bmc)
-    };
+    let q_blocks = cdiv(b, rows, bmc, k.c1);
     let trips = b.mul(batches, q_blocks);
     let acc = b.full(0.0, DType::F32, &[k.bm]);
     let r = b.for_loop(k.c0, trips, k.c1, &[acc], |b, t, carried| {
