@@ -6,8 +6,10 @@ The BUILD_DIRs hold `ejc build specs/flash_bwd.yaml --target ptx:...` artifacts 
 `causal` variants; scripts/gpu_prepare.sh --bwd makes them). For each row of the standard grid
 (b·s = 16384 tokens, h·d = 2048, s 512-16k, causal and not) it times, with triton's do_bench (median):
 
-* ejc: each role of the backward plan (preprocess, dkdv, dq) over every candidate of the build, the
-  fastest of each kept: the plan's time is their sum (the autotuner's choice);
+* ejc: each role of each backward plan over every candidate of the build, the fastest of each kept:
+  a plan's time is their sum, and ejc's the faster plan's (the autotuner's choice). `two_pass`
+  (preprocess, dkdv, dq) is the deterministic one; `atomic` (preprocess_dq, dkdv_dq with dQ by
+  atomic adds, dq_convert) computes the scores once. Both are reported (`ejc_det` is two_pass);
 * torch SDPA's backward with the cuDNN and the flash (FlashAttention-2) back ends;
 * FlashAttention-4's backward (`flash_attn.cute.flash_attn_func` under autograd), when
   ../shared/bench/fa4_kit.sh's install.sh has put it on PYTHONPATH.
@@ -29,7 +31,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from cupy_launch import EjcKernel, flash_sizes, head_dims, instance, load_manifest  # noqa: E402
 
-ROLES = ("preprocess", "dkdv", "dq")
+PLANS = {"two_pass": ("preprocess", "dkdv", "dq"), "atomic": ("preprocess_dq", "dkdv_dq", "dq_convert")}
 
 
 def load_fa4():
@@ -86,45 +88,57 @@ def main():
                          dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v))
                 scalars = dict(softmax_scale=scale)
                 sizes = flash_sizes(q, k, v)
-                # ---- ejc: the fastest candidate of each role
-                best = {}
-                for role in ROLES:
-                    for bd, a in arts:
-                        if instance(a) != (variant, "bf16", d, role) or head_dims(a) != (d, d):
-                            continue
-                        key = a["artifact_id"]
-                        if key not in kernels:
+                # ---- ejc: the fastest candidate of each role of each plan
+                t["dq_accum"] = torch.empty(b, s, h, d, device="cuda", dtype=torch.float32)
+                plans = {}
+                for plan, roles in PLANS.items():
+                    best = {}
+                    for role in roles:
+                        for bd, a in arts:
+                            if instance(a) != (variant, "bf16", d, role) or head_dims(a) != (d, d):
+                                continue
+                            key = a["artifact_id"]
+                            if key not in kernels:
+                                try:
+                                    kernels[key] = EjcKernel(bd, a)
+                                except Exception as e:
+                                    print(f"  {key}: cannot load: {e}", flush=True)
+                                    kernels[key] = None
+                            kern = kernels[key]
+                            if kern is None:
+                                continue
                             try:
-                                kernels[key] = EjcKernel(bd, a)
+                                ms = do_bench(lambda: kern(t, scalars, sizes), warmup=5, rep=40, return_mode="median")
                             except Exception as e:
-                                print(f"  {key}: cannot load: {e}", flush=True)
-                                kernels[key] = None
-                        kern = kernels[key]
-                        if kern is None:
-                            continue
-                        try:
-                            ms = do_bench(lambda: kern(t, scalars, sizes), warmup=5, rep=40, return_mode="median")
-                        except Exception as e:
-                            print(f"  {key}: failed: {e}", flush=True)
-                            continue
-                        if args.verbose:
-                            print(f"  {key}: {ms:.3f} ms", flush=True)
-                        if role not in best or ms < best[role][1]:
-                            best[role] = (kern, ms, key)
-                if len(best) == len(ROLES):
-                    ms = sum(best[r][1] for r in ROLES)
-                    row.update(ejc=fl / ms / 1e9, ejc_ms=ms,
-                               ejc_roles={r: [best[r][2], best[r][1]] for r in ROLES})
-                    for r in ROLES:
+                                print(f"  {key}: failed: {e}", flush=True)
+                                continue
+                            if args.verbose:
+                                print(f"  {key}: {ms:.3f} ms", flush=True)
+                            if role not in best or ms < best[role][1]:
+                                best[role] = (kern, ms, key)
+                    if len(best) != len(roles):
+                        continue
+                    ms = sum(best[r][1] for r in roles)
+                    info = dict(ms=ms, tflops=fl / ms / 1e9, roles={r: [best[r][2], best[r][1]] for r in roles})
+                    for r in roles:
                         best[r][0](t, scalars, sizes)
                     torch.cuda.synchronize()
                     if b * h * s * s * 4 <= 2 ** 31:
                         qf, kf, vf = (x.detach().float().transpose(1, 2).requires_grad_() for x in (q, k, v))
                         of = F.scaled_dot_product_attention(qf, kf, vf, is_causal=causal, scale=scale)
                         gq, gk, gv = torch.autograd.grad(of, (qf, kf, vf), dout.float().transpose(1, 2))
-                        row["ejc_err"] = max(rel(t["dq"], gq.transpose(1, 2)), rel(t["dk"], gk.transpose(1, 2)),
-                                             rel(t["dv"], gv.transpose(1, 2)))
+                        info["err"] = max(rel(t["dq"], gq.transpose(1, 2)), rel(t["dk"], gk.transpose(1, 2)),
+                                          rel(t["dv"], gv.transpose(1, 2)))
                         del qf, kf, vf, of, gq, gk, gv
+                    plans[plan] = info
+                if plans:
+                    fastest = min(plans, key=lambda p: plans[p]["ms"])
+                    row.update(ejc=plans[fastest]["tflops"], ejc_ms=plans[fastest]["ms"], ejc_plan=fastest,
+                               ejc_roles=plans[fastest]["roles"], ejc_plans=plans)
+                    if "err" in plans[fastest]:
+                        row["ejc_err"] = max(p.get("err", 0) for p in plans.values())
+                    if "two_pass" in plans:
+                        row["ejc_det"] = plans["two_pass"]["tflops"]
                 # ---- anchors: backward only, on the forward's saved state
                 dt = dout.transpose(1, 2)
                 for name, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
@@ -155,10 +169,12 @@ def main():
                 def r(x):
                     return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
 
-                print(f"d={d:3d} s={s:5d} {variant:6s} h={h}  ejc {row.get('ejc', 0):6.1f}  fa4 {row.get('fa4', 0):6.1f}  "
+                print(f"d={d:3d} s={s:5d} {variant:6s} h={h}  ejc {row.get('ejc', 0):6.1f} ({row.get('ejc_plan')}; "
+                      f"deterministic {row.get('ejc_det', 0):6.1f})  fa4 {row.get('fa4', 0):6.1f}  "
                       f"cudnn {row.get('cudnn', 0):6.1f}  flash {row.get('flash', 0):6.1f} TFLOP/s   ejc/fa4 {r('fa4')}  "
                       f"ejc/cudnn {r('cudnn')}  ejc/flash {r('flash')}   err {row.get('ejc_err')}  "
-                      f"{ {k: round(v[1], 3) for k, v in row.get('ejc_roles', {}).items()} }", flush=True)
+                      f"{ {p: {k: round(v[1], 3) for k, v in i['roles'].items()} for p, i in row.get('ejc_plans', {}).items()} }",
+                      flush=True)
                 if args.json:
                     with open(args.json, "w") as fh:
                         json.dump(dict(device=dev, rows=rows), fh, indent=1)

@@ -137,8 +137,11 @@ if [ "${1:-}" = "--bwd" ]; then
     check_set bwd || status=1
     check_set bwd128 || status=1
     memcheck bwd "causal_bf16_d64_dkdv_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    memcheck bwd "causal_bf16_d64_dkdv_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     memcheck bwd "varlen_causal_f16_d64" || status=1
+    memcheck bwd "gpt_oss_f16_d64_dkdv_dq_m64_n64@ptx:sm_80" || status=1
     racecheck bwd "gpt_oss_bf16_d64_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    racecheck bwd "gpt_oss_bf16_d64_dkdv_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     cp /tmp/ejc-art/bwd_ptxas.txt "$OUT/" 2>/dev/null
     exit $status
 fi

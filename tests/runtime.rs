@@ -42,6 +42,41 @@ fn example(name: &str) -> PathBuf {
         .expect("cargo reports the example's executable")
 }
 
+/// Build `variant` of a spec for the CPU (`extra`: more `ejc build` arguments) into a
+/// fresh directory named after `name`; returns it, a fresh cache directory, and the
+/// variant's features.
+fn build_variant(spec: &str, name: &str, variant: &str, extra: &[&str]) -> (PathBuf, PathBuf, ejc_ir::op::Features) {
+    let kernels = temp(name);
+    let cache = temp(&format!("{name}-cache"));
+    let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
+        .args(["build", spec, "-o", kernels.to_str().unwrap(), "--target", "cpu", "--variant", variant, "-q"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = ejc_ir::spec::load_file(spec).unwrap().variant(variant).unwrap().features.clone();
+    (kernels, cache, f)
+}
+
+/// Every output of `call` against the reference's `want` for `host`, within `tol`.
+fn check_outputs(
+    op: &dyn ejc_ir::op::Operation,
+    f: &ejc_ir::op::Features,
+    host: &ejc_ir::op::HostCall,
+    want: &std::collections::BTreeMap<String, ejc_ir::tensor::HostTensor>,
+    call: &ejc_runtime::call::Call,
+    tol: f64,
+    label: &str,
+) {
+    let mut got = host.clone();
+    for n in op.outputs(f) {
+        got.tensors.insert(n.to_string(), call.host_tensor(n).unwrap());
+    }
+    for (name, rel, _) in ejc_ir::op::compare_outputs(op, f, &got, want) {
+        assert!(rel <= tol, "{label}: {name} rel_err {rel:e}");
+    }
+}
+
 #[test]
 fn tunes_once_then_the_second_process_hits_the_persistent_cache() {
     let kernels = temp("kernels");
@@ -318,25 +353,17 @@ fn any_operation_runs_through_the_generic_call() {
 /// (partial, combine) whose result matches the reference too.
 #[test]
 fn decode_calls_tune_over_both_plans_and_split_kv_matches_the_reference() {
-    use ejc_ir::op::{compare_outputs, plan_marker, Config, Sizes};
+    use ejc_ir::op::{plan_marker, Config, Sizes};
     use ejc_ir::types::DType;
     use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
     use ejc_runtime::call::Call;
     use ejc_runtime::chain::Source;
-    let kernels = temp("decode");
-    let cache = temp("decode-cache");
     let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_decode.yaml");
-    let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
-        .args(["build", spec, "-o", kernels.to_str().unwrap(), "--target", "cpu", "--variant", "gpt_oss"])
-        .args(["--dtype", "bf16", "--head-dim", "64", "--config", "num_splits=2", "--config", "num_splits=8", "-q"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let extra = ["--dtype", "bf16", "--head-dim", "64", "--config", "num_splits=2", "--config", "num_splits=8"];
+    let (kernels, cache, f) = build_variant(spec, "decode", "gpt_oss", &extra);
     let manifest = std::fs::read_to_string(kernels.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"split_kv\"") && manifest.contains("_combine"), "{manifest}");
     let op = ejc_ir::ops::get("flash_attention_fwd").unwrap();
-    let spec = ejc_ir::spec::load_file(spec).unwrap();
-    let f = spec.variant("gpt_oss").unwrap().features.clone();
     // Decode-like: 3 query rows against 700 keys (the 128-key window and the sinks see
     // rows of every split), GQA 8:2.
     let dims = Sizes::from(
@@ -349,15 +376,7 @@ fn decode_calls_tune_over_both_plans_and_split_kv_matches_the_reference() {
     println!("seed {seed}");
     let host = op.random_call(&f, DType::BF16, &dims, seed).unwrap();
     let want = op.reference(&f, &host).unwrap();
-    let check = |call: &Call, label: &str| {
-        let mut got = host.clone();
-        for n in op.outputs(&f) {
-            got.tensors.insert(n.to_string(), call.host_tensor(n).unwrap());
-        }
-        for (name, rel, _) in compare_outputs(op, &f, &got, &want) {
-            assert!(rel <= 1e-2, "{label}: {name} rel_err {rel:e} (seed {seed})");
-        }
-    };
+    let check = |call: &Call, label: &str| check_outputs(op, &f, &host, &want, call, 1e-2, label);
     // The tuner: 2 one-kernel tilings + 2 tilings x 2 split counts.
     let mut call = Call::from_host(&host);
     let r = rt.call("flash_attention_fwd", &f, &mut call, &CallOptions { threads: 2, ..Default::default() }).unwrap();
@@ -384,6 +403,65 @@ fn decode_calls_tune_over_both_plans_and_split_kv_matches_the_reference() {
     assert_eq!((r.plan.as_str(), r.kernels.len()), ("split_kv", 2), "{r:?}");
     assert!(r.kernels[0].ends_with("_split") && r.kernels[1].ends_with("_combine"), "{r:?}");
     check(&call, "split_kv num_splits=8");
+    let _ = std::fs::remove_dir_all(&kernels);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// The flash backward through the generic call on the CPU: the tuner times both plans
+/// (two_pass, and atomic with dQ by atomic adds) and either result matches the f64
+/// reference; a call that asks to be `deterministic` gets two_pass only, under a cache
+/// key of its own, and an explicit atomic configuration is then refused.
+#[test]
+fn backward_calls_tune_over_both_plans_and_deterministic_calls_get_two_pass() {
+    use ejc_ir::op::{plan_marker, Config, Sizes};
+    use ejc_ir::types::DType;
+    use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+    use ejc_runtime::call::Call;
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_bwd.yaml");
+    let (kernels, cache, f) = build_variant(spec, "bwd", "gpt_oss", &["--dtype", "f32", "--head-dim", "64"]);
+    let manifest = std::fs::read_to_string(kernels.join("manifest.json")).unwrap();
+    assert!(manifest.contains("\"two_pass\"") && manifest.contains("\"atomic\""), "{manifest}");
+    let op = ejc_ir::ops::get("flash_attention_bwd").unwrap();
+    let dims = Sizes::from(
+        [("batch", 2), ("seq_q", 90), ("seq_k", 150), ("heads_q", 4), ("heads_kv", 2), ("head_dim", 64)]
+            .map(|(k, v)| (k.to_string(), v)),
+    );
+    let opts = RuntimeOptions { kernels: vec![kernels.clone()], cache_dir: Some(cache.clone()), ..Default::default() };
+    let mut rt = Runtime::new(opts).unwrap();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("seed {seed}");
+    let host = op.random_call(&f, DType::F32, &dims, seed).unwrap();
+    let want = op.reference(&f, &host).unwrap();
+    let check = |call: &Call, label: &str| check_outputs(op, &f, &host, &want, call, 1e-5, label);
+    let mut call = Call::from_host(&host);
+    let tuned =
+        rt.call("flash_attention_bwd", &f, &mut call, &CallOptions { threads: 2, ..Default::default() }).unwrap();
+    check(&call, &format!("tuned ({})", tuned.plan));
+    let det = CallOptions { threads: 2, deterministic: true, ..Default::default() };
+    for _ in 0..2 {
+        let mut call = Call::from_host(&host);
+        let r = rt.call("flash_attention_bwd", &f, &mut call, &det).unwrap();
+        assert_eq!(r.plan, "two_pass", "{r:?}");
+        assert_ne!(r.key, tuned.key, "a deterministic call is cached apart");
+        check(&call, "deterministic");
+    }
+    // The atomic plan by hand: right, and refused to a deterministic call.
+    // Every role's tiling is part of a configuration (the first role's unprefixed).
+    let atomic: Config = ["block_m", "dkdv_dq.block_m", "dkdv_dq.block_n", "dq_convert.block_m", "dsinks.block_m"]
+        .into_iter()
+        .map(|k| (k.to_string(), 64))
+        .chain([(plan_marker("atomic"), 1)])
+        .collect();
+    let mut call = Call::from_host(&host);
+    let opts = CallOptions { config: Some(atomic.clone()), threads: 2, ..Default::default() };
+    let r = rt.call("flash_attention_bwd", &f, &mut call, &opts).unwrap();
+    assert_eq!(r.plan, "atomic", "{r:?}");
+    assert!(r.kernels.iter().any(|k| k.contains("_dkdv_dq_")) && r.kernels.len() == 4, "{r:?}");
+    check(&call, "atomic");
+    let mut call = Call::from_host(&host);
+    let opts = CallOptions { config: Some(atomic), threads: 2, deterministic: true, ..Default::default() };
+    let e = rt.call("flash_attention_bwd", &f, &mut call, &opts).unwrap_err().to_string();
+    assert!(e.contains("not one of the built configurations"), "{e}");
     let _ = std::fs::remove_dir_all(&kernels);
     let _ = std::fs::remove_dir_all(&cache);
 }

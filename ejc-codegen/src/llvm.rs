@@ -211,6 +211,28 @@ impl Ir {
             LLVMSetAlignment(s, align);
         }
     }
+    /// `*ptr += v` atomically (relaxed ordering, result unused: `red.add` on NVPTX, a
+    /// `lock`-prefixed compare-exchange loop on x86).
+    pub fn atomic_fadd(&self, v: V, ptr: V) {
+        unsafe {
+            LLVMBuildAtomicRMW(
+                self.b,
+                llvm_sys::LLVMAtomicRMWBinOp::LLVMAtomicRMWBinOpFAdd,
+                ptr,
+                v,
+                llvm_sys::LLVMAtomicOrdering::LLVMAtomicOrderingMonotonic,
+                0,
+            );
+        }
+    }
+    /// A plain store (`accumulate` false) or an atomic add (true) of `v` at `ptr`.
+    pub fn store_or_add(&self, v: V, ptr: V, align: u32, accumulate: bool) {
+        if accumulate {
+            self.atomic_fadd(v, ptr)
+        } else {
+            self.store(v, ptr, align)
+        }
+    }
     /// `ptr + idx * sizeof(t)` (idx: i64).
     pub fn gep(&self, t: T, ptr: V, idx: V) -> V {
         let mut ix = [idx];

@@ -204,11 +204,21 @@ impl KernelBuilder {
     }
 
     pub fn store(&mut self, tensor: Value, axes: Vec<Axis>, value: Value) {
+        self.store_op(tensor, axes, value, false)
+    }
+
+    /// `tensor[axes] += value`, atomically (`tile.atomic_add`; f32 tensors): programs
+    /// running at the same time may add into the same elements, in no fixed order.
+    pub fn atomic_add(&mut self, tensor: Value, axes: Vec<Axis>, value: Value) {
+        self.store_op(tensor, axes, value, true)
+    }
+
+    fn store_op(&mut self, tensor: Value, axes: Vec<Axis>, value: Value, accumulate: bool) {
         let (kinds, idx) = Self::access(&axes);
         let mut operands = vec![tensor];
         operands.extend(idx);
         operands.push(value);
-        self.op(OpKind::Store { axes: kinds }, operands);
+        self.op(OpKind::Store { axes: kinds, accumulate }, operands);
     }
 
     // ---- arithmetic ----

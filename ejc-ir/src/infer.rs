@@ -102,8 +102,11 @@ pub fn infer(kind: &OpKind, operands: &[&Type]) -> Result<Vec<Type>, String> {
             }
             Ok(vec![if shape.is_empty() { Type::Scalar(dtype) } else { Type::Tile(dtype, shape) }])
         }
-        Store { axes } => {
+        Store { axes, accumulate } => {
             let (dtype, shape) = check_access(axes, operands, 1)?;
+            if *accumulate && dtype != DType::F32 {
+                return Err(format!("an atomic add needs an f32 tensor, not {dtype}"));
+            }
             let want = 2 + axes.iter().map(|a| a.operand_count()).sum::<usize>();
             if n != want {
                 return Err(format!("expects {want} operand(s), got {n}"));

@@ -266,7 +266,7 @@ impl<'a> Machine<'a> {
                 self.set(res(0), RVal::Tile(d));
             }
             Load { axes, pad } => self.load(op, axes, *pad)?,
-            Store { axes } => self.store(op, axes)?,
+            Store { axes, accumulate } => self.store(op, axes, *accumulate)?,
             Binary(b) => {
                 let shape = self.ty(res(0)).shape().to_vec();
                 let dt = self.ty(res(0)).dtype();
@@ -604,7 +604,7 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
-    fn store(&mut self, op: &Op, axes: &[AxisIndex]) -> Result<(), InterpError> {
+    fn store(&mut self, op: &Op, axes: &[AxisIndex], accumulate: bool) -> Result<(), InterpError> {
         let ti = self.tensor(op.operands[0])?;
         let n = op.operands.len();
         let value = op.operands[n - 1];
@@ -615,7 +615,10 @@ impl<'a> Machine<'a> {
         let Arg::Tensor(t) = &mut self.args[ti] else { return err("not a tensor".into()) };
         for (x, i) in data.iter().zip(idx) {
             if let Some(i) = i {
-                t.set(&i, *x);
+                // Programs run one after another here: an atomic add is a plain one
+                // (rounded to the tensor's f32 as the device's is).
+                let x = if accumulate { t.dtype.round(t.get(&i) + *x) } else { *x };
+                t.set(&i, x);
             }
         }
         Ok(())

@@ -445,7 +445,12 @@ pub enum OpKind {
     Load { axes: Vec<AxisIndex>, pad: f64 },
     /// `[tensor, axis operands..., value]` → nothing. Elements outside the tensor or
     /// past a range's limit are not written. The value's dtype must be the tensor's.
-    Store { axes: Vec<AxisIndex> },
+    ///
+    /// With `accumulate` (`tile.atomic_add`), each element is *added* to the tensor's
+    /// atomically instead of replacing it: programs that run at the same time may add
+    /// into the same elements (the flash backward's dQ). f32 tensors only. The order of
+    /// the additions is not fixed, so the sum is not reproducible bit for bit.
+    Store { axes: Vec<AxisIndex>, accumulate: bool },
 
     // ---- element-wise arithmetic (scalars broadcast; size-1 axes broadcast) ----
     /// `[a, b]` → same type.
@@ -524,7 +529,8 @@ impl OpKind {
             ExpandDims { .. } => "tile.expand_dims",
             Broadcast { .. } => "tile.broadcast",
             Load { .. } => "tile.load",
-            Store { .. } => "tile.store",
+            Store { accumulate: false, .. } => "tile.store",
+            Store { accumulate: true, .. } => "tile.atomic_add",
             Binary(op) => match op {
                 BinOp::Add => "arith.add",
                 BinOp::Sub => "arith.sub",

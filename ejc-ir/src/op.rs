@@ -274,6 +274,11 @@ pub trait Operation: Sync {
     fn axes(&self) -> &'static [AxisDecl];
     /// Every plan the operation has (the first is the default).
     fn plan_names(&self) -> &'static [&'static str];
+    /// The plans whose results may differ in the last bits from run to run (atomic
+    /// adds in no fixed order); a call that asks to be deterministic never gets them.
+    fn nondeterministic_plans(&self) -> &'static [&'static str] {
+        &[]
+    }
 
     // ---- kernels -------------------------------------------------------------------
 

@@ -641,7 +641,7 @@ impl Parser {
         match name.as_str() {
             "scf.for" => return self.for_op(result_names),
             "scf.if" => return self.if_op(result_names),
-            "tile.load" | "tile.store" => return self.access_op(&name, result_names),
+            "tile.load" | "tile.store" | "tile.atomic_add" => return self.access_op(&name, result_names),
             "const" => {
                 let text = match self.next() {
                     Tok::Num(n) | Tok::Ident(n) => n,
@@ -938,13 +938,14 @@ impl Parser {
             }
             self.expect(",")?;
         }
-        if name == "tile.store" {
+        if name != "tile.load" {
             self.expect(",")?;
             operands.push(self.use_value()?);
             if !result_names.is_empty() {
-                return Err(self.op_err("`tile.store` has no results".into()));
+                return Err(self.op_err(format!("`{name}` has no results")));
             }
-            return Ok(Op { kind: OpKind::Store { axes }, operands, results: vec![], regions: vec![] });
+            let accumulate = name == "tile.atomic_add";
+            return Ok(Op { kind: OpKind::Store { axes, accumulate }, operands, results: vec![], regions: vec![] });
         }
         self.expect("{")?;
         self.keyword("pad")?;

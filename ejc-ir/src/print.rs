@@ -21,7 +21,7 @@
 //!             [ "attrs" "{" NAME "=" STRING ("," ...)* "}" ] "{" op* "}"
 //! op       := [ results "=" ] OPNAME operands [ "{" attr ("," attr)* "}" ] [ ":" types ]
 //! load     := results "=" "tile.load" %t "[" axis ("," axis)* "]" "{" "pad" "=" NUM "}" ":" type
-//! store    := "tile.store" %t "[" axis ("," axis)* "]" "," %v
+//! store    := ("tile.store" | "tile.atomic_add") %t "[" axis ("," axis)* "]" "," %v
 //! axis     := %i | %start "+:" INT [ "<" %limit ]
 //! for      := results "=" "scf.for" %iv "=" %lo "to" %hi "step" %s
 //!             [ "iter_args" "(" %a "=" %init ("," ...)* ")" ] [ ":" types ] "{" op* "}"
@@ -206,7 +206,7 @@ impl<'k> Printer<'k> {
                 let _ =
                     writeln!(self.out, "{indent}{lhs}{name} {t}[{acc}] {{pad = {}}}{colon_tys}", format_float(*pad));
             }
-            OpKind::Store { axes } => {
+            OpKind::Store { axes, .. } => {
                 let t = self.name(op.operands[0]);
                 let n = op.operands.len();
                 let acc = self.access(axes, &op.operands[1..n - 1]);

@@ -4,7 +4,7 @@
 //! head dim of its own, varlen with an empty sequence), before and after the pass
 //! pipeline. Fresh random inputs: the seed is printed (`EJC_TEST_SEED` replays one).
 
-use ejc_ir::flash::backward::{build_bwd_kernel, run_interp, Role};
+use ejc_ir::flash::backward::{build_bwd_kernel, run_interp, Plan, Role};
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference, reference_bwd};
 use ejc_ir::flash::{Features, FlashOutputs, FlashShape, HeadDims};
@@ -30,19 +30,38 @@ fn round(t: &HostTensor, dtype: DType) -> HostTensor {
     HostTensor::from_vec(dtype, &t.shape, t.to_vec().into_iter().map(|x| dtype.round(x)).collect())
 }
 
-/// One call: the kernels' gradients against the reference's, relative error per tensor.
-fn check(name: &str, f: &Features, dtype: DType, shape: &str, seed: u64, pipeline: bool, tol: f64) {
-    let shape = FlashShape::parse(shape).unwrap();
-    let dims = HeadDims { qk: shape.head_dim, v: shape.head_dim_v };
-    let kernels: Vec<(Role, _)> = Role::ALL
+/// A plan's kernels for a variant, at 16 × 16 tiles, before or after the pipeline.
+fn plan_kernels(
+    plan: Plan,
+    name: &str,
+    f: &Features,
+    dtype: DType,
+    dims: HeadDims,
+    pipeline: bool,
+) -> Vec<(Role, ejc_ir::ir::Kernel)> {
+    plan.roles(f)
         .into_iter()
-        .filter(|r| r.applies(f))
         .map(|r| {
             let k = build_bwd_kernel(&format!("{name}_{}", r.name()), r, f, dtype, dims, 16, 16)
                 .unwrap_or_else(|e| panic!("{name} {}: {e}", r.name()));
             (r, if pipeline { run_pipeline(&k, &default_pipeline()).unwrap() } else { k })
         })
-        .collect();
+        .collect()
+}
+
+/// One call: the kernels' gradients against the reference's, relative error per tensor,
+/// for both plans.
+fn check(name: &str, f: &Features, dtype: DType, shape: &str, seed: u64, pipeline: bool, tol: f64) {
+    for plan in Plan::ALL {
+        check_plan(plan, name, f, dtype, shape, seed, pipeline, tol);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_plan(plan: Plan, name: &str, f: &Features, dtype: DType, shape: &str, seed: u64, pipeline: bool, tol: f64) {
+    let shape = FlashShape::parse(shape).unwrap();
+    let dims = HeadDims { qk: shape.head_dim, v: shape.head_dim_v };
+    let kernels = plan_kernels(plan, name, f, dtype, dims, pipeline);
     let x = random_inputs(f, dtype, &shape, seed);
     let rt = default_runtime(f, &shape, seed);
     let y = reference(f, &rt, &x).unwrap();
@@ -61,7 +80,8 @@ fn check(name: &str, f: &Features, dtype: DType, shape: &str, seed: u64, pipelin
         let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
         assert!(
             rel <= tol,
-            "{name} {dtype} {what} shape={shape} seed={seed} pipeline={pipeline}: rel {rel:e} abs {abs:e}"
+            "{name} {} {dtype} {what} shape={shape} seed={seed} pipeline={pipeline}: rel {rel:e} abs {abs:e}",
+            plan.name()
         );
     }
 }
@@ -104,23 +124,21 @@ fn varlen_with_empty_sequences() {
         x.cu_seqlens_q = Some(HostTensor::from_vec(DType::I32, &[4], vec![0.0, 5.0, 5.0, tq as f64]));
         x.cu_seqlens_k = Some(HostTensor::from_vec(DType::I32, &[4], vec![0.0, 0.0, 7.0, tk as f64]));
         let dims = HeadDims { qk: 16, v: 16 };
-        let kernels: Vec<(Role, _)> = Role::ALL
-            .into_iter()
-            .filter(|r| r.applies(&f))
-            .map(|r| (r, build_bwd_kernel(r.name(), r, &f, DType::F32, dims, 16, 16).unwrap()))
-            .collect();
-        let rt = default_runtime(&f, &shape, seed);
-        let y = reference(&f, &rt, &x).unwrap();
-        let forward = FlashOutputs { out: round(&y.out, DType::F32), lse: round(&y.lse, DType::F32) };
-        let dout = HostTensor::full(DType::F32, &y.out.shape, 0.25);
-        let want = reference_bwd(&f, &rt, &x, &dout).unwrap();
-        let got = run_interp(&kernels, &rt, &x, &forward, &dout).unwrap();
-        for (what, g, w) in [("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)] {
-            let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
-            assert!(rel <= 1e-5, "{what} seed={seed}: rel {rel:e} abs {abs:e}");
+        for plan in Plan::ALL {
+            let kernels = plan_kernels(plan, "varlen", &f, DType::F32, dims, false);
+            let rt = default_runtime(&f, &shape, seed);
+            let y = reference(&f, &rt, &x).unwrap();
+            let forward = FlashOutputs { out: round(&y.out, DType::F32), lse: round(&y.lse, DType::F32) };
+            let dout = HostTensor::full(DType::F32, &y.out.shape, 0.25);
+            let want = reference_bwd(&f, &rt, &x, &dout).unwrap();
+            let got = run_interp(&kernels, &rt, &x, &forward, &dout).unwrap();
+            for (what, g, w) in [("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)] {
+                let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
+                assert!(rel <= 1e-5, "{} {what} seed={seed}: rel {rel:e} abs {abs:e}", plan.name());
+            }
+            // Sequence 0's rows saw no key: their dq is exactly 0.
+            assert!((0..5).all(|t| (0..4).all(|h| (0..16).all(|d| got.dq.get(&[0, t, h, d]) == 0.0))));
         }
-        // Sequence 0's rows saw no key: their dq is exactly 0.
-        assert!((0..5).all(|t| (0..4).all(|h| (0..16).all(|d| got.dq.get(&[0, t, h, d]) == 0.0))));
     }
 }
 
@@ -140,31 +158,30 @@ fn narrow_windows_visit_only_their_blocks() {
         for shape in ["1,70,131,2,1,16", "1,131,70,2,2,16", "2,97,97,4,2,16,32"] {
             let shape = FlashShape::parse(shape).unwrap();
             let dims = HeadDims { qk: shape.head_dim, v: shape.head_dim_v };
-            let kernels: Vec<(Role, _)> = Role::ALL
-                .into_iter()
-                .filter(|r| r.applies(&f))
-                .map(|r| {
-                    let k = build_bwd_kernel(r.name(), r, &f, DType::F32, dims, 16, 16).unwrap();
-                    (r, run_pipeline(&k, &default_pipeline()).unwrap())
-                })
-                .collect();
-            let x = random_inputs(&f, DType::F32, &shape, seed);
-            let rt = ejc_ir::flash::FlashRuntime { window, ..default_runtime(&f, &shape, seed) };
-            let y = reference(&f, &rt, &x).unwrap();
-            let forward = FlashOutputs { out: round(&y.out, DType::F32), lse: round(&y.lse, DType::F32) };
-            let mut rng = StdRng::seed_from_u64(seed);
-            let n = y.out.numel();
-            let dout =
-                HostTensor::from_vec(DType::F32, &y.out.shape, (0..n).map(|_| rng.random_range(-1.0..1.0)).collect());
-            let want = reference_bwd(&f, &rt, &x, &dout).unwrap();
-            let got = run_interp(&kernels, &rt, &x, &forward, &dout).unwrap();
-            for (what, g, w) in [("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)] {
-                let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
-                assert!(
-                    rel <= 1e-5,
-                    "{} window {window:?} {shape} {what} seed={seed}: rel {rel:e} abs {abs:e}",
-                    f.describe()
+            for plan in Plan::ALL {
+                let kernels = plan_kernels(plan, "window", &f, DType::F32, dims, true);
+                let x = random_inputs(&f, DType::F32, &shape, seed);
+                let rt = ejc_ir::flash::FlashRuntime { window, ..default_runtime(&f, &shape, seed) };
+                let y = reference(&f, &rt, &x).unwrap();
+                let forward = FlashOutputs { out: round(&y.out, DType::F32), lse: round(&y.lse, DType::F32) };
+                let mut rng = StdRng::seed_from_u64(seed);
+                let n = y.out.numel();
+                let dout = HostTensor::from_vec(
+                    DType::F32,
+                    &y.out.shape,
+                    (0..n).map(|_| rng.random_range(-1.0..1.0)).collect(),
                 );
+                let want = reference_bwd(&f, &rt, &x, &dout).unwrap();
+                let got = run_interp(&kernels, &rt, &x, &forward, &dout).unwrap();
+                for (what, g, w) in [("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)] {
+                    let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
+                    assert!(
+                        rel <= 1e-5,
+                        "{} {} window {window:?} {shape} {what} seed={seed}: rel {rel:e} abs {abs:e}",
+                        plan.name(),
+                        f.describe()
+                    );
+                }
             }
         }
     }

@@ -59,6 +59,25 @@ fn every_spec_kernel_round_trips_before_and_after_the_pipeline() {
 }
 
 #[test]
+fn every_backward_kernel_round_trips_atomic_adds_included() {
+    use ejc_ir::flash::backward::{build_bwd_kernel, Role};
+    use ejc_ir::flash::Features;
+    let mut atomics = 0;
+    for f in [Features::default(), Features::every()] {
+        for role in Role::ALL.into_iter().filter(|r| r.applies(&f)) {
+            let k = build_bwd_kernel(role.name(), role, &f, ejc_ir::types::DType::BF16, 64.into(), 64, 32).unwrap();
+            let text = print_kernel(&k);
+            atomics += text.matches("tile.atomic_add").count();
+            assert_round_trips(&k, &k.name);
+            let opt = run_pipeline(&k, &default_pipeline()).unwrap_or_else(|e| panic!("{}: {e}", k.name));
+            assert_round_trips(&opt, &format!("{} after the pipeline", k.name));
+        }
+    }
+    // dkdv_dq: dq_accum without sinks; dq_accum and pdp with every feature.
+    assert_eq!(atomics, 3);
+}
+
+#[test]
 fn hand_written_names_are_only_labels() {
     // Any `%identifier` works; the printer renumbers, and the renumbered text is a
     // fixed point.

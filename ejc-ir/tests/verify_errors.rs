@@ -97,6 +97,13 @@ fn store_of_the_wrong_dtype() {
 }
 
 #[test]
+fn atomic_add_into_a_16_bit_tensor() {
+    let body =
+        "  %a = tile.load %m[%c0, %c0 +: 16] {pad = 0.0} : tile<16xbf16>\n  tile.atomic_add %m[%c0, %c0 +: 16], %a\n";
+    check!("atomic_add_dtype", text_error(&wrap(body)), ["op 3 (tile.atomic_add)", "f32 tensor", "bf16"]);
+}
+
+#[test]
 fn results_typed_differently_from_what_the_op_produces() {
     check!(
         "result_type",

@@ -40,6 +40,31 @@ use crate::key::{call_key, cpu_fingerprint, cpu_threads, CacheKey};
 use crate::registry::{config_id, Candidate, Config, Platform, Query, Registry, RegistryError};
 use crate::tune::{Device, Tuner};
 
+/// A family's candidates for a call: every one, or with `deterministic` those whose plan
+/// the operation does not list as non-deterministic (an error when that leaves none).
+fn candidates<'r>(
+    op: &dyn Operation,
+    fam: &crate::registry::Family<'r>,
+    o: &CallOptions,
+) -> Result<Vec<Candidate<'r>>, ApiError> {
+    let all = fam.candidates();
+    if !o.deterministic {
+        return Ok(all);
+    }
+    let skip = op.nondeterministic_plans();
+    let n = all.len();
+    let kept: Vec<Candidate> = all.into_iter().filter(|c| !skip.contains(&c.plan.plan.name.as_str())).collect();
+    if kept.is_empty() {
+        return Err(ApiError::Unsupported(format!(
+            "a deterministic call of `{}`: none of the {n} built candidates is deterministic (plans {} are not); \
+build a deterministic plan or drop `deterministic`",
+            op.name(),
+            skip.join(", ")
+        )));
+    }
+    Ok(kept)
+}
+
 /// Which platform runs the call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PlatformChoice {
@@ -59,6 +84,10 @@ pub struct CallOptions {
     pub config: Option<Config>,
     /// CPU worker threads (0 = all cores).
     pub threads: usize,
+    /// Only plans that give the same bits on every run (the flash backward's `two_pass`,
+    /// never its `atomic`, whose dQ is summed by atomic adds in no fixed order). The
+    /// choice is cached apart from an unrestricted call's.
+    pub deterministic: bool,
 }
 
 /// What ran.
@@ -246,7 +275,7 @@ impl Runtime {
             let fam = registry.families(query)?.remove(0);
             let dtype = fam.instance.dtype.parse().map_err(ApiError::Unsupported)?;
             let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, call).map_err(ApiError::Call)?;
-            let cands = fam.candidates();
+            let cands = candidates(op, &fam, o)?;
             let ids: Vec<String> = cands.iter().map(|c| c.id()).collect();
             let device = cpu_fingerprint();
             // The thread count is part of what was measured: a winner on one thread need
@@ -336,7 +365,7 @@ impl Runtime {
             })?;
             let dtype = fam.instance.dtype.parse().map_err(ApiError::Unsupported)?;
             let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, dev_call).map_err(ApiError::Call)?;
-            let cands = fam.candidates();
+            let cands = candidates(op, &fam, o)?;
             let ids: Vec<String> = cands.iter().map(|c| c.id()).collect();
             let device = cuda.fingerprint();
             let key = self.key(&device, op, &fam, wanted, dtype, &sizes, &ids);

@@ -85,10 +85,11 @@ use smaller sizes or --backend cpu",
             header = true;
             let isa = if req.backend == "cpu" { format!(" isa={}", p.isa) } else { String::new() };
             println!(
-                "backend={}{isa} dtype={} sizes={} config={} seed={seed} tolerance={tol:e}",
+                "backend={}{isa} dtype={} sizes={} plan={} config={} seed={seed} tolerance={tol:e}",
                 req.backend,
                 p.dtype,
                 p.dims_text(),
+                plan.name,
                 ejc_ir::op::config_id(&config)
             );
         }

@@ -930,7 +930,7 @@ impl<'k> Lowering<'k> {
                 self.vals[res(0).index()] = Some(Val::Scalar(v));
             }
             OpKind::Load { axes, pad } => self.load(op, axes, *pad)?,
-            OpKind::Store { axes } => self.store(op, axes)?,
+            OpKind::Store { axes, accumulate } => self.store(op, axes, *accumulate)?,
             OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast { .. }
                 if self.ty(res(0)).is_scalar() =>
             {
@@ -1277,7 +1277,7 @@ impl<'k> Lowering<'k> {
         }
     }
 
-    fn store(&mut self, op: &'k Op, axes: &[AxisIndex]) -> R<()> {
+    fn store(&mut self, op: &'k Op, axes: &[AxisIndex], accumulate: bool) -> R<()> {
         let n_ops = op.operands.len();
         let value = op.operands[n_ops - 1];
         let dtype = self.ty(value).dtype();
@@ -1293,7 +1293,7 @@ impl<'k> Lowering<'k> {
             self.if_then(
                 valid,
                 &mut |cg| {
-                    cg.ir.store(xs, cg.ir.gep(st, data, base), esize);
+                    cg.ir.store_or_add(xs, cg.ir.gep(st, data, base), esize, accumulate);
                     Ok(())
                 },
                 &mut |_| Ok(()),
@@ -1323,7 +1323,9 @@ impl<'k> Lowering<'k> {
             if let Some(l) = climit {
                 full = ir.and(full, ir.icmp(LLVMIntSLE, cend, l));
             }
+            // Atomic adds go element by element (no vector atomics).
             let fast = ir.and(full, ir.icmp(LLVMIntEQ, cstride, ir.ci64(1)));
+            let fast = if accumulate { ir.cfalse() } else { fast };
             cg.if_then(
                 fast,
                 &mut |cg| {
@@ -1351,7 +1353,7 @@ impl<'k> Lowering<'k> {
                         cg.if_then(
                             ok,
                             &mut |cg| {
-                                cg.ir.store(xs, cg.ir.gep(st, data, off), esize);
+                                cg.ir.store_or_add(xs, cg.ir.gep(st, data, off), esize, accumulate);
                                 Ok(())
                             },
                             &mut |_| Ok(()),

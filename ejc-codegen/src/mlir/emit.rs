@@ -472,7 +472,7 @@ impl<'c, 'k> Emitter<'c, 'k> {
                 self.tiles.insert(res(0), b);
             }
             Load { axes, pad } => self.load(blk, op, axes, *pad)?,
-            Store { axes } => self.store(blk, op, axes)?,
+            Store { axes, accumulate } => self.store(blk, op, axes, *accumulate)?,
             Binary(b) => {
                 let d = self.k.ty(op.operands[0]).dtype();
                 let b = *b;
@@ -1071,9 +1071,15 @@ impl<'c, 'k> Emitter<'c, 'k> {
         Ok(self.op(blk, "scf.if", &[ok], &[s], &[], vec![r1, r2])?[0])
     }
 
-    fn guarded_store(&self, blk: &Block<'c>, acc: &Access, ok: V, off: V, x: V) -> R<()> {
+    fn guarded_store(&self, blk: &Block<'c>, acc: &Access, ok: V, off: V, x: V, accumulate: bool) -> R<()> {
         let then = Block::new(&[]);
-        self.op(&then, "memref.store", &[x, acc.mem, off], &[], &[], vec![])?;
+        if accumulate {
+            // f32 only (the verifier's rule); the old value is not used. `kind` 0 is
+            // `addf` (arith::AtomicRMWKind, an I64EnumAttr).
+            self.op(&then, "memref.atomic_rmw", &[x, acc.mem, off], &["f32"], &[("kind", "0 : i64")], vec![])?;
+        } else {
+            self.op(&then, "memref.store", &[x, acc.mem, off], &[], &[], vec![])?;
+        }
         self.op(&then, "scf.yield", &[], &[], &[], vec![])?;
         let els = Block::new(&[]);
         self.op(&els, "scf.yield", &[], &[], &[], vec![])?;
@@ -1112,7 +1118,7 @@ impl<'c, 'k> Emitter<'c, 'k> {
         }
     }
 
-    fn store(&mut self, blk: &Block<'c>, op: &Op, axes: &[AxisIndex]) -> R<()> {
+    fn store(&mut self, blk: &Block<'c>, op: &Op, axes: &[AxisIndex], accumulate: bool) -> R<()> {
         let n = op.operands.len();
         let value = op.operands[n - 1];
         let acc = self.access(blk, op.operands[0], axes, &self.scalars_of(&op.operands[1..n - 1])?)?;
@@ -1120,12 +1126,12 @@ impl<'c, 'k> Emitter<'c, 'k> {
             0 => {
                 let x = self.scalar(value)?;
                 let x = self.to_storage(blk, x, acc.dtype, None)?;
-                self.rows(blk, 1, |e, blk, _| e.guarded_store(blk, &acc, acc.ok, acc.base, x))
+                self.rows(blk, 1, |e, blk, _| e.guarded_store(blk, &acc, acc.ok, acc.base, x, accumulate))
             }
             1 | 2 => self.for_each_element(blk, &acc, |e, blk, ok, off, r, c| {
                 let x = e.read_elem(blk, value, r, c)?;
                 let x = e.to_storage(blk, x, acc.dtype, None)?;
-                e.guarded_store(blk, &acc, ok, off, x)
+                e.guarded_store(blk, &acc, ok, off, x, accumulate)
             }),
             n => Err(self.err(format!("a store with {n} range axes (tiles have rank 1 or 2)"))),
         }

@@ -12,7 +12,8 @@
 //! assert_eq!(names, ["q", "k", "v", "dout", "lse", "delta", "dk", "dv", "softmax_scale"]);
 //! ```
 //!
-//! Four roles, launched in this order:
+//! Two plans ([`Plan`]). **`two_pass`** (deterministic) launches four roles in this
+//! order:
 //!
 //! - **preprocess**: `delta = rowsum(dout ∘ out)` per query row, into an f32 temporary
 //!   shaped like `lse`;
@@ -25,6 +26,13 @@
 //!   `−exp(sink − lse) · delta` over every row of every sequence; for sinks variants the
 //!   dq kernel first rewrites its rows of `delta` as `Σ_j P dP` in f32 (the same value,
 //!   without the rounding of the forward's 16-bit `out`, which this sum would not cancel).
+//!
+//! **`atomic`** (FlashAttention-2's and -3's plan) computes the scores once: its
+//! `preprocess_dq` also zeroes an f32 `dq_accum` (and, for sinks, a `pdp` row sum);
+//! `dkdv_dq` is `dkdv` that also adds each block's `dS k` into `dq_accum` (and its rows'
+//! `Σ P dP` into `pdp`) with atomic adds; `dq_convert` writes `dq = scale · dq_accum`;
+//! `dsinks` reads `pdp` as its `delta`. The atomic adds land in no fixed order, so `dq`
+//! (and `dsinks`) may differ from run to run in the last bits.
 //!
 //! Every kernel recomputes the scores the forward computed (scale, bias, soft cap,
 //! masks, dropout's keep-mask at the same Philox counters) from `q`, `k` and the
@@ -41,23 +49,68 @@ use crate::ir::{BinOp, CmpPred, GridExpr, Kernel, MaskTerm, ReduceOp, UnOp, Valu
 use crate::types::{DType, Type};
 use crate::verify::VerifyError;
 
-/// A kernel of the backward plan.
+/// A kernel of a backward plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Preprocess,
+    PreprocessDq,
     DkDv,
+    DkDvDq,
     Dq,
+    DqConvert,
     Dsinks,
 }
 
+/// How the backward sums dQ over the key blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// A dQ kernel of its own that recomputes the scores: every sum in one order.
+    TwoPass,
+    /// dQ added by the dK/dV kernel into an f32 accumulator with atomic adds.
+    Atomic,
+}
+
+impl Plan {
+    pub const ALL: [Plan; 2] = [Plan::TwoPass, Plan::Atomic];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Plan::TwoPass => "two_pass",
+            Plan::Atomic => "atomic",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Plan> {
+        Plan::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    /// Whether every run gives the same bits.
+    pub fn deterministic(self) -> bool {
+        self == Plan::TwoPass
+    }
+
+    /// The plan's kernels for a variant, in launch order.
+    pub fn roles(self, f: &Features) -> Vec<Role> {
+        let all: &[Role] = match self {
+            Plan::TwoPass => &[Role::Preprocess, Role::DkDv, Role::Dq, Role::Dsinks],
+            Plan::Atomic => &[Role::PreprocessDq, Role::DkDvDq, Role::DqConvert, Role::Dsinks],
+        };
+        all.iter().copied().filter(|r| r.applies(f)).collect()
+    }
+}
+
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Preprocess, Role::DkDv, Role::Dq, Role::Dsinks];
+    pub const ALL: [Role; 7] =
+        [Role::Preprocess, Role::PreprocessDq, Role::DkDv, Role::DkDvDq, Role::Dq, Role::DqConvert, Role::Dsinks];
 
     pub fn name(self) -> &'static str {
         match self {
             Role::Preprocess => "preprocess",
+            Role::PreprocessDq => "preprocess_dq",
             Role::DkDv => "dkdv",
+            Role::DkDvDq => "dkdv_dq",
             Role::Dq => "dq",
+            Role::DqConvert => "dq_convert",
             Role::Dsinks => "dsinks",
         }
     }
@@ -88,9 +141,38 @@ pub fn bwd_params(role: Role, f: &Features, dtype: DType) -> Vec<AbiParam> {
     let dout = p("dout", t4.clone(), "input: the gradient of the output [B, Sq, Hq, Dv]");
     let lse =
         p("lse", f3.clone(), "input: the forward's log-sum-exp (natural log) [B, Hq, Sq] (varlen: [1, Hq, total_q])");
-    let delta = p("delta", f3, "temporary: rowsum(dout * out), f32, lse's shape");
+    let delta = p("delta", f3.clone(), "temporary: rowsum(dout * out), f32, lse's shape");
+    let dq_accum =
+        p("dq_accum", Type::Tensor(DType::F32, 4), "temporary: dQ / scale summed by atomic adds, f32, q's shape");
+    let pdp = p("pdp", f3, "temporary (sinks, atomic plan): rowsum(P * dP) by atomic adds, f32, lse's shape");
+    let sinks = f.sinks;
     let mut v_ = match role {
         Role::Preprocess => vec![out, dout, delta],
+        Role::PreprocessDq => {
+            let mut v = vec![out, dout, delta, dq_accum];
+            if sinks {
+                v.push(pdp);
+            }
+            v
+        }
+        Role::DkDvDq => {
+            let mut v = vec![
+                q,
+                k,
+                v,
+                dout,
+                lse,
+                delta,
+                p("dk", t4.clone(), "output: gradient of k [B, Sk, Hkv, D]"),
+                p("dv", t4.clone(), "output: gradient of v [B, Sk, Hkv, Dv]"),
+                dq_accum,
+            ];
+            if sinks {
+                v.push(pdp);
+            }
+            v
+        }
+        Role::DqConvert => vec![dq_accum, p("dq", t4.clone(), "output: gradient of q [B, Sq, Hq, D]")],
         Role::DkDv => vec![
             q,
             k,
@@ -109,10 +191,10 @@ pub fn bwd_params(role: Role, f: &Features, dtype: DType) -> Vec<AbiParam> {
             p("dsinks", Type::Tensor(DType::F32, 2), "output: gradient of the sinks [Hq, n_sinks] (f32)"),
         ],
     };
-    let scores = matches!(role, Role::DkDv | Role::Dq);
+    let scores = matches!(role, Role::DkDv | Role::DkDvDq | Role::Dq);
     if f.varlen {
         v_.push(p("cu_seqlens_q", Type::Tensor(DType::I32, 1), "input: query prefix sums [num_seqs + 1]"));
-        if role != Role::Preprocess {
+        if scores {
             v_.push(p("cu_seqlens_k", Type::Tensor(DType::I32, 1), "input: key prefix sums [num_seqs + 1]"));
         }
     }
@@ -141,6 +223,9 @@ pub fn bwd_params(role: Role, f: &Features, dtype: DType) -> Vec<AbiParam> {
             v_.push(p("seed_hi", Type::Scalar(DType::U32), "scalar: high 32 bits of the dropout seed"));
         }
     }
+    if role == Role::DqConvert {
+        v_.push(p("softmax_scale", Type::Scalar(DType::F32), "scalar: multiplies q.k (default 1/sqrt(head_dim))"));
+    }
     v_
 }
 
@@ -153,8 +238,10 @@ pub fn bwd_grid(role: Role, f: &Features, block_m: usize, block_n: usize) -> [Gr
         (GridExpr::sym("batch"), GridExpr::sym("seq_q"), GridExpr::sym("seq_k"))
     };
     match role {
-        Role::Preprocess | Role::Dq => [GridExpr::cdiv(sq, block_m as i64), GridExpr::sym("heads_q"), seqs],
-        Role::DkDv => [GridExpr::cdiv(sk, block_n as i64), GridExpr::sym("heads_kv"), seqs],
+        Role::Preprocess | Role::PreprocessDq | Role::Dq | Role::DqConvert => {
+            [GridExpr::cdiv(sq, block_m as i64), GridExpr::sym("heads_q"), seqs]
+        }
+        Role::DkDv | Role::DkDvDq => [GridExpr::cdiv(sk, block_n as i64), GridExpr::sym("heads_kv"), seqs],
         Role::Dsinks => [GridExpr::sym("heads_q"), GridExpr::sym("n_sinks"), GridExpr::Const(1)],
     }
 }
@@ -186,9 +273,10 @@ pub fn build_bwd_kernel(
     b.set_grid(bwd_grid(role, f, block_m, block_n));
     let k = Ctx::new(&mut b, f, dtype, dims, block_m, block_n, role, &param);
     match role {
-        Role::Preprocess => preprocess(&mut b, &k, &param),
+        Role::Preprocess | Role::PreprocessDq => preprocess(&mut b, &k, &param, role == Role::PreprocessDq),
         Role::Dq => dq(&mut b, &k, &param),
-        Role::DkDv => dkdv(&mut b, &k, &param),
+        Role::DqConvert => dq_convert(&mut b, &k, &param),
+        Role::DkDv | Role::DkDvDq => dkdv(&mut b, &k, &param, role == Role::DkDvDq),
         Role::Dsinks => dsinks(&mut b, &k, &param),
     }
     b.finish()
@@ -239,7 +327,7 @@ impl<'f> Ctx<'f> {
             let next = b.add(batch, c1);
             let q_start = b.load(cu_q, vec![Axis::Index(batch)], 0.0);
             let q_end = b.load(cu_q, vec![Axis::Index(next)], 0.0);
-            let (k_start, k_end) = if role == Role::Preprocess {
+            let (k_start, k_end) = if matches!(role, Role::Preprocess | Role::PreprocessDq | Role::DqConvert) {
                 (c0, c0)
             } else {
                 let cu_k = param("cu_seqlens_k");
@@ -251,8 +339,11 @@ impl<'f> Ctx<'f> {
         } else if role == Role::Dsinks {
             (c0, c0, None, c0, None, c0, c0)
         } else {
-            let (q, kk) =
-                if role == Role::Preprocess { (param("out"), param("out")) } else { (param("q"), param("k")) };
+            let (q, kk) = match role {
+                Role::Preprocess | Role::PreprocessDq => (param("out"), param("out")),
+                Role::DqConvert => (param("dq"), param("dq")),
+                _ => (param("q"), param("k")),
+            };
             let seq_q = b.dim(q, 1);
             let seq_k = b.dim(kk, 1);
             (batch, c0, None, c0, None, seq_q, seq_k)
@@ -298,6 +389,23 @@ impl<'f> Ctx<'f> {
         )
     }
 
+    /// `[rows, cols]` of a BSHD tensor written (`v` a `[rows, cols]` tile).
+    fn store_rows(&self, b: &mut KernelBuilder, t: Value, rows: Axis, head: Value, cols: usize, v: Value) {
+        let cols = Axis::Range { start: self.c0, size: cols, limit: None };
+        b.store(t, vec![Axis::Index(self.tensor_batch), rows, Axis::Index(head), cols], v);
+    }
+
+    /// The program's query block (program ids: block, query head): `(head, i0, rows)`,
+    /// `i0` its first local row, `rows` its `bm` rows as an axis.
+    fn query_block(&self, b: &mut KernelBuilder) -> (Value, Value, Axis) {
+        let pid_m = b.program_id(0);
+        let head = b.program_id(1);
+        let bmc = b.const_i32(self.bm as i64);
+        let i0 = b.mul(pid_m, bmc);
+        let rows = self.rows(self.q_start, i0, b, self.bm, self.q_end);
+        (head, i0, rows)
+    }
+
     /// `lse` (read as +∞ where it is −∞: a row that saw nothing gives P = 0) and
     /// `delta` of `bm` query rows from local row `i0` of `head`, as `[bm, 1]` columns,
     /// `lse` in the exp2 domain.
@@ -336,13 +444,10 @@ fn band(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) -> (Value
     (shift, left, right)
 }
 
-/// `delta[b, h, i] = Σ_d dout[b, i, h, d] · out[b, i, h, d]`, in f32.
-fn preprocess(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
-    let pid_m = b.program_id(0);
-    let head = b.program_id(1);
-    let bmc = b.const_i32(k.bm as i64);
-    let i0 = b.mul(pid_m, bmc);
-    let rows = k.rows(k.q_start, i0, b, k.bm, k.q_end);
+/// `delta[b, h, i] = Σ_d dout[b, i, h, d] · out[b, i, h, d]`, in f32; with `zero`
+/// (the atomic plan) also `dq_accum` (and `pdp`) of these rows set to 0.
+fn preprocess(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value, zero: bool) {
+    let (head, _, rows) = k.query_block(b);
     let o = k.load_rows(b, param("out"), rows, head, k.dv);
     let g = k.load_rows(b, param("dout"), rows, head, k.dv);
     let o = b.cast(o, DType::F32);
@@ -350,6 +455,23 @@ fn preprocess(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
     let og = b.mul(o, g);
     let delta = b.reduce(ReduceOp::Sum, og, 1);
     b.store(param("delta"), vec![Axis::Index(k.tensor_batch), Axis::Index(head), rows], delta);
+    if zero {
+        let z = b.full(0.0, DType::F32, &[k.bm, k.d]);
+        k.store_rows(b, param("dq_accum"), rows, head, k.d, z);
+        if k.f.sinks {
+            let z = b.full(0.0, DType::F32, &[k.bm]);
+            b.store(param("pdp"), vec![Axis::Index(k.tensor_batch), Axis::Index(head), rows], z);
+        }
+    }
+}
+
+/// `dq = scale · dq_accum` of one query block (the atomic plan's last step).
+fn dq_convert(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
+    let (head, _, rows) = k.query_block(b);
+    let acc = k.load_rows(b, param("dq_accum"), rows, head, k.d);
+    let dq = b.mul(acc, param("softmax_scale"));
+    let dq = b.cast(dq, k.dtype);
+    k.store_rows(b, param("dq"), rows, head, k.d, dq);
 }
 
 /// The scores' transform and masks of a `[bm, bn]` block (query rows from local `i0`
@@ -482,16 +604,13 @@ fn score_grad(
 
 /// One query block: `dQ = scale · Σ_j dS_j k_j` over the key blocks.
 fn dq(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
-    let pid_m = b.program_id(0);
-    let head = b.program_id(1);
+    let (head, i0, rows) = k.query_block(b);
     let (q, kk, v) = (param("q"), param("k"), param("v"));
     let heads_q = b.dim(q, 2);
     let heads_kv = b.dim(kk, 2);
     let group = b.div(heads_q, heads_kv);
     let kv_head = b.div(head, group);
     let bmc = b.const_i32(k.bm as i64);
-    let i0 = b.mul(pid_m, bmc);
-    let rows = k.rows(k.q_start, i0, b, k.bm, k.q_end);
     let q_tile = k.load_rows(b, q, rows, head, k.d);
     let do_tile = k.load_rows(b, param("dout"), rows, head, k.dv);
     let (lse2, delta) = k.row_stats(b, param("lse"), param("delta"), head, i0);
@@ -548,16 +667,14 @@ fn dq(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
     }
     let dq = b.mul(r[0], param("softmax_scale"));
     let dq = b.cast(dq, k.dtype);
-    b.store(
-        param("dq"),
-        vec![Axis::Index(k.tensor_batch), rows, Axis::Index(head), Axis::Range { start: k.c0, size: k.d, limit: None }],
-        dq,
-    );
+    k.store_rows(b, param("dq"), rows, head, k.d, dq);
 }
 
 /// One key block of one KV head: `dV = Σ P'ᵀ dout`, `dK = scale · Σ dSᵀ q` over the
-/// query blocks of every query head of the group (one loop over both, in order).
-fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
+/// query blocks of every query head of the group (one loop over both, in order); with
+/// `with_dq` (the atomic plan) also `dq_accum += dS k` (and, for sinks, the rows'
+/// `Σ P dP` into `pdp`) by atomic adds.
+fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value, with_dq: bool) {
     let pid_n = b.program_id(0);
     let kv_head = b.program_id(1);
     let (q, kk, v) = (param("q"), param("k"), param("v"));
@@ -618,17 +735,26 @@ fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
         };
         let pk = b.cast(pk, k.dtype);
         let dv = b.dot(pk, do_tile, carried[1], true, false);
-        let (ds, _) = score_grad(b, k, &sc, p, keep, do_tile, v_tile, delta);
+        let (ds, pdp) = score_grad(b, k, &sc, p, keep, do_tile, v_tile, delta);
         let ds = b.cast(ds, k.dtype);
         let dk = b.dot(ds, q_tile, carried[0], true, false);
+        if with_dq {
+            let zero = b.full(0.0, DType::F32, &[k.bm, k.d]);
+            let dq = b.dot(ds, k_tile, zero, false, false);
+            let cols = Axis::Range { start: k.c0, size: k.d, limit: None };
+            b.atomic_add(param("dq_accum"), vec![Axis::Index(k.tensor_batch), rows, Axis::Index(head), cols], dq);
+            if k.f.sinks {
+                let row = b.reduce(ReduceOp::Sum, pdp, 1);
+                b.atomic_add(param("pdp"), vec![Axis::Index(k.tensor_batch), Axis::Index(head), rows], row);
+            }
+        }
         vec![dk, dv]
     });
     let dk = b.mul(r[0], param("softmax_scale"));
     let dk = b.cast(dk, k.dtype);
     let dv = b.cast(r[1], k.dtype);
-    let cols = |n: usize| Axis::Range { start: k.c0, size: n, limit: None };
-    b.store(param("dk"), vec![Axis::Index(k.tensor_batch), kr, Axis::Index(kv_head), cols(k.d)], dk);
-    b.store(param("dv"), vec![Axis::Index(k.tensor_batch), kr, Axis::Index(kv_head), cols(k.dv)], dv);
+    k.store_rows(b, param("dk"), kr, kv_head, k.d, dk);
+    k.store_rows(b, param("dv"), kr, kv_head, k.dv, dv);
 }
 
 /// One (head, sink): `dsinks[h, t] = −Σ exp(sink − lse) · delta` over every query row
@@ -675,9 +801,10 @@ fn dsinks(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
     b.store(param("dsinks"), vec![Axis::Index(head), Axis::Index(sink_t)], neg);
 }
 
-/// The backward on the interpreter: `kernels` by role (those the variant has), run in
-/// plan order on a call (`inputs`, the forward's `out` and `lse`, `dout`); gradients in
-/// the inputs' dtypes (dsinks f32). Tensors a kernel fails to write stay NaN.
+/// The backward on the interpreter: a plan's `kernels` by role (those the variant has:
+/// [`Plan::roles`]), run in that order on a call (`inputs`, the forward's `out` and
+/// `lse`, `dout`); gradients in the inputs' dtypes (dsinks f32). Tensors a kernel fails
+/// to write stay NaN (the temporaries too: `dq_accum` must be zeroed by the plan).
 pub fn run_interp(
     kernels: &[(Role, Kernel)],
     rt: &super::FlashRuntime,
@@ -694,13 +821,22 @@ pub fn run_interp(
         ("dq", nan(inputs.q.dtype, &inputs.q.shape)),
         ("dk", nan(inputs.k.dtype, &inputs.k.shape)),
         ("dv", nan(inputs.v.dtype, &inputs.v.shape)),
+        ("dq_accum", nan(DType::F32, &inputs.q.shape)),
+        ("pdp", nan(DType::F32, &forward.lse.shape)),
     ];
     let n_sinks = inputs.sinks.as_ref().map_or(0, |s| s.shape[1]);
     if let Some(s) = &inputs.sinks {
         named.push(("dsinks", nan(DType::F32, &s.shape)));
     }
-    for role in Role::ALL {
-        let Some((_, kernel)) = kernels.iter().find(|(r, _)| *r == role) else { continue };
+    let atomic = kernels.iter().any(|(r, _)| *r == Role::DkDvDq);
+    for (role, kernel) in kernels {
+        if *role == Role::Dsinks && atomic {
+            // The atomic plan binds dsinks' `delta` to `pdp`.
+            let i = named.iter().position(|(n, _)| *n == "pdp").expect("pdp");
+            let j = named.iter().position(|(n, _)| *n == "delta").expect("delta");
+            let pdp = named[i].1.clone();
+            named[j].1 = pdp;
+        }
         let mut args = super::abi::bind_args_with(kernel, rt, inputs, forward, &named)?;
         let grid = super::abi::launch_grid_with(kernel, inputs, &[("n_sinks", n_sinks as i64)])?;
         launch(kernel, &mut args, grid).map_err(|e| format!("{}: {e}", kernel.name))?;

@@ -6,22 +6,28 @@
 //!
 //! ```
 //! let op = ejc_ir::ops::get("flash_attention_bwd").unwrap();
-//! assert_eq!(op.plan_names(), ["two_pass"]);
+//! assert_eq!(op.plan_names(), ["two_pass", "atomic"]);
 //! let f = ejc_ir::flash::Features { causal: true, sinks: true, ..Default::default() };
 //! assert_eq!(op.outputs(&f.to_json()), ["dq", "dk", "dv", "dsinks"]);
 //! ```
 //!
-//! One plan, `two_pass`: `preprocess` (`delta = rowsum(dout ∘ out)` into an f32
-//! temporary), `dkdv` (one program per key block), `dq` (one program per query block),
-//! and for sinks variants `dsinks`. No atomics: every sum is taken in one order, so the
-//! results are deterministic.
+//! Two plans ([`super::backward::Plan`]), both candidates of the tuner:
+//!
+//! - `two_pass` (deterministic): `preprocess` (`delta = rowsum(dout ∘ out)` into an f32
+//!   temporary), `dkdv` (one program per key block), `dq` (one program per query block,
+//!   the scores computed a second time), and for sinks variants `dsinks`. No atomics:
+//!   every sum is taken in one order.
+//! - `atomic`: `preprocess_dq` (delta, and the f32 temporary `dq_accum` zeroed),
+//!   `dkdv_dq` (dK, dV, and dQ added into `dq_accum` by atomic adds), `dq_convert`, and
+//!   `dsinks` reading the atomically summed `pdp`. Not reproducible bit for bit; a call
+//!   that asks for `deterministic` gets `two_pass` only.
 
 use std::collections::BTreeMap;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::backward::{build_bwd_kernel, bwd_params, Role};
+use super::backward::{build_bwd_kernel, bwd_params, Plan, Role};
 use super::features::Features;
 use super::frontend::HeadDims;
 use super::op::{expect_shape, features, head_dim_v, inputs_of, kernel_attrs, runtime_of, FlashAttentionFwd, AXES};
@@ -50,7 +56,7 @@ impl Operation for FlashAttentionBwd {
     }
 
     fn summary(&self) -> &'static str {
-        "flash-attention backward: dq, dk, dv (and dsinks) of every forward variant, deterministic"
+        "flash-attention backward: dq, dk, dv (and dsinks) of every forward variant (dQ by atomics, or deterministic)"
     }
 
     fn dtypes(&self) -> &'static [DType] {
@@ -91,37 +97,57 @@ impl Operation for FlashAttentionBwd {
     }
 
     fn plan_names(&self) -> &'static [&'static str] {
-        &["two_pass"]
+        &["two_pass", "atomic"]
+    }
+
+    fn nondeterministic_plans(&self) -> &'static [&'static str] {
+        &["atomic"]
     }
 
     fn plans(&self, _spec: &Spec, f: &op::Features) -> Vec<PlanDecl> {
-        let sinks = features(f).map(|f| f.sinks).unwrap_or(false);
-        let tiles = vec!["block_m", "block_n"];
-        let mut roles = vec![
-            RoleDecl { name: "preprocess", tile_axes: vec!["block_m"], fixed: Config::new() },
-            RoleDecl { name: "dkdv", tile_axes: tiles.clone(), fixed: Config::new() },
-            RoleDecl { name: "dq", tile_axes: tiles, fixed: Config::new() },
-        ];
-        if sinks {
-            roles.push(RoleDecl {
-                name: "dsinks",
-                tile_axes: vec![],
-                fixed: Config::from([("block_m".to_string(), DSINKS_BLOCK_M), ("num_warps".to_string(), DSINKS_WARPS)]),
-            });
-        }
-        let launches = roles.iter().map(|r| Launch { role: r.name.into(), bind: BTreeMap::new() }).collect();
-        vec![PlanDecl {
-            name: "two_pass",
-            roles,
-            temporaries: vec![Temporary {
-                name: "delta".into(),
-                dtype: "f32".into(),
-                shape: ["batch", "heads_q", "seq_q"].map(String::from).to_vec(),
-                fill: "none".into(),
-            }],
-            launches,
-            runtime_axes: vec![],
-        }]
+        let Ok(ff) = features(f) else { return Vec::new() };
+        let temp = |name: &str, shape: &[&str]| Temporary {
+            name: name.into(),
+            dtype: "f32".into(),
+            shape: shape.iter().map(|s| s.to_string()).collect(),
+            fill: "none".into(),
+        };
+        let stats = ["batch", "heads_q", "seq_q"];
+        Plan::ALL
+            .into_iter()
+            .map(|plan| {
+                let roles: Vec<RoleDecl> = plan
+                    .roles(&ff)
+                    .into_iter()
+                    .map(|r| {
+                        let (tile_axes, fixed) = match r {
+                            Role::Preprocess | Role::PreprocessDq | Role::DqConvert => (vec!["block_m"], Config::new()),
+                            Role::DkDv | Role::DkDvDq | Role::Dq => (vec!["block_m", "block_n"], Config::new()),
+                            Role::Dsinks => (
+                                vec![],
+                                Config::from([
+                                    ("block_m".to_string(), DSINKS_BLOCK_M),
+                                    ("num_warps".to_string(), DSINKS_WARPS),
+                                ]),
+                            ),
+                        };
+                        RoleDecl { name: r.name(), tile_axes, fixed }
+                    })
+                    .collect();
+                let mut temporaries = vec![temp("delta", &stats)];
+                let mut launches: Vec<Launch> =
+                    roles.iter().map(|r| Launch { role: r.name.into(), bind: BTreeMap::new() }).collect();
+                if plan == Plan::Atomic {
+                    temporaries.push(temp("dq_accum", &["batch", "seq_q", "heads_q", "head_dim"]));
+                    if ff.sinks {
+                        temporaries.push(temp("pdp", &stats));
+                        let last = launches.last_mut().expect("dsinks");
+                        last.bind.insert("delta".into(), "pdp".into());
+                    }
+                }
+                PlanDecl { name: plan.name(), roles, temporaries, launches, runtime_axes: vec![] }
+            })
+            .collect()
     }
 
     fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {
@@ -130,7 +156,7 @@ impl Operation for FlashAttentionBwd {
         let base = format!("{spec_name}_{}_{}_d{hd}{dv}_{}", k.variant.name, k.dtype, k.role);
         let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
         match k.role {
-            "preprocess" => format!("{base}_m{m}"),
+            "preprocess" | "preprocess_dq" | "dq_convert" => format!("{base}_m{m}"),
             "dsinks" => base,
             _ => format!("{base}_m{m}_n{n}"),
         }
@@ -193,8 +219,8 @@ impl Operation for FlashAttentionBwd {
         let ff = features(f)?;
         for role in Role::ALL.into_iter().filter(|r| r.applies(&ff)) {
             for p in bwd_params(role, &ff, dtype) {
-                if p.name == "delta" {
-                    continue; // the plan's temporary
+                if matches!(p.name, "delta" | "dq_accum" | "pdp") {
+                    continue; // the plans' temporaries
                 }
                 if let Type::Tensor(d, rank) = p.ty {
                     let t = call.tensor(p.name).ok_or_else(|| {

@@ -286,7 +286,7 @@ impl<'k> Lowering<'k> {
         }
     }
 
-    pub(super) fn store(&mut self, op: &'k Op, axes: &[AxisIndex]) -> R<()> {
+    pub(super) fn store(&mut self, op: &'k Op, axes: &[AxisIndex], accumulate: bool) -> R<()> {
         let n = op.operands.len();
         let value = op.operands[n - 1];
         let t = self.tensor_of(op.operands[0])?;
@@ -305,7 +305,7 @@ impl<'k> Lowering<'k> {
             let ok = ir.and(acc.valid, first);
             let p = ir.gep(st, data, acc.off);
             self.if_then(ok, &mut |cg| {
-                cg.ir.store(x, p, esize);
+                cg.ir.store_or_add(x, p, esize, accumulate);
                 Ok(())
             })?;
             return Ok(());
@@ -335,7 +335,7 @@ impl<'k> Lowering<'k> {
             self.window_access(t, &acc, rows, cols, &mut |cg, i, p, ok| {
                 let ok = cg.ir.and(ok, owner);
                 cg.if_then(ok, &mut |cg| {
-                    cg.ir.store(xs[i], p, esize);
+                    cg.ir.store_or_add(xs[i], p, esize, accumulate);
                     Ok(())
                 })?;
                 Ok(None)
@@ -351,7 +351,7 @@ impl<'k> Lowering<'k> {
             1 if rows == Ax::One => Some(acc.ranges[0]),
             _ => None,
         };
-        if let (Some(ca), Ax::Mma(_), 2) = (col_axis, cols, dtype.size_bytes()) {
+        if let (Some(ca), Ax::Mma(_), 2, false) = (col_axis, cols, dtype.size_bytes(), accumulate) {
             let src = match self.du.def(value) {
                 Some(o) if matches!(o.kind, OpKind::Cast { .. }) && self.ty(o.operands[0]).dtype() == DType::F32 => {
                     Some(self.dist(o.operands[0])?)
@@ -403,12 +403,12 @@ impl<'k> Lowering<'k> {
             }
             self.ir.br(jb);
             self.ir.at_end(eb);
-            self.store_elems(t, &acc, &d, (&rcs, &ccs), owner, vd, dtype)?;
+            self.store_elems(t, &acc, &d, (&rcs, &ccs), owner, vd, dtype, accumulate)?;
             self.ir.br(jb);
             self.ir.at_end(jb);
             return Ok(());
         }
-        self.store_elems(t, &acc, &d, (&rcs, &ccs), owner, vd, dtype)
+        self.store_elems(t, &acc, &d, (&rcs, &ccs), owner, vd, dtype, accumulate)
     }
 
     /// One predicated store per element.
@@ -422,6 +422,7 @@ impl<'k> Lowering<'k> {
         owner: V,
         vd: DType,
         dtype: DType,
+        accumulate: bool,
     ) -> R<()> {
         let st = self.storage_ty(dtype);
         let esize = dtype.size_bytes() as u32;
@@ -435,7 +436,7 @@ impl<'k> Lowering<'k> {
                 let ok = self.ir.and(ok, owner);
                 let p = self.ir.gep(st, data, idx);
                 self.if_then(ok, &mut |cg| {
-                    cg.ir.store(x, p, esize);
+                    cg.ir.store_or_add(x, p, esize, accumulate);
                     Ok(())
                 })?;
             }

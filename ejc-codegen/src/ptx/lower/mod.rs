@@ -620,7 +620,7 @@ impl<'k> Lowering<'k> {
                 self.set(res(0), GV::Scalar(v));
             }
             OpKind::Load { axes, pad } => self.load(op, axes, *pad)?,
-            OpKind::Store { axes } => self.store(op, axes)?,
+            OpKind::Store { axes, accumulate } => self.store(op, axes, *accumulate)?,
             OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast { .. } => {
                 self.elementwise(op)?
             }
