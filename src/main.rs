@@ -214,6 +214,10 @@ struct TuneArgs {
     /// Tune again even if the cache already has this call.
     #[arg(long)]
     force: bool,
+    /// Only plans that give the same bits on every run (the flash backward's two_pass, not
+    /// its atomic): what a call with `CallOptions::deterministic` gets, cached apart.
+    #[arg(long)]
+    deterministic: bool,
 }
 
 #[derive(Args)]
@@ -456,6 +460,7 @@ fn main() -> ExitCode {
             threads: a.threads,
             cache_dir: a.cache_dir,
             force: a.force,
+            deterministic: a.deterministic,
             reps: a.reps,
             problem: a.problem.flags(),
         }),

@@ -547,6 +547,28 @@ fn tune_stores_the_winner_and_cache_commands_show_it() {
 }
 
 #[test]
+fn tune_deterministic_times_only_deterministic_plans_and_caches_apart() {
+    // The flash backward has two plans; `--deterministic` tunes two_pass alone (atomic's dQ
+    // is summed by atomic adds in no fixed order), under a cache entry of its own.
+    let cache = temp_dir("tune-det-cache");
+    let c = cache.to_str().unwrap();
+    let bwd = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_bwd.yaml");
+    let args = ["tune", bwd, "--variant", "causal", "--dtype", "f32", "--shape", "1,100,90,2,1,64"];
+    let rest = ["--reps", "1", "--threads", "2", "--cache-dir", c];
+    let o = ejc(&[&args[..], &rest[..], &["--deterministic"]].concat());
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("plan two_pass") && !out.contains("plan:atomic"), "{out}");
+    let o = ejc(&[&args[..], &rest[..]].concat());
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(out.contains("(autotune)") && out.contains("plan:atomic=1"), "both plans timed: {out}");
+    let ls = text(&ejc(&["cache", "ls", "--cache-dir", c]).stdout);
+    assert!(ls.contains("(2 entries)") && ls.matches("[deterministic]").count() == 1, "{ls}");
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+#[test]
 fn mlir_target_writes_modules_and_ptx() {
     let out = temp_dir("mlir");
     let o = ejc(&[

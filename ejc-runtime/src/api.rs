@@ -295,6 +295,7 @@ impl Runtime {
                     Device::Cpu { libs: &libs, threads: o.threads },
                 );
                 tuner.progress = true;
+                tuner.deterministic = o.deterministic;
                 let explicit = o.config.as_ref().map(|c| explicit_config(c, &cands)).transpose();
                 explicit.and_then(|c| Ok(self.chain(&device).choose(&key, c.as_ref(), &tuner)?))
             };
@@ -370,7 +371,7 @@ impl Runtime {
             let device = cuda.fingerprint();
             let key = self.key(&device, op, &fam, wanted, dtype, &sizes, &ids);
             let choice = {
-                let tuner = Tuner::new(
+                let mut tuner = Tuner::new(
                     op,
                     fam.features.clone(),
                     wanted.clone(),
@@ -381,6 +382,7 @@ impl Runtime {
                     cands.clone(),
                     Device::Cuda { cuda: &cuda },
                 );
+                tuner.deterministic = o.deterministic;
                 let explicit = o.config.as_ref().map(|c| explicit_config(c, &cands)).transpose()?;
                 self.chain(&device).choose(&key, explicit.as_ref(), &tuner)?
             };

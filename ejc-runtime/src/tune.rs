@@ -94,6 +94,9 @@ pub struct Tuner<'r, 'a> {
     pub progress: bool,
     /// Seed of the random inputs (fresh per tuning by default).
     pub seed: u64,
+    /// The candidates are the deterministic plans only (`CallOptions::deterministic`):
+    /// said in the cache entry's description.
+    pub deterministic: bool,
 }
 
 impl<'r, 'a> Tuner<'r, 'a> {
@@ -127,6 +130,7 @@ impl<'r, 'a> Tuner<'r, 'a> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(1),
+            deterministic: false,
         }
     }
 
@@ -305,6 +309,9 @@ impl Tunable for Tuner<'_, '_> {
         if let Device::Cpu { threads, .. } = &self.device {
             let n = crate::key::cpu_threads(*threads);
             text.push_str(&format!(" ({n} thread{})", if n == 1 { "" } else { "s" }));
+        }
+        if self.deterministic {
+            text.push_str(" [deterministic]");
         }
         text
     }

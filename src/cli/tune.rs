@@ -28,6 +28,8 @@ pub struct Request {
     pub cache_dir: Option<PathBuf>,
     /// Tune again even if the cache has this call.
     pub force: bool,
+    /// Only the operation's deterministic plans (`CallOptions::deterministic`).
+    pub deterministic: bool,
     pub reps: usize,
 }
 
@@ -97,7 +99,7 @@ pub fn run(req: &Request) -> Outcome {
     };
     let wanted = p.op.wanted(&v.features, &host);
     let mut call = Call::from_host(&host);
-    let o = CallOptions { platform, config: None, threads: req.threads, deterministic: false };
+    let o = CallOptions { platform, config: None, threads: req.threads, deterministic: req.deterministic };
     // `--force`: this call's entry goes first (the key is known only once the call is
     // checked, so a first call finds it and a second one tunes).
     let mut r = match rt.call(p.op.name(), &wanted, &mut call, &o) {
