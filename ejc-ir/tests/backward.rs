@@ -4,27 +4,17 @@
 //! head dim of its own, varlen with an empty sequence), before and after the pass
 //! pipeline. Fresh random inputs: the seed is printed (`EJC_TEST_SEED` replays one).
 
+mod common;
+
 use ejc_ir::flash::backward::{build_bwd_kernel, run_interp, Plan, Role};
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference, reference_bwd};
 use ejc_ir::flash::{Features, FlashOutputs, FlashShape, HeadDims};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
-use ejc_ir::spec;
 use ejc_ir::tensor::{compare, HostTensor};
 use ejc_ir::types::DType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn seed() -> u64 {
-    std::env::var("EJC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    })
-}
-
-fn variants() -> Vec<(String, Features)> {
-    let spec = spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
-    spec.variants.iter().map(|v| (v.name.clone(), Features::from_json(&v.features).unwrap())).collect()
-}
 
 fn round(t: &HostTensor, dtype: DType) -> HostTensor {
     HostTensor::from_vec(dtype, &t.shape, t.to_vec().into_iter().map(|x| dtype.round(x)).collect())
@@ -91,9 +81,8 @@ const SHAPES: &[&str] = &["2,37,53,4,2,32", "1,45,21,2,1,16,24", "1,19,40,8,2,16
 
 #[test]
 fn every_variant_f32_matches_the_reference() {
-    let seed = seed();
-    eprintln!("seed = {seed}");
-    for (name, f) in variants() {
+    let seed = common::seed();
+    for (name, f) in common::flash_variants() {
         for (i, shape) in SHAPES.iter().enumerate() {
             check(&name, &f, DType::F32, shape, seed + i as u64, i % 2 == 1, 1e-5);
         }
@@ -102,9 +91,8 @@ fn every_variant_f32_matches_the_reference() {
 
 #[test]
 fn every_variant_bf16_matches_the_reference() {
-    let seed = seed();
-    eprintln!("seed = {seed}");
-    for (name, f) in variants() {
+    let seed = common::seed();
+    for (name, f) in common::flash_variants() {
         check(&name, &f, DType::BF16, "2,37,53,4,2,32", seed, true, 1e-2);
     }
 }
@@ -113,7 +101,7 @@ fn every_variant_bf16_matches_the_reference() {
 fn varlen_with_empty_sequences() {
     // Sequence 0 has queries but no key (its rows see nothing: dq = 0), sequence 1 no
     // query (its keys get dk = dv = 0), sequence 2 both; causal and not, with sinks.
-    let seed = seed();
+    let seed = common::seed();
     for f in [
         Features { varlen: true, ..Default::default() },
         Features { varlen: true, causal: true, sinks: true, ..Default::default() },
@@ -146,7 +134,7 @@ fn varlen_with_empty_sequences() {
 fn narrow_windows_visit_only_their_blocks() {
     // Windows a block or two wide on long sequences, s_q < s_k and s_q > s_k: the dq key
     // loop and the dkdv query loop skip most blocks, and must skip only blocks that add 0.
-    let seed = seed();
+    let seed = common::seed();
     for (f, window) in [
         (Features { sliding_window: Some(ejc_ir::flash::Window::Runtime), ..Default::default() }, (3, 17)),
         (

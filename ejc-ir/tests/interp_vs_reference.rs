@@ -4,6 +4,8 @@
 //! Inputs are fresh random numbers: the seed is printed on failure (set
 //! `EJC_TEST_SEED` to replay one run).
 
+mod common;
+
 use ejc_ir::flash::abi::{run_interp, run_interp_with_stats};
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::reference;
@@ -17,13 +19,6 @@ use ejc_ir::types::DType;
 
 fn spec() -> Spec {
     spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).expect("specs/flash.yaml loads")
-}
-
-/// A fresh seed per test run, unless EJC_TEST_SEED pins one.
-fn seed() -> u64 {
-    std::env::var("EJC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    })
 }
 
 /// Awkward shapes (b, sq, sk, hq, hkv, d): s_q != s_k both ways, lengths that are
@@ -50,8 +45,7 @@ fn run_case(kernel: &Kernel, f: &Features, dtype: DType, shape: &str, seed: u64,
 #[test]
 fn every_variant_f32_matches_reference_before_and_after_passes() {
     let spec = spec();
-    let seed = seed();
-    eprintln!("seed = {seed}");
+    let seed = common::seed();
     for v in &spec.variants {
         // A 16 x 16 tiling gives several query and key blocks on these shapes, so
         // every block class (skip / full / partial) occurs.
@@ -70,8 +64,7 @@ fn every_variant_f32_matches_reference_before_and_after_passes() {
 #[test]
 fn spec_schedule_points_match_reference() {
     let spec = spec();
-    let seed = seed();
-    eprintln!("seed = {seed}");
+    let seed = common::seed();
     for v in &spec.variants {
         for (bm, bn) in spec.schedule.points(&["block_m", "block_n"]).iter().map(|c| (c["block_m"], c["block_n"])) {
             let k = main_kernel(&spec, v, DType::F32, 64, bm, bn).unwrap();
@@ -84,8 +77,7 @@ fn spec_schedule_points_match_reference() {
 #[test]
 fn head_dim_128_and_half_precision_inputs() {
     let spec = spec();
-    let seed = seed();
-    eprintln!("seed = {seed}");
+    let seed = common::seed();
     for v in &spec.variants {
         for (dtype, tol) in [(DType::BF16, 1e-2), (DType::F16, 5e-3), (DType::F32, 1e-6)] {
             let k = build_flash_kernel(&v.name, &fx(v), dtype, 128, 32, 16).unwrap();
@@ -100,7 +92,7 @@ fn fully_masked_rows_give_zero_output_and_neg_inf_lse() {
     // Causal with s_q > s_k: the first s_q - s_k query rows see no key.
     let f = Features { causal: true, ..Default::default() };
     let k = run_pipeline(&build_flash_kernel("c", &f, DType::F32, 64, 16, 16).unwrap(), &default_pipeline()).unwrap();
-    let got = run_case(&k, &f, DType::F32, "2,40,13,2,2,64", seed(), 1e-6);
+    let got = run_case(&k, &f, DType::F32, "2,40,13,2,2,64", common::seed(), 1e-6);
     let (out, lse) = (got.out.to_vec(), got.lse.to_vec());
     assert!(out.iter().chain(&lse).all(|x| !x.is_nan()), "NaN in output");
     for b in 0..2 {
@@ -171,8 +163,7 @@ fn value_head_dim_of_its_own_every_variant() {
     // v (and the output) with a head dim apart from q/k's, narrower and wider, on every
     // variant, before and after the pass pipeline; then the spec's own 192/128 kernel.
     let spec = spec();
-    let seed = seed();
-    eprintln!("seed = {seed}");
+    let seed = common::seed();
     for v in &spec.variants {
         for (i, (d, dv)) in [(32usize, 16usize), (16, 48)].into_iter().enumerate() {
             let dims = ejc_ir::flash::HeadDims { qk: d, v: dv };

@@ -6,26 +6,15 @@
 //!
 //! Inputs are fresh random numbers: the seed is printed (set `EJC_TEST_SEED` to replay).
 
+mod common;
+
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference, reference_bwd, FlashGrads};
 use ejc_ir::flash::{Features, FlashInputs, FlashRuntime, FlashShape};
-use ejc_ir::spec;
 use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-fn seed() -> u64 {
-    std::env::var("EJC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    })
-}
-
-/// Every variant of the spec, typed.
-fn variants() -> Vec<(String, Features)> {
-    let spec = spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
-    spec.variants.iter().map(|v| (v.name.clone(), Features::from_json(&v.features).unwrap())).collect()
-}
 
 /// A dense f64 copy (broadcast axes materialised), so every element is its own input.
 fn own(t: &HostTensor) -> HostTensor {
@@ -121,11 +110,10 @@ fn check_all(what: &str, f: &Features, rt: &FlashRuntime, x: &FlashInputs, dout:
 
 #[test]
 fn every_variant_matches_finite_differences() {
-    let seed = seed();
-    eprintln!("seed = {seed}");
+    let seed = common::seed();
     let mut rng = StdRng::seed_from_u64(seed);
     let mut checked = 0;
-    for (name, f) in variants() {
+    for (name, f) in common::flash_variants() {
         // s_q ≠ s_k, GQA 2:1, a value head dim of its own; the window and the mask leave
         // rows that see nothing.
         let shape = FlashShape::new(2, 5, 7, 4, 2, 8).with_head_dim_v(6);

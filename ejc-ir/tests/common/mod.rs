@@ -1,5 +1,6 @@
 //! Helpers shared by the IR's own test files (`pass_*.rs`, `parse_print.rs`,
-//! `verify_errors.rs`): parsing hand-written IR, running one pass, snapshotting the
+//! `verify_errors.rs`, the reference and backward tests): the run's seed, the flash
+//! spec's variants, parsing hand-written IR, running one pass, snapshotting the
 //! printed result, and checking that a pass keeps a kernel's meaning by running the
 //! interpreter before and after it on fresh random inputs.
 //!
@@ -39,6 +40,13 @@ pub fn seed() -> u64 {
     });
     eprintln!("seed = {s} (replay with EJC_TEST_SEED={s})");
     s
+}
+
+/// Every variant of specs/flash.yaml, typed (the backward's tests run on the forward's
+/// variants: the backward's spec has the same ones).
+pub fn flash_variants() -> Vec<(String, ejc_ir::flash::Features)> {
+    let spec = ejc_ir::spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash.yaml")).unwrap();
+    spec.variants.iter().map(|v| (v.name.clone(), ejc_ir::flash::Features::from_json(&v.features).unwrap())).collect()
 }
 
 /// A deterministic generator for a fixed seed.
