@@ -155,7 +155,7 @@ fn tied(ir: &Ir, asm: &str, regs: &[V], extra: &[V], extra_constraints: &[&str])
 
 /// `x` (i64) through an empty `mov`: a value LLVM cannot see through, so nothing
 /// computed from it is hoisted out of the loop it sits in and held in a register
-/// across it (`Lowering::window_access` and `Lowering::load_rows_32bit` address their
+/// across it (`Lowering::window_access` and `Lowering::load_rows` address their
 /// general paths from it). No `memory` clobber: loads and stores still move around it.
 pub fn opaque_i64(ir: &Ir, x: V) -> V {
     ir.inline_asm(ir.i64(), &[x], "mov.b64 $0, $1;", "=l,l")

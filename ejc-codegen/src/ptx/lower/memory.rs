@@ -192,7 +192,7 @@ impl<'k> Lowering<'k> {
             return Ok(());
         }
         let e = match (rows, cols, dtype.size_bytes(), acc.ranges.len()) {
-            (Ax::Mma(_), Ax::Mma(c), 4, 2) => self.load_rows_32bit(t, &acc, rows, c, padv),
+            (Ax::Mma(_), Ax::Mma(c), 4 | 2, 2) => self.load_rows(t, &acc, rows, c, padv),
             _ => self.load_elems(t, &acc, rows, cols, padv),
         };
         self.set(r, GV::Dist(Dist { rows, cols, e }));
@@ -212,7 +212,8 @@ impl<'k> Lowering<'k> {
         e
     }
 
-    /// A 2-D register tile of a 32-bit type (`c` columns), row by row when it can be.
+    /// A 2-D register tile of a 32- or 16-bit type (`c` columns), row by row when it can
+    /// be.
     ///
     /// Element by element, each column slot has its own offset `(start + col) · stride`
     /// and bounds test, both invariant in a loop over the other axes, so LLVM hoists
@@ -221,27 +222,57 @@ impl<'k> Lowering<'k> {
     /// reads each split's `[block_m, head_dim]` f32 output in a loop, spilled). When the
     /// columns are contiguous and all inside the tensor — checked at run time, once per
     /// load — a row slot needs one offset and one bounds test, and its elements sit at
-    /// constant offsets from it. Otherwise the element path, kept from hoisting. Only
-    /// 32-bit tiles take this path: the 16-bit and i1 register tiles of the flash
-    /// kernels (bias, mask) keep the code they had.
-    pub(super) fn load_rows_32bit(&mut self, t: usize, acc: &Access, rows: Ax, c: usize, padv: V) -> Vec<V> {
+    /// constant offsets from it. A 16-bit tile (the flash kernels' bias) then also reads
+    /// the two adjacent columns a thread holds as one 32-bit load, where the rows start
+    /// 4-byte aligned (checked with the rest): half the loads, and none of the per-element
+    /// address arithmetic that made a bias block cost more than its products.
+    /// Otherwise the element path, kept from hoisting.
+    pub(super) fn load_rows(&mut self, t: usize, acc: &Access, rows: Ax, c: usize, padv: V) -> Vec<V> {
         let (ra, ca) = (acc.ranges[0], acc.ranges[1]);
-        let whole = self.whole_columns(t, ca, c);
+        let dtype = self.tensors[t].dtype;
+        let pairs = dtype.size_bytes() == 2;
+        let mut whole = self.whole_columns(t, ca, c);
+        if pairs {
+            // Every row's first element 4-byte aligned: the data pointer, the offset of
+            // the first row's first column, and the row stride (in elements) even.
+            let ir = &self.ir;
+            let data_i = ir.ptr_to_int(self.tensors[t].data, ir.i64());
+            let first = ir.add(data_i, ir.mul(ir.add(acc.off, ca.start), ir.ci64(2)));
+            whole = ir.and(whole, ir.icmp(LLVMIntEQ, ir.and(first, ir.ci64(3)), ir.ci64(0)));
+            let rs = self.tensors[t].strides[ra.axis];
+            whole = ir.and(whole, ir.icmp(LLVMIntEQ, ir.and(rs, ir.ci64(1)), ir.ci64(0)));
+        }
         let ir = &self.ir;
         let (fast, slow, join) = (ir.block("ld.rows"), ir.block("ld.elems"), ir.block("ld.rows.join"));
         ir.cond_br(whole, fast, slow);
 
         self.ir.at_end(fast);
         let col0 = self.ir.add(ca.start, self.ir.sext(Self::col_base(&self.ir, self.lane), self.ir.i64()));
+        let et = self.compute_ty(dtype);
+        let pad2 = if pairs { Some(self.pack2(padv, padv, dtype)) } else { None };
         let mut fast_e = Vec::new();
         for rc in self.row_coords(rows) {
             let ir = &self.ir;
             let row = ir.add(ra.start, ir.sext(rc, ir.i64()));
             let ok = ir.and(acc.valid, self.in_range(t, ra.axis, row, ra.limit));
             let first = ir.add(ir.add(acc.off, ir.mul(row, self.tensors[t].strides[ra.axis])), col0);
-            for o in Self::col_offsets(c) {
-                let idx = self.ir.add(first, self.ir.ci64(o));
-                fast_e.push(self.load_elem(t, idx, ok, padv));
+            match pad2 {
+                Some(pad2) => {
+                    let (st, data) = (self.storage_ty(dtype), self.tensors[t].data);
+                    for o in Self::col_offsets(c).into_iter().step_by(2) {
+                        let idx = self.ir.add(first, self.ir.ci64(o));
+                        let w = self.load_guarded(DType::I32, ok, pad2, &|ir| ir.gep(st, data, idx));
+                        let v = self.ir.bitcast(w, self.ir.vec(et, 2));
+                        fast_e.push(self.ir.extract(v, 0));
+                        fast_e.push(self.ir.extract(v, 1));
+                    }
+                }
+                None => {
+                    for o in Self::col_offsets(c) {
+                        let idx = self.ir.add(first, self.ir.ci64(o));
+                        fast_e.push(self.load_elem(t, idx, ok, padv));
+                    }
+                }
             }
         }
         let fast_end = self.ir.current();
@@ -258,12 +289,11 @@ impl<'k> Lowering<'k> {
         self.ir.br(join);
 
         self.ir.at_end(join);
-        let ty = self.compute_ty(self.tensors[t].dtype);
         fast_e
             .into_iter()
             .zip(slow_e)
             .map(|(a, b)| {
-                let phi = self.ir.phi(ty);
+                let phi = self.ir.phi(et);
                 self.ir.add_incoming(phi, a, fast_end);
                 self.ir.add_incoming(phi, b, slow_end);
                 phi
