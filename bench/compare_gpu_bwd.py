@@ -23,16 +23,15 @@ import json
 import math
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-from cupy_launch import EjcKernel, flash_sizes, head_dims, instance, load_manifest  # noqa: E402
-
-PLANS = {"two_pass": ("preprocess", "dkdv", "dq"), "atomic": ("preprocess_dq", "dkdv_dq", "dq_convert")}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bwd_plans import PLANS, artifacts, rel, time_plans  # noqa: E402
+from cupy_launch import flash_sizes  # noqa: E402
 
 
 def load_fa4():
@@ -42,10 +41,6 @@ def load_fa4():
         print(f"fa4: not available ({type(e).__name__}: {str(e)[:120]})", flush=True)
         return None
     return flash_attn_func
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def main():
@@ -61,10 +56,7 @@ def main():
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}, torch {torch.__version__}", flush=True)
     fa4 = load_fa4()
-    arts = []
-    for b in args.builds:
-        m = load_manifest(b)
-        arts += [(b, a) for a in m["artifacts"] if a["target"] in ("ptx:sm_90a", "ptx:sm_80")]
+    arts = artifacts(args.builds)
     seqs = [512, 1024, 2048, 4096, 8192, 16384]
     if args.rows:
         seqs = [s for s in seqs if s in {int(x) for x in args.rows.split(",")}]
@@ -92,45 +84,9 @@ def main():
                 # ---- ejc: the fastest candidate of each role of each plan
                 t["dq_accum"] = torch.empty(b, s, h, d, device="cuda", dtype=torch.float32)
                 plans = {}
-                for plan, roles in PLANS.items():
-                    best = {}
-                    for role in roles:
-                        for bd, a in arts:
-                            if instance(a) != (variant, "bf16", d, role) or head_dims(a) != (d, d):
-                                continue
-                            key = a["artifact_id"]
-                            if key not in kernels:
-                                try:
-                                    kernels[key] = EjcKernel(bd, a)
-                                except Exception as e:
-                                    print(f"  {key}: cannot load: {e}", flush=True)
-                                    kernels[key] = None
-                            kern = kernels[key]
-                            if kern is None:
-                                continue
-                            try:
-                                # One launch first: a candidate far slower than the best so far
-                                # (a spilling tile sweep) is skipped instead of stalling the run.
-                                kern(t, scalars, sizes)  # loads the module (the driver's JIT)
-                                torch.cuda.synchronize()
-                                t0 = time.perf_counter()
-                                kern(t, scalars, sizes)
-                                torch.cuda.synchronize()
-                                once = (time.perf_counter() - t0) * 1e3
-                                if role in best and once > max(20 * best[role][1], 50.0):
-                                    print(f"  {key}: {once:.1f} ms for one launch, skipped", flush=True)
-                                    continue
-                                ms = do_bench(lambda: kern(t, scalars, sizes), warmup=5, rep=40, return_mode="median")
-                            except Exception as e:
-                                print(f"  {key}: failed: {e}", flush=True)
-                                continue
-                            if args.verbose:
-                                print(f"  {key}: {ms:.3f} ms", flush=True)
-                            if role not in best or ms < best[role][1]:
-                                best[role] = (kern, ms, key)
-                    if len(best) != len(roles):
-                        continue
-                    ms = sum(best[r][1] for r in roles)
+                for plan, (ms, best) in time_plans(arts, kernels, variant, d, t, scalars, sizes,
+                                                   args.verbose).items():
+                    roles = PLANS[plan]
                     info = dict(ms=ms, tflops=fl / ms / 1e9, roles={r: [best[r][2], best[r][1]] for r in roles})
                     for r in roles:
                         best[r][0](t, scalars, sizes)

@@ -98,17 +98,22 @@ if [ "${1:-}" = "--bwd" ]; then
         --head-dim 64 -o .gpu/bwd
     $EJC build specs/flash_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 \
         --head-dim 128 -o .gpu/bwd128 --report > .gpu/bwd_ptxas.txt
-    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bwd bwd128
-    rm -rf .gpu/bwd .gpu/bwd128
+    # The forward's bias variants (their bias tiles load through the same register path as the
+    # backward's): every path of both archs, 128 x 64 tiles.
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant bias --variant bias_dropout \
+        --dtype bf16 --dtype f16 --head-dim 64 --head-dim 128 --block-m 128 --block-n 64 --num-stages 2 -o .gpu/fwdbias
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bwd bwd128 fwdbias
+    rm -rf .gpu/bwd .gpu/bwd128 .gpu/fwdbias
     du -sh .gpu/*
     exit 0
 fi
 if [ "${1:-}" = "--train" ]; then
-    # examples/train_gpu.py (gpu_run.sh --train): the forward and the backward, bf16, d 64, full and causal.
-    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant full --variant causal --dtype bf16 \
-        --head-dim 64 --block-m 128 --block-n 64 --num-warps 8 --num-stages 2 -o .gpu/trainfwd
+    # examples/train_gpu.py (gpu_run.sh --train): the forward and the backward, bf16, d 64, full and causal,
+    # and with a learned bias (the forward's `bias`, the backward's `bias_grad`).
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant full --variant causal --variant bias \
+        --dtype bf16 --head-dim 64 --block-m 128 --block-n 64 --num-warps 8 --num-stages 2 -o .gpu/trainfwd
     $EJC build specs/flash_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --variant full --variant causal \
-        --dtype bf16 --head-dim 64 -o .gpu/trainbwd
+        --variant bias_grad --dtype bf16 --head-dim 64 -o .gpu/trainbwd
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz trainfwd trainbwd
     rm -rf .gpu/trainfwd .gpu/trainbwd
     du -sh .gpu/*

@@ -33,6 +33,8 @@
 #                                        # racecheck (carry .anchors/fa4/part-aa too and `cp` it to /tmp/ for the bench)
 #   bash scripts/gpu_run.sh --bwd-bench  # then (carry .gpu/ejc-gpu, .anchors/fa4/part-ab and whl): the backward vs
 #                                        # cuDNN, FlashAttention-2 and FlashAttention-4 (bench/compare_gpu_bwd.py)
+#   bash scripts/gpu_run.sh --dbias-bench  # after --bwd, same call: the backward with dbias (bias_grad) vs torch SDPA's
+#                                        # bias-gradient back ends (bench/compare_gpu_dbias.py)
 #   bash scripts/gpu_run.sh --train      # examples/train_gpu.py, full and causal (`gpu_prepare.sh --train`)
 #   bash scripts/gpu_run.sh --cpu [THREADS]  # the host CPU (`gpu_prepare.sh --cpu`): AMX detection, `ejc run --backend cpu`
 #                                        # on every variant x dtype with `--isa amx` (awkward sizes, against the reference),
@@ -136,12 +138,17 @@ if [ "${1:-}" = "--bwd" ]; then
     # against the f64 reference backward; memcheck and racecheck samples.
     check_set bwd || status=1
     check_set bwd128 || status=1
+    check_set fwdbias || status=1
     memcheck bwd "causal_bf16_d64_dkdv_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     memcheck bwd "causal_bf16_d64_dkdv_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     memcheck bwd "varlen_causal_f16_d64" || status=1
     memcheck bwd "gpt_oss_f16_d64_dkdv_dq_m64_n64@ptx:sm_80" || status=1
     racecheck bwd "gpt_oss_bf16_d64_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     racecheck bwd "gpt_oss_bf16_d64_dkdv_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    # dbias (bias_grad): written by dq (two_pass) and dkdv_dq (atomic), zeroed on skipped blocks.
+    memcheck bwd "local_bias_grad_bf16_d64_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    memcheck bwd "local_bias_grad_f16_d64_dkdv_dq_m64_n64@ptx:sm_80" || status=1
+    racecheck bwd "local_bias_grad_bf16_d64_dkdv_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     cp /tmp/ejc-art/bwd_ptxas.txt "$OUT/" 2>/dev/null
     exit $status
 fi
@@ -156,9 +163,19 @@ if [ "${1:-}" = "--bwd-bench" ]; then
     grep -E '^(d=|fa4|device)' "$OUT/bench_bwd.log"
     exit $status
 fi
+if [ "${1:-}" = "--dbias-bench" ]; then
+    # After --bwd on the same warm machine: the backward with dbias (bias_grad) against torch SDPA's
+    # back ends that return a bias gradient (FlashAttention-2 and -4 take no bias).
+    timeout "${EJC_BENCH_TIMEOUT:-400}" python3 bench/compare_gpu_dbias.py /tmp/ejc-art/bwd /tmp/ejc-art/bwd128 \
+        --json "$OUT/bench_dbias.json" > "$OUT/bench_dbias.log" 2>&1
+    status=$?
+    grep -E '^(d=|device|torch)' "$OUT/bench_dbias.log"
+    exit $status
+fi
 if [ "${1:-}" = "--train" ]; then
-    # examples/train_gpu.py: a layer trained with ejc's forward and backward against torch's SDPA.
-    for c in "" --causal; do
+    # examples/train_gpu.py: a layer trained with ejc's forward and backward against torch's SDPA
+    # (full, causal, and full with a learned relative-position bias: dbias).
+    for c in "" --causal --bias; do
         python3 examples/train_gpu.py /tmp/ejc-art/trainfwd /tmp/ejc-art/trainbwd $c 2>&1 | tee -a "$OUT/train.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     done

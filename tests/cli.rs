@@ -408,14 +408,14 @@ fn run_cpu_backend_passes_for_every_variant() {
 
 #[test]
 fn the_backward_runs_on_every_host_backend_for_every_variant() {
-    // specs/flash_bwd.yaml: dq, dk, dv (and dsinks) against the f64 reference backward,
+    // specs/flash_bwd.yaml: dq, dk, dv (and dsinks, dbias) against the f64 reference backward,
     // through the plan executor, both plans (two_pass: preprocess, dkdv, dq, dsinks;
     // atomic: preprocess_dq, dkdv_dq with dQ by atomic adds, dq_convert, dsinks), with
     // GQA 2:1, s_q != s_k and lengths off the 64-wide blocks.
     const BWD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_bwd.yaml");
     let o = ejc(&["check", BWD]);
     assert_eq!(code(&o), 0, "{}", text(&o.stderr));
-    assert!(text(&o.stdout).contains("15 variants x 3 dtypes x 2 head_dims = 90 instances; 552 tile programs"));
+    assert!(text(&o.stdout).contains("17 variants x 3 dtypes x 2 head_dims = 102 instances; 624 tile programs"));
     for (backend, dtype, shape, plan) in [
         ("interp", "f32", "2,45,61,4,2,64", "two_pass"),
         ("interp", "f32", "2,45,61,4,2,64", "atomic"),
@@ -429,8 +429,9 @@ fn the_backward_runs_on_every_host_backend_for_every_variant() {
         let o = ejc(&args);
         assert_eq!(code(&o), 0, "{backend} {dtype} {plan}: {}{}", text(&o.stdout), text(&o.stderr));
         let out = text(&o.stdout);
-        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 15, "{out}");
+        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 17, "{out}");
         assert_eq!(out.matches("dsinks_rel_err=").count(), 2, "sinks and gpt_oss: {out}");
+        assert_eq!(out.matches("dbias_rel_err=").count(), 2, "bias_grad and local_bias_grad: {out}");
         assert!(out.contains(&format!(" plan={plan} ")), "{out}");
     }
     for plan in ["two_pass", "atomic"] {
@@ -445,12 +446,15 @@ fn the_backward_runs_on_every_host_backend_for_every_variant() {
             "causal_window",
             "--variant",
             "gpt_oss",
+            "--variant",
+            "local_bias_grad",
             "--plan",
             plan,
         ];
         let o = ejc(&args);
         assert_eq!(code(&o), 0, "{}{}", text(&o.stdout), text(&o.stderr));
-        assert_eq!(text(&o.stdout).lines().filter(|l| l.starts_with("ok ")).count(), 2);
+        assert_eq!(text(&o.stdout).lines().filter(|l| l.starts_with("ok ")).count(), 3);
+        assert_eq!(text(&o.stdout).matches("dbias_rel_err=").count(), 1);
     }
 }
 

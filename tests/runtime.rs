@@ -77,6 +77,33 @@ fn check_outputs(
     }
 }
 
+/// A runtime over `kernels` (its cache in `cache`) and a fresh random call of flash-family
+/// operation `op` at `[batch, seq_q, seq_k, heads_q, heads_kv, head_dim]`, with the
+/// reference's outputs for it; the seed is printed.
+fn flash_case(
+    op: &dyn ejc_ir::op::Operation,
+    f: &ejc_ir::op::Features,
+    kernels: &std::path::Path,
+    cache: &std::path::Path,
+    sizes: [i64; 6],
+    dtype: ejc_ir::types::DType,
+) -> (ejc_runtime::api::Runtime, ejc_ir::op::HostCall, std::collections::BTreeMap<String, ejc_ir::tensor::HostTensor>) {
+    use ejc_runtime::api::{Runtime, RuntimeOptions};
+    let names = ["batch", "seq_q", "seq_k", "heads_q", "heads_kv", "head_dim"];
+    let dims: ejc_ir::op::Sizes = names.iter().zip(sizes).map(|(k, v)| (k.to_string(), v)).collect();
+    let opts = RuntimeOptions {
+        kernels: vec![kernels.to_path_buf()],
+        cache_dir: Some(cache.to_path_buf()),
+        ..Default::default()
+    };
+    let rt = Runtime::new(opts).unwrap();
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    println!("seed {seed}");
+    let host = op.random_call(f, dtype, &dims, seed).unwrap();
+    let want = op.reference(f, &host).unwrap();
+    (rt, host, want)
+}
+
 #[test]
 fn tunes_once_then_the_second_process_hits_the_persistent_cache() {
     let kernels = temp("kernels");
@@ -353,9 +380,9 @@ fn any_operation_runs_through_the_generic_call() {
 /// (partial, combine) whose result matches the reference too.
 #[test]
 fn decode_calls_tune_over_both_plans_and_split_kv_matches_the_reference() {
-    use ejc_ir::op::{plan_marker, Config, Sizes};
+    use ejc_ir::op::{plan_marker, Config};
     use ejc_ir::types::DType;
-    use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+    use ejc_runtime::api::CallOptions;
     use ejc_runtime::call::Call;
     use ejc_runtime::chain::Source;
     let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_decode.yaml");
@@ -366,16 +393,7 @@ fn decode_calls_tune_over_both_plans_and_split_kv_matches_the_reference() {
     let op = ejc_ir::ops::get("flash_attention_fwd").unwrap();
     // Decode-like: 3 query rows against 700 keys (the 128-key window and the sinks see
     // rows of every split), GQA 8:2.
-    let dims = Sizes::from(
-        [("batch", 2), ("seq_q", 3), ("seq_k", 700), ("heads_q", 8), ("heads_kv", 2), ("head_dim", 64)]
-            .map(|(k, v)| (k.to_string(), v)),
-    );
-    let opts = RuntimeOptions { kernels: vec![kernels.clone()], cache_dir: Some(cache.clone()), ..Default::default() };
-    let mut rt = Runtime::new(opts).unwrap();
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    println!("seed {seed}");
-    let host = op.random_call(&f, DType::BF16, &dims, seed).unwrap();
-    let want = op.reference(&f, &host).unwrap();
+    let (mut rt, host, want) = flash_case(op, &f, &kernels, &cache, [2, 3, 700, 8, 2, 64], DType::BF16);
     let check = |call: &Call, label: &str| check_outputs(op, &f, &host, &want, call, 1e-2, label);
     // The tuner: 2 one-kernel tilings + 2 tilings x 2 split counts.
     let mut call = Call::from_host(&host);
@@ -407,31 +425,71 @@ fn decode_calls_tune_over_both_plans_and_split_kv_matches_the_reference() {
     let _ = std::fs::remove_dir_all(&cache);
 }
 
+/// dbias through the generic call on the CPU (`bias_grad`: causal, a run-time window and
+/// a bias): both plans write every element of it (the blocks the band skips too: the
+/// call's `dbias` starts as NaN) and match the f64 reference; a call that asks for the
+/// gradient without giving a `dbias` tensor is refused with the argument named.
+#[test]
+fn backward_returns_dbias_on_both_plans_and_names_a_missing_dbias() {
+    use ejc_ir::op::{plan_marker, Config};
+    use ejc_ir::types::DType;
+    use ejc_runtime::api::CallOptions;
+    use ejc_runtime::call::Call;
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_bwd.yaml");
+    let (kernels, cache, f) = build_variant(spec, "dbias", "local_bias_grad", &["--dtype", "f32", "--head-dim", "64"]);
+    let op = ejc_ir::ops::get("flash_attention_bwd").unwrap();
+    assert_eq!(op.outputs(&f), ["dq", "dk", "dv", "dbias"]);
+    let (mut rt, host, want) = flash_case(op, &f, &kernels, &cache, [2, 150, 97, 4, 2, 64], DType::F32);
+    // The test's window (a third of seq_k to the left, causal): most of dbias is outside the band.
+    let zeros = want["dbias"].to_vec().iter().filter(|x| **x == 0.0).count();
+    assert!(zeros > want["dbias"].numel() / 2, "{zeros} zeros");
+    // What the call asks for: the variant's features with its window's values.
+    let wanted = op.wanted(&f, &host);
+    for plan in ["two_pass", "atomic"] {
+        let (first, rest): (&str, &[&str]) = if plan == "two_pass" {
+            ("block_m", &["dkdv.block_m", "dkdv.block_n", "dq.block_m", "dq.block_n"])
+        } else {
+            ("block_m", &["dkdv_dq.block_m", "dkdv_dq.block_n", "dq_convert.block_m"])
+        };
+        let config: Config = std::iter::once(first)
+            .chain(rest.iter().copied())
+            .map(|k| (k.to_string(), 64))
+            // The first plan's configurations carry no marker.
+            .chain((plan != "two_pass").then(|| (plan_marker(plan), 1)))
+            .collect();
+        let mut call = Call::from_host(&host);
+        let opts = CallOptions { config: Some(config), threads: 2, ..Default::default() };
+        let r = rt.call("flash_attention_bwd", &wanted, &mut call, &opts).unwrap();
+        assert_eq!(r.plan, plan, "{r:?}");
+        let dbias = call.host_tensor("dbias").unwrap();
+        assert!(dbias.to_vec().iter().all(|x| x.is_finite()), "{plan}: dbias left unwritten");
+        check_outputs(op, &f, &host, &want, &call, 1e-5, plan);
+    }
+    let mut without = host.clone();
+    without.tensors.remove("dbias");
+    let mut call = Call::from_host(&without);
+    let e = rt.call("flash_attention_bwd", &wanted, &mut call, &CallOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("`dbias`"), "{e}");
+    let _ = std::fs::remove_dir_all(&kernels);
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
 /// The flash backward through the generic call on the CPU: the tuner times both plans
 /// (two_pass, and atomic with dQ by atomic adds) and either result matches the f64
 /// reference; a call that asks to be `deterministic` gets two_pass only, under a cache
 /// key of its own, and an explicit atomic configuration is then refused.
 #[test]
 fn backward_calls_tune_over_both_plans_and_deterministic_calls_get_two_pass() {
-    use ejc_ir::op::{plan_marker, Config, Sizes};
+    use ejc_ir::op::{plan_marker, Config};
     use ejc_ir::types::DType;
-    use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+    use ejc_runtime::api::CallOptions;
     use ejc_runtime::call::Call;
     let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/flash_bwd.yaml");
     let (kernels, cache, f) = build_variant(spec, "bwd", "gpt_oss", &["--dtype", "f32", "--head-dim", "64"]);
     let manifest = std::fs::read_to_string(kernels.join("manifest.json")).unwrap();
     assert!(manifest.contains("\"two_pass\"") && manifest.contains("\"atomic\""), "{manifest}");
     let op = ejc_ir::ops::get("flash_attention_bwd").unwrap();
-    let dims = Sizes::from(
-        [("batch", 2), ("seq_q", 90), ("seq_k", 150), ("heads_q", 4), ("heads_kv", 2), ("head_dim", 64)]
-            .map(|(k, v)| (k.to_string(), v)),
-    );
-    let opts = RuntimeOptions { kernels: vec![kernels.clone()], cache_dir: Some(cache.clone()), ..Default::default() };
-    let mut rt = Runtime::new(opts).unwrap();
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
-    println!("seed {seed}");
-    let host = op.random_call(&f, DType::F32, &dims, seed).unwrap();
-    let want = op.reference(&f, &host).unwrap();
+    let (mut rt, host, want) = flash_case(op, &f, &kernels, &cache, [2, 90, 150, 4, 2, 64], DType::F32);
     let check = |call: &Call, label: &str| check_outputs(op, &f, &host, &want, call, 1e-5, label);
     let mut call = Call::from_host(&host);
     let tuned =

@@ -635,7 +635,7 @@ fn backward_kernels_compile_with_a_candidate_that_does_not_spill() {
         .collect();
     assert_eq!(
         kernels.len(),
-        15 * 6 + 2,
+        17 * 6 + 2,
         "two_pass's preprocess, dkdv, dq and atomic's preprocess_dq, dkdv_dq, dq_convert per variant; \
          dsinks (both plans') for sinks and gpt_oss"
     );

@@ -66,6 +66,10 @@ fn check_plan(plan: Plan, name: &str, f: &Features, dtype: DType, shape: &str, s
     if let (Some(g), Some(w)) = (&got.dsinks, &want.dsinks) {
         pairs.push(("dsinks", g, w));
     }
+    assert_eq!(got.dbias.is_some(), f.bias_grad, "{name}: dbias returned iff bias_grad");
+    if let (Some(g), Some(w)) = (&got.dbias, &want.dbias) {
+        pairs.push(("dbias", g, w));
+    }
     for (what, g, w) in pairs {
         let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
         assert!(
@@ -82,7 +86,7 @@ const SHAPES: &[&str] = &["2,37,53,4,2,32", "1,45,21,2,1,16,24", "1,19,40,8,2,16
 #[test]
 fn every_variant_f32_matches_the_reference() {
     let seed = common::seed();
-    for (name, f) in common::flash_variants() {
+    for (name, f) in common::flash_bwd_variants() {
         for (i, shape) in SHAPES.iter().enumerate() {
             check(&name, &f, DType::F32, shape, seed + i as u64, i % 2 == 1, 1e-5);
         }
@@ -92,7 +96,7 @@ fn every_variant_f32_matches_the_reference() {
 #[test]
 fn every_variant_bf16_matches_the_reference() {
     let seed = common::seed();
-    for (name, f) in common::flash_variants() {
+    for (name, f) in common::flash_bwd_variants() {
         check(&name, &f, DType::BF16, "2,37,53,4,2,32", seed, true, 1e-2);
     }
 }
@@ -142,7 +146,12 @@ fn narrow_windows_visit_only_their_blocks() {
             (20, 0),
         ),
         (Features { causal: true, ..Default::default() }, (0, 0)),
-    ] {
+    ]
+    .into_iter()
+    // And each with a bias and its gradient: dbias is written on the visited blocks and
+    // zeroed on every skipped one (below and above the band, in both plans).
+    .flat_map(|(f, w)| [(f.clone(), w), (Features { bias: true, bias_grad: true, ..f }, w)])
+    {
         for shape in ["1,70,131,2,1,16", "1,131,70,2,2,16", "2,97,97,4,2,16,32"] {
             let shape = FlashShape::parse(shape).unwrap();
             let dims = HeadDims { qk: shape.head_dim, v: shape.head_dim_v };
@@ -161,7 +170,16 @@ fn narrow_windows_visit_only_their_blocks() {
                 );
                 let want = reference_bwd(&f, &rt, &x, &dout).unwrap();
                 let got = run_interp(&kernels, &rt, &x, &forward, &dout).unwrap();
-                for (what, g, w) in [("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)] {
+                let mut pairs = vec![("dq", &got.dq, &want.dq), ("dk", &got.dk, &want.dk), ("dv", &got.dv, &want.dv)];
+                if f.bias_grad {
+                    let db = got.dbias.as_ref().expect("bias_grad returns dbias");
+                    // Every element written (the run starts from NaN): the skipped blocks too.
+                    let w = want.dbias.as_ref().unwrap();
+                    let unwritten = db.to_vec().iter().filter(|x| x.is_nan()).count();
+                    assert_eq!(unwritten, 0, "{} {} {shape}: dbias elements left unwritten", plan.name(), f.describe());
+                    pairs.push(("dbias", db, w));
+                }
+                for (what, g, w) in pairs {
                     let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
                     assert!(
                         rel <= 1e-5,

@@ -579,6 +579,7 @@ fn every_feature_combination_is_nan_free() {
             mask: on(6),
             segment_ids: on(7),
             varlen: false,
+            bias_grad: false,
         };
         let varlen = Features { varlen: true, bias: false, mask: false, segment_ids: false, ..features.clone() };
         for (f, s) in [

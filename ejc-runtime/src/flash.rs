@@ -212,6 +212,7 @@ impl Runtime {
             segment_ids: a.q_segment_ids.is_some(),
             varlen: a.cu_seqlens_q.is_some(),
             dropout,
+            bias_grad: false,
         };
         // ---- the generic call ----
         let mut call = Call::default();
@@ -274,6 +275,7 @@ impl Runtime {
             segment_ids: wanted.segment_ids,
             varlen: wanted.varlen,
             dropout,
+            bias_grad: false,
         };
         let rt = FlashRuntime {
             softmax_scale: o.softmax_scale.unwrap_or(1.0 / (d as f64).sqrt()),

@@ -34,6 +34,11 @@
 //! `dsinks` reads `pdp` as its `delta`. The atomic adds land in no fixed order, so `dq`
 //! (and `dsinks`) may differ from run to run in the last bits.
 //!
+//! **dbias** (`bias_grad` variants): the kernel that sums dQ (`dq`, or `dkdv_dq`)
+//! visits every (query block, key block) pair once, so it writes each visited block's
+//! `dU` into `dbias`, and zeros into the blocks its loop skips (outside the causal
+//! band or the window), so that every element is written.
+//!
 //! Every kernel recomputes the scores the forward computed (scale, bias, soft cap,
 //! masks, dropout's keep-mask at the same Philox counters) from `q`, `k` and the
 //! forward's `lse`; a row whose `lse` is −∞ (it saw nothing) is read as +∞, so its `P`
@@ -191,6 +196,10 @@ pub fn bwd_params(role: Role, f: &Features, dtype: DType) -> Vec<AbiParam> {
             p("dsinks", Type::Tensor(DType::F32, 2), "output: gradient of the sinks [Hq, n_sinks] (f32)"),
         ],
     };
+    if f.bias_grad && matches!(role, Role::Dq | Role::DkDvDq) {
+        // The kernel that sums dQ visits every (query block, key block) once: it writes dbias.
+        v_.push(p("dbias", t4.clone(), "output (bias_grad): gradient of the bias [B, Hq, Sq, Sk]"));
+    }
     let scores = matches!(role, Role::DkDv | Role::DkDvDq | Role::Dq);
     if f.varlen {
         v_.push(p("cu_seqlens_q", Type::Tensor(DType::I32, 1), "input: query prefix sums [num_seqs + 1]"));
@@ -602,6 +611,25 @@ fn score_grad(
     (ds, pdp)
 }
 
+/// `dbias` of the `[bm, bn]` block at query row `i0`, key `j0` of `head`: `du` (the f32
+/// `dU`, or zeros) in the dtype. Dense only (`bias` excludes `varlen`): the tensor's
+/// own sizes clip the block.
+#[allow(clippy::too_many_arguments)]
+fn store_dbias(
+    b: &mut KernelBuilder,
+    k: &Ctx,
+    param: &dyn Fn(&str) -> Value,
+    head: Value,
+    i0: Value,
+    j0: Value,
+    du: Value,
+) {
+    let du = b.cast(du, k.dtype);
+    let rows = Axis::Range { start: i0, size: k.bm, limit: None };
+    let cols = Axis::Range { start: j0, size: k.bn, limit: None };
+    b.store(param("dbias"), vec![Axis::Index(k.batch), Axis::Index(head), rows, cols], du);
+}
+
 /// One query block: `dQ = scale · Σ_j dS_j k_j` over the key blocks.
 fn dq(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
     let (head, i0, rows) = k.query_block(b);
@@ -653,6 +681,9 @@ fn dq(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
         let sc = scores(b, k, param, q_tile, k_tile, head, i0, j0);
         let (p, keep) = probabilities(b, k, param, &sc, lse2, head, i0, j0);
         let (ds, pdp) = score_grad(b, k, &sc, p, keep, do_tile, v_tile, delta);
+        if k.f.bias_grad {
+            store_dbias(b, k, param, head, i0, j0, ds);
+        }
         let ds = b.cast(ds, k.dtype);
         let mut out = vec![b.dot(ds, k_tile, carried[0], false, false)];
         if sinks {
@@ -661,6 +692,24 @@ fn dq(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
         }
         out
     });
+    if k.f.bias_grad {
+        // dbias is 0 on the key blocks the loop skipped: [0, lo) and from the end of its
+        // last block on.
+        let zero = b.full(0.0, DType::F32, &[k.bm, k.bn]);
+        b.for_loop(k.c0, lo, bnc, &[], |b, j0, _| {
+            store_dbias(b, k, param, head, i0, j0, zero);
+            vec![]
+        });
+        let len = b.sub(hi, lo);
+        let len = b.max(len, k.c0);
+        let blocks = cdiv(b, len, bnc, k.c1);
+        let covered = b.mul(blocks, bnc);
+        let end = b.add(lo, covered);
+        b.for_loop(end, k.seq_k, bnc, &[], |b, j0, _| {
+            store_dbias(b, k, param, head, i0, j0, zero);
+            vec![]
+        });
+    }
     if sinks {
         // Every program rewrites its own rows of delta, after reading them; dsinks runs next.
         b.store(param("delta"), vec![Axis::Index(k.tensor_batch), Axis::Index(head), rows], r[1]);
@@ -736,6 +785,9 @@ fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value, with_dq: 
         let pk = b.cast(pk, k.dtype);
         let dv = b.dot(pk, do_tile, carried[1], true, false);
         let (ds, pdp) = score_grad(b, k, &sc, p, keep, do_tile, v_tile, delta);
+        if with_dq && k.f.bias_grad {
+            store_dbias(b, k, param, head, i0, j0, ds);
+        }
         let ds = b.cast(ds, k.dtype);
         let dk = b.dot(ds, q_tile, carried[0], true, false);
         if with_dq {
@@ -750,6 +802,26 @@ fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value, with_dq: 
         }
         vec![dk, dv]
     });
+    if with_dq && k.f.bias_grad {
+        // dbias is 0 on the query blocks of the group's heads the loop skipped: those
+        // below blk_lo and from blk_hi on.
+        let zero = b.full(0.0, DType::F32, &[k.bm, k.bn]);
+        let above = b.sub(q_blocks, blk_hi);
+        let above = b.max(above, k.c0);
+        for (first_blk, n) in [(k.c0, blk_lo), (blk_hi, above)] {
+            let trips = b.mul(group, n);
+            let n1 = b.max(n, k.c1); // never divides by 0 (no trip runs when n is 0)
+            b.for_loop(k.c0, trips, k.c1, &[], |b, t, _| {
+                let hg = b.div(t, n1);
+                let head = b.add(first_head, hg);
+                let blk = b.binary(BinOp::Rem, t, n1);
+                let blk = b.add(blk, first_blk);
+                let i0 = b.mul(blk, bmc);
+                store_dbias(b, k, param, head, i0, j0, zero);
+                vec![]
+            });
+        }
+    }
     let dk = b.mul(r[0], param("softmax_scale"));
     let dk = b.cast(dk, k.dtype);
     let dv = b.cast(r[1], k.dtype);
@@ -828,6 +900,10 @@ pub fn run_interp(
     if let Some(s) = &inputs.sinks {
         named.push(("dsinks", nan(DType::F32, &s.shape)));
     }
+    if let Some(bias) = &inputs.bias {
+        named.push(("dbias", nan(inputs.q.dtype, &bias.shape)));
+    }
+    let bias_grad = kernels.iter().any(|(_, k)| k.params.iter().any(|p| p.name == "dbias"));
     let atomic = kernels.iter().any(|(r, _)| *r == Role::DkDvDq);
     for (role, kernel) in kernels {
         if *role == Role::Dsinks && atomic {
@@ -852,6 +928,7 @@ pub fn run_interp(
         dk: take("dk").expect("dk"),
         dv: take("dv").expect("dv"),
         dsinks: take("dsinks"),
+        dbias: if bias_grad { take("dbias") } else { None },
     })
 }
 
@@ -862,4 +939,6 @@ pub struct BwdOutputs {
     pub dk: crate::tensor::HostTensor,
     pub dv: crate::tensor::HostTensor,
     pub dsinks: Option<crate::tensor::HostTensor>,
+    /// `[B, Hq, Sq, Sk]`, for `bias_grad` variants.
+    pub dbias: Option<crate::tensor::HostTensor>,
 }

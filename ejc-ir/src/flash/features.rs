@@ -39,6 +39,9 @@ pub struct Features {
     pub varlen: bool,
     /// Dropout on the attention probabilities (Philox 4x32-10).
     pub dropout: bool,
+    /// Backward only (`flash_attention_bwd`): also return `dbias [B, Hq, Sq, Sk]`, the
+    /// gradient of the bias (needs `bias`; docs/semantics.md). Never in a forward spec.
+    pub bias_grad: bool,
 }
 
 /// A sliding window whose sizes are either kernel parameters or baked in.
@@ -75,6 +78,7 @@ impl Features {
             segment_ids: true,
             varlen: true,
             dropout: true,
+            bias_grad: true,
         }
     }
 
@@ -105,13 +109,18 @@ impl Features {
                 Some(SoftCap::Fixed(c)) => json!(c),
             },
         );
+        // Only where set: the backward's, so the forward's manifests do not carry it.
+        if self.bias_grad {
+            m.insert("bias_grad".into(), json!(true));
+        }
         m
     }
 
     /// Back from [`Features::to_json`]'s form (a missing flag is false).
     pub fn from_json(m: &op::Features) -> Result<Features, String> {
         for k in m.keys() {
-            if !FLAGS.contains(&k.as_str()) && k != "sliding_window" && k != "logits_soft_cap" {
+            if !FLAGS.contains(&k.as_str()) && !matches!(k.as_str(), "sliding_window" | "logits_soft_cap" | "bias_grad")
+            {
                 return Err(format!("unknown flash feature `{k}`"));
             }
         }
@@ -140,6 +149,7 @@ impl Features {
             segment_ids: flag("segment_ids"),
             varlen: flag("varlen"),
             dropout: flag("dropout"),
+            bias_grad: flag("bias_grad"),
         })
     }
 
@@ -164,6 +174,9 @@ impl Features {
                 parts.push(name.to_string());
             }
         }
+        if self.bias_grad {
+            parts.push("bias_grad".into());
+        }
         if parts.is_empty() {
             "full attention".into()
         } else {
@@ -185,6 +198,8 @@ pub struct CallFeatures {
     pub segment_ids: bool,
     pub varlen: bool,
     pub dropout: bool,
+    /// The call asks for `dbias` (backward).
+    pub bias_grad: bool,
 }
 
 impl CallFeatures {
@@ -200,6 +215,7 @@ impl CallFeatures {
             segment_ids: self.segment_ids,
             varlen: self.varlen,
             dropout: self.dropout,
+            bias_grad: self.bias_grad,
         };
         let mut m = f.to_json();
         m.insert("sliding_window".into(), self.window.map_or(json!(null), |(l, r)| json!([l, r])));
@@ -231,6 +247,7 @@ impl CallFeatures {
             segment_ids: flag("segment_ids"),
             varlen: flag("varlen"),
             dropout: flag("dropout"),
+            bias_grad: flag("bias_grad"),
         })
     }
 
@@ -252,6 +269,7 @@ impl CallFeatures {
             segment_ids: f.segment_ids,
             varlen: f.varlen,
             dropout: f.dropout,
+            bias_grad: f.bias_grad,
         }
     }
 }
@@ -280,6 +298,7 @@ pub fn features_match(v: &Features, call: &CallFeatures) -> bool {
         && v.segment_ids == call.segment_ids
         && v.varlen == call.varlen
         && v.dropout == call.dropout
+        && v.bias_grad == call.bias_grad
 }
 
 // ---- the spec: a variant's fields ---------------------------------------------------
@@ -287,6 +306,20 @@ pub fn features_match(v: &Features, call: &CallFeatures) -> bool {
 /// The variant fields of a flash spec.
 pub const VARIANT_FIELDS: &[&str] =
     &["causal", "sliding_window", "logits_soft_cap", "sinks", "bias", "mask", "segment_ids", "varlen", "dropout"];
+
+/// The variant fields of a flash backward spec: the forward's and `bias_grad`.
+pub const BWD_VARIANT_FIELDS: &[&str] = &[
+    "causal",
+    "sliding_window",
+    "logits_soft_cap",
+    "sinks",
+    "bias",
+    "mask",
+    "segment_ids",
+    "varlen",
+    "dropout",
+    "bias_grad",
+];
 
 /// Features whose dense per-row tensors a packed (`varlen`) batch cannot have.
 const DENSE_FEATURES: &[&str] = &["bias", "mask", "segment_ids"];
@@ -305,6 +338,18 @@ pub fn decode_variant(d: &mut Decoder, f: &Fields) -> Features {
     features.segment_ids = flag(d, "segment_ids");
     features.varlen = flag(d, "varlen");
     features.dropout = flag(d, "dropout");
+    features.bias_grad = flag(d, "bias_grad");
+    if features.bias_grad && !features.bias {
+        if let Some(v) = f.value("bias_grad") {
+            let diag = d.error(
+                v,
+                &f.path("bias_grad"),
+                "`bias_grad` asks for the gradient of a bias the variant does not have",
+            );
+            diag.found = Some("bias_grad: true without bias: true".into());
+            diag.allowed = Some("`bias: true` beside `bias_grad: true`".into());
+        }
+    }
     if let Some(v) = f.value("sliding_window") {
         features.sliding_window = window(d, v, &f.path("sliding_window"), features.causal);
     }

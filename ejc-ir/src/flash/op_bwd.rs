@@ -1,7 +1,7 @@
 //! The flash-attention backward as an [`Operation`]: `flash_attention_bwd`, built from
 //! its own spec file (`specs/flash_bwd.yaml`, the forward's vocabulary: variants, dtypes,
 //! head dims). A call gives the forward's inputs, its `out` and `lse`, and `dout`; it
-//! returns `dq`, `dk`, `dv` (and `dsinks`). docs/semantics.md, "Flash-attention
+//! returns `dq`, `dk`, `dv` (and `dsinks`; `dbias` for `bias_grad` variants). docs/semantics.md, "Flash-attention
 //! backward", defines it; [`super::backward`] has the kernels.
 //!
 //! ```
@@ -56,7 +56,7 @@ impl Operation for FlashAttentionBwd {
     }
 
     fn summary(&self) -> &'static str {
-        "flash-attention backward: dq, dk, dv (and dsinks) of every forward variant (dQ by atomics, or deterministic)"
+        "flash-attention backward: dq, dk, dv (and dsinks, dbias) of every forward variant (dQ by atomics, or deterministic)"
     }
 
     fn dtypes(&self) -> &'static [DType] {
@@ -76,7 +76,7 @@ impl Operation for FlashAttentionBwd {
     }
 
     fn variant_fields(&self) -> &'static [&'static str] {
-        FWD.variant_fields()
+        super::features::BWD_VARIANT_FIELDS
     }
 
     fn variant_allowed(&self) -> &'static str {
@@ -246,6 +246,10 @@ impl Operation for FlashAttentionBwd {
         expect_shape(call, "dq", &q)?;
         expect_shape(call, "dk", &k)?;
         expect_shape(call, "dv", &v)?;
+        if ff.bias_grad {
+            let bias = shape("bias")?;
+            expect_shape(call, "dbias", &bias)?;
+        }
         if ff.sinks {
             let s = shape("sinks")?;
             expect_shape(call, "dsinks", &s)?;
@@ -293,13 +297,23 @@ impl Operation for FlashAttentionBwd {
         if let Some(s) = &inputs.sinks {
             call.tensors.insert("dsinks".into(), HostTensor::full(DType::F32, &s.shape, f64::NAN));
         }
+        if let (true, Some(bias)) = (ff.bias_grad, &inputs.bias) {
+            call.tensors.insert("dbias".into(), HostTensor::full(dtype, &bias.shape, f64::NAN));
+        }
         Ok(call)
     }
 
     fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
         // Every tensor of the forward's call, and as many again (dout, dq, dk, dv, delta).
         let fwd = FWD.call_elements(f, dims)?;
-        fwd.checked_mul(2).ok_or_else(|| "the call's element count overflows 64 bits".to_string())
+        let fwd = fwd.checked_mul(2).ok_or_else(|| "the call's element count overflows 64 bits".to_string())?;
+        if !features(f)?.bias_grad {
+            return Ok(fwd);
+        }
+        // dbias: a [B, Hq, Sq, Sk] output.
+        let s = super::op::shape_of(dims)?;
+        let dbias = op::elements(&[s.batch, s.heads_q, s.seq_q, s.seq_k])?;
+        fwd.checked_add(dbias).ok_or_else(|| "the call's element count overflows 64 bits".to_string())
     }
 
     fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {
@@ -312,14 +326,20 @@ impl Operation for FlashAttentionBwd {
         if let Some(s) = g.dsinks {
             out.insert("dsinks".into(), s);
         }
+        if let (true, Some(d)) = (ff.bias_grad, g.dbias) {
+            out.insert("dbias".into(), d);
+        }
         Ok(out)
     }
 
     fn outputs(&self, f: &op::Features) -> Vec<&'static str> {
-        let sinks = features(f).map(|f| f.sinks).unwrap_or(false);
+        let f = features(f).unwrap_or_default();
         let mut v = vec!["dq", "dk", "dv"];
-        if sinks {
+        if f.sinks {
             v.push("dsinks");
+        }
+        if f.bias_grad {
+            v.push("dbias");
         }
         v
     }

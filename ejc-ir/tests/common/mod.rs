@@ -49,6 +49,13 @@ pub fn flash_variants() -> Vec<(String, ejc_ir::flash::Features)> {
     spec.variants.iter().map(|v| (v.name.clone(), ejc_ir::flash::Features::from_json(&v.features).unwrap())).collect()
 }
 
+/// Every variant of specs/flash_bwd.yaml, typed: the forward's, and those that ask for
+/// `dbias` (`bias_grad`).
+pub fn flash_bwd_variants() -> Vec<(String, ejc_ir::flash::Features)> {
+    let spec = ejc_ir::spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/flash_bwd.yaml")).unwrap();
+    spec.variants.iter().map(|v| (v.name.clone(), ejc_ir::flash::Features::from_json(&v.features).unwrap())).collect()
+}
+
 /// A deterministic generator for a fixed seed.
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)

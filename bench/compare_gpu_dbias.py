@@ -1,0 +1,140 @@
+"""ejc's flash-attention backward with the bias gradient (`bias_grad`) against torch, in one run.
+
+    python3 bench/compare_gpu_dbias.py BUILD_DIR [BUILD_DIR ...] [--dims 64,128] [--rows 1024,4096] [--json FILE]
+
+The BUILD_DIRs hold `ejc build specs/flash_bwd.yaml --target ptx:...` artifacts with the `bias_grad`
+variant (bf16; scripts/gpu_prepare.sh --bwd makes them). FlashAttention-2 and -4 take no bias, and
+cuDNN's SDPA returns no bias gradient in torch, so the anchor is torch SDPA's memory-efficient
+back end (the one torch uses for `attn_mask` with `requires_grad`); cuDNN is tried too and says why
+when it refuses. For each row (b·s = 16384 tokens, h·d = 2048, a dense `[b, h, s, s]` bias, full
+attention; s up to 8k, where bias and dbias take 8.6 GB each) it times, with triton's do_bench
+(median):
+
+* ejc: each role of each backward plan over every candidate of the build, the fastest of each kept,
+  a plan's time their sum and ejc's the faster plan's (the autotuner's choice); dbias is written by
+  `dq` (two_pass) or `dkdv_dq` (atomic);
+* torch: `autograd.grad` of SDPA's output with respect to q, k, v and the bias.
+
+The forward's `out` and `lse` come from torch's memory-efficient forward with the same bias. FLOPs:
+2.5 forwards (4·d per pair). ejc's dq, dk, dv and dbias are compared with float32 autograd where it
+fits in memory, else with the memory-efficient back end's gradients.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bwd_plans import PLANS, artifacts, rel, time_plans  # noqa: E402
+from cupy_launch import flash_sizes, instance  # noqa: E402
+
+VARIANT = "bias_grad"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("builds", nargs="+")
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--rows", default="1024,2048,4096,8192", help="comma-separated sequence lengths")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = torch.cuda.get_device_name()
+    print(f"device: {dev}, torch {torch.__version__}", flush=True)
+    arts = artifacts(args.builds)
+    if not any(instance(a)[0] == VARIANT for _, a in arts):
+        print(f"no `{VARIANT}` artifacts in {args.builds}", flush=True)
+        return 1
+    rows, kernels = [], {}
+    for d in [int(x) for x in args.dims.split(",")]:
+        for s in [int(x) for x in args.rows.split(",")]:
+            b, h = max(1, 16384 // s), round(2048 / d)
+            torch.manual_seed(0)
+            q, k, v, dout = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            bias = 0.5 * torch.randn(b, h, s, s, device="cuda", dtype=torch.bfloat16)
+            scale = 1.0 / math.sqrt(d)
+            qt, kt, vt, dt = (x.transpose(1, 2) for x in (q, k, v, dout))
+            o_t, lse = torch.ops.aten._scaled_dot_product_efficient_attention(qt, kt, vt, bias, True, 0.0, False,
+                                                                              scale=scale)[:2]
+            out = o_t.transpose(1, 2).contiguous()
+            lse = lse[..., :s].float().contiguous()
+            fl = 2.5 * 4.0 * b * h * s * s * d
+            row = dict(d=d, s=s, b=b, h=h, variant=VARIANT)
+            t = dict(q=q, k=k, v=v, out=out, dout=dout, lse=lse, bias=bias,
+                     delta=torch.empty(b, h, s, device="cuda", dtype=torch.float32),
+                     dq_accum=torch.empty(b, s, h, d, device="cuda", dtype=torch.float32),
+                     dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v),
+                     dbias=torch.full_like(bias, float("nan")))
+            scalars = dict(softmax_scale=scale)
+            sizes = flash_sizes(q, k, v)
+            plans = time_plans(arts, kernels, VARIANT, d, t, scalars, sizes)
+            if plans:
+                fastest = min(plans, key=lambda p: plans[p][0])
+                ms, best = plans[fastest]
+                row.update(ejc=fl / ms / 1e9, ejc_ms=ms, ejc_plan=fastest,
+                           ejc_plans={p: {r: [x[2], x[1]] for r, x in bst.items()} for p, (_, bst) in plans.items()})
+                for r in PLANS[fastest]:
+                    best[r][0](t, scalars, sizes)
+                torch.cuda.synchronize()
+            # ---- torch: the back ends that differentiate the bias
+            grads = None
+            for name, be in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    qa, ka, va, ba = (x.detach().requires_grad_() for x in (qt, kt, vt, bias))
+                    with sdpa_kernel(be):
+                        oa = F.scaled_dot_product_attention(qa, ka, va, attn_mask=ba, scale=scale)
+                    g = torch.autograd.grad(oa, (qa, ka, va, ba), dt, retain_graph=True)
+                    if g[3] is None:
+                        raise RuntimeError("no bias gradient")
+                    ms = do_bench(lambda: torch.autograd.grad(oa, (qa, ka, va, ba), dt, retain_graph=True),
+                                  warmup=5, rep=30, return_mode="median")
+                    row[name] = fl / ms / 1e9
+                    row[name + "_ms"] = ms
+                    if name == "efficient":
+                        grads = g
+                    del qa, ka, va, ba, oa
+                except Exception as e:
+                    print(f"  torch-{name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            # ---- ejc's gradients against float32 autograd (or the efficient back end's)
+            if "ejc" in row:
+                if b * h * s * s * 4 <= 2 ** 31:
+                    qf, kf, vf, bf = (x.detach().float().requires_grad_() for x in (qt, kt, vt, bias))
+                    with sdpa_kernel(SDPBackend.MATH):
+                        of = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=bf, scale=scale)
+                    grads = torch.autograd.grad(of, (qf, kf, vf, bf), dt.float())
+                    row["err_against"] = "float32 autograd"
+                    del qf, kf, vf, bf, of
+                elif grads is not None:
+                    row["err_against"] = "torch efficient"
+                if grads is not None:
+                    gq, gk, gv, gb = grads
+                    row["err"] = dict(dq=rel(t["dq"], gq.transpose(1, 2)), dk=rel(t["dk"], gk.transpose(1, 2)),
+                                      dv=rel(t["dv"], gv.transpose(1, 2)), dbias=rel(t["dbias"], gb))
+                del grads
+            rows.append(row)
+
+            def r(x):
+                return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
+
+            err = {k_: f"{v_:.1e}" for k_, v_ in row.get("err", {}).items()}
+            print(f"d={d:3d} s={s:5d} b={b} h={h}  ejc {row.get('ejc', 0):6.1f} TFLOP/s ({row.get('ejc_ms', 0):.3f} ms, "
+                  f"{row.get('ejc_plan')})  efficient {row.get('efficient', 0):6.1f} ({row.get('efficient_ms', 0):.3f} ms)"
+                  f"  cudnn {row.get('cudnn', 0):6.1f}   ejc/efficient {r('efficient')}  ejc/cudnn {r('cudnn')}  "
+                  f"err vs {row.get('err_against')} {err}", flush=True)
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(dict(device=dev, rows=rows), fh, indent=1)
+            del q, k, v, dout, out, lse, t, qt, kt, vt, dt, bias
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
