@@ -1,6 +1,7 @@
 """ejc's flash-attention backward with the bias gradient (`bias_grad`) against torch, in one run.
 
     python3 bench/compare_gpu_dbias.py BUILD_DIR [BUILD_DIR ...] [--dims 64,128] [--rows 1024,4096] [--json FILE]
+    python3 bench/compare_gpu_dbias.py --forward FWD_BUILD_DIR ...   # the forward's `bias` variant instead
 
 The BUILD_DIRs hold `ejc build specs/flash_bwd.yaml --target ptx:...` artifacts with the `bias_grad`
 variant (bf16; scripts/gpu_prepare.sh --bwd makes them). FlashAttention-2 and -4 take no bias, and
@@ -15,7 +16,11 @@ attention; s up to 8k, where bias and dbias take 8.6 GB each) it times, with tri
   `dq` (two_pass) or `dkdv_dq` (atomic);
 * torch: `autograd.grad` of SDPA's output with respect to q, k, v and the bias.
 
-The forward's `out` and `lse` come from torch's memory-efficient forward with the same bias. FLOPs:
+With `--forward`, the BUILD_DIRs hold `ejc build specs/flash.yaml` artifacts of the `bias` variant, and
+the rows time the forward alone (the fastest candidate) against torch SDPA's memory-efficient and cuDNN
+forwards with the same bias (FLOPs: 4·d per pair), ejc's output compared with the efficient back end's.
+
+The backward's `out` and `lse` come from torch's memory-efficient forward with the same bias. FLOPs:
 2.5 forwards (4·d per pair). ejc's dq, dk, dv and dbias are compared with float32 autograd where it
 fits in memory, else with the memory-efficient back end's gradients.
 """
@@ -32,9 +37,74 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bwd_plans import PLANS, artifacts, rel, time_plans  # noqa: E402
-from cupy_launch import flash_sizes, instance  # noqa: E402
+from cupy_launch import EjcKernel, flash_sizes, head_dims, instance  # noqa: E402
 
 VARIANT = "bias_grad"
+
+
+def forward_rows(args, arts, dev):
+    """The forward's `bias` variant against torch SDPA's back ends that take a bias."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows, kernels = [], {}
+    for d in [int(x) for x in args.dims.split(",")]:
+        cands = [(bd, a) for bd, a in arts if instance(a) == ("bias", "bf16", d, "main") and head_dims(a) == (d, d)]
+        for s in [int(x) for x in args.rows.split(",")]:
+            b, h = max(1, 16384 // s), round(2048 / d)
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            bias = 0.5 * torch.randn(b, h, s, s, device="cuda", dtype=torch.bfloat16)
+            scale = 1.0 / math.sqrt(d)
+            t = dict(q=q, k=k, v=v, bias=bias, out=torch.empty_like(q),
+                     lse=torch.empty(b, h, s, device="cuda", dtype=torch.float32))
+            scalars, sizes = dict(softmax_scale=scale), flash_sizes(q, k, v)
+            fl = 4.0 * b * h * s * s * d
+            row = dict(d=d, s=s, b=b, h=h, variant="bias", direction="forward")
+            best = None
+            for bd, a in cands:
+                try:
+                    if a["artifact_id"] not in kernels:  # loading is the driver's JIT: once per candidate
+                        kernels[a["artifact_id"]] = EjcKernel(bd, a)
+                    kern = kernels[a["artifact_id"]]
+                    ms = do_bench(lambda: kern(t, scalars, sizes), warmup=5, rep=30, return_mode="median")
+                except Exception as e:
+                    print(f"  {a['artifact_id']}: failed: {e}", flush=True)
+                    continue
+                if best is None or ms < best[1]:
+                    best = (kern, ms, a["artifact_id"])
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            ref = None
+            for name, be in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel(be):
+                        o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias, scale=scale)
+                        ms = do_bench(lambda: F.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias, scale=scale),
+                                      warmup=5, rep=30, return_mode="median")
+                    row[name], row[name + "_ms"] = fl / ms / 1e9, ms
+                    ref = o if ref is None else ref
+                except Exception as e:
+                    print(f"  torch-{name}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+            if best is not None:
+                best[0](t, scalars, sizes)
+                torch.cuda.synchronize()
+                row.update(ejc=fl / best[1] / 1e9, ejc_ms=best[1], ejc_kernel=best[2])
+                if ref is not None:
+                    row["err"] = rel(t["out"], ref.transpose(1, 2))
+            rows.append(row)
+
+            def r(x):
+                return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
+
+            print(f"fwd d={d:3d} s={s:5d} b={b} h={h}  ejc {row.get('ejc', 0):6.1f} TFLOP/s ({row.get('ejc_ms', 0):.3f} ms, "
+                  f"{row.get('ejc_kernel', '-').split('@')[-1]})  efficient {row.get('efficient', 0):6.1f}  "
+                  f"cudnn {row.get('cudnn', 0):6.1f}   ejc/efficient {r('efficient')}  ejc/cudnn {r('cudnn')}  "
+                  f"err {row.get('err', float('nan')):.1e}", flush=True)
+            if args.json:
+                with open(args.json, "w") as fh:
+                    json.dump(dict(device=dev, rows=rows), fh, indent=1)
+            del q, k, v, bias, t
+            torch.cuda.empty_cache()
+    return 0
 
 
 def main():
@@ -42,6 +112,7 @@ def main():
     ap.add_argument("builds", nargs="+")
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--rows", default="1024,2048,4096,8192", help="comma-separated sequence lengths")
+    ap.add_argument("--forward", action="store_true", help="time the forward's `bias` variant instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -49,6 +120,8 @@ def main():
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}, torch {torch.__version__}", flush=True)
     arts = artifacts(args.builds)
+    if args.forward:
+        return forward_rows(args, arts, dev)
     if not any(instance(a)[0] == VARIANT for _, a in arts):
         print(f"no `{VARIANT}` artifacts in {args.builds}", flush=True)
         return 1

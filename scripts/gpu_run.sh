@@ -34,7 +34,7 @@
 #   bash scripts/gpu_run.sh --bwd-bench  # then (carry .gpu/ejc-gpu, .anchors/fa4/part-ab and whl): the backward vs
 #                                        # cuDNN, FlashAttention-2 and FlashAttention-4 (bench/compare_gpu_bwd.py)
 #   bash scripts/gpu_run.sh --dbias-bench  # after --bwd, same call: the backward with dbias (bias_grad) vs torch SDPA's
-#                                        # bias-gradient back ends (bench/compare_gpu_dbias.py)
+#                                        # bias-gradient back ends, then the forward's bias variant (bench/compare_gpu_dbias.py)
 #   bash scripts/gpu_run.sh --train      # examples/train_gpu.py, full and causal (`gpu_prepare.sh --train`)
 #   bash scripts/gpu_run.sh --cpu [THREADS]  # the host CPU (`gpu_prepare.sh --cpu`): AMX detection, `ejc run --backend cpu`
 #                                        # on every variant x dtype with `--isa amx` (awkward sizes, against the reference),
@@ -170,6 +170,12 @@ if [ "${1:-}" = "--dbias-bench" ]; then
         --json "$OUT/bench_dbias.json" > "$OUT/bench_dbias.log" 2>&1
     status=$?
     grep -E '^(d=|device|torch)' "$OUT/bench_dbias.log"
+    # The forward's bias variant (the --bwd pack's 128 x 64 check tiles; docs/perf.md used the spec's
+    # whole sm_90a space: `ejc build specs/flash.yaml --target ptx:sm_90a --variant bias --dtype bf16
+    # --head-dim 64 --head-dim 128 --path wgmma --path ws --report --drop-spilling`).
+    timeout 200 python3 bench/compare_gpu_dbias.py --forward /tmp/ejc-art/fwdbias --rows 2048,8192 \
+        --json "$OUT/bench_fwd_bias.json" > "$OUT/bench_fwd_bias.log" 2>&1 || status=1
+    grep -E '^fwd' "$OUT/bench_fwd_bias.log"
     exit $status
 fi
 if [ "${1:-}" = "--train" ]; then
