@@ -3,6 +3,7 @@
 For one variant and head dim, every role of each plan is timed over every candidate of the build
 (triton's do_bench, median), the fastest of each kept: a plan's time is their sum.
 """
+import json
 import time
 
 import torch
@@ -20,6 +21,18 @@ def artifacts(builds):
         m = load_manifest(b)
         arts += [(b, a) for a in m["artifacts"] if a["target"] in ("ptx:sm_90a", "ptx:sm_80")]
     return arts
+
+
+def ratio(row, anchor):
+    """ejc's TFLOP/s over an anchor's in a bench row, as `1.23x`, or `-` when either is missing."""
+    return f"{row['ejc'] / row[anchor]:.2f}x" if "ejc" in row and anchor in row else "-"
+
+
+def save(path, device, rows):
+    """The rows so far as JSON (rewritten after every row: an interrupted run keeps what it measured)."""
+    if path:
+        with open(path, "w") as fh:
+            json.dump(dict(device=device, rows=rows), fh, indent=1)
 
 
 def rel(a, b):

@@ -19,7 +19,6 @@ The forward's `out` and `lse` come from torch's FlashAttention-2 forward. FLOPs:
 checked against float32 autograd where that fits in memory.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -30,7 +29,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bwd_plans import PLANS, artifacts, rel, time_plans  # noqa: E402
+from bwd_plans import PLANS, artifacts, ratio, rel, save, time_plans  # noqa: E402
 from cupy_launch import flash_sizes  # noqa: E402
 
 
@@ -134,18 +133,13 @@ def main():
                     row["best_anchor"] = max(anchors, key=lambda x: row[x])
                 rows.append(row)
 
-                def r(x):
-                    return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
-
                 print(f"d={d:3d} s={s:5d} {variant:6s} h={h}  ejc {row.get('ejc', 0):6.1f} ({row.get('ejc_plan')}; "
                       f"deterministic {row.get('ejc_det', 0):6.1f})  fa4 {row.get('fa4', 0):6.1f}  "
-                      f"cudnn {row.get('cudnn', 0):6.1f}  flash {row.get('flash', 0):6.1f} TFLOP/s   ejc/fa4 {r('fa4')}  "
-                      f"ejc/cudnn {r('cudnn')}  ejc/flash {r('flash')}   err {row.get('ejc_err')}  "
+                      f"cudnn {row.get('cudnn', 0):6.1f}  flash {row.get('flash', 0):6.1f} TFLOP/s   ejc/fa4 {ratio(row, 'fa4')}  "
+                      f"ejc/cudnn {ratio(row, 'cudnn')}  ejc/flash {ratio(row, 'flash')}   err {row.get('ejc_err')}  "
                       f"{ {p: {k: round(v[1], 3) for k, v in i['roles'].items()} for p, i in row.get('ejc_plans', {}).items()} }",
                       flush=True)
-                if args.json:
-                    with open(args.json, "w") as fh:
-                        json.dump(dict(device=dev, rows=rows), fh, indent=1)
+                save(args.json, dev, rows)
                 del q, k, v, dout, out, lse, t, qt, kt, vt
                 torch.cuda.empty_cache()
 

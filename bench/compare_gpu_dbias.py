@@ -25,7 +25,6 @@ The backward's `out` and `lse` come from torch's memory-efficient forward with t
 fits in memory, else with the memory-efficient back end's gradients.
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -36,7 +35,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bwd_plans import PLANS, artifacts, rel, time_plans  # noqa: E402
+from bwd_plans import PLANS, artifacts, ratio, rel, save, time_plans  # noqa: E402
 from cupy_launch import EjcKernel, flash_sizes, head_dims, instance  # noqa: E402
 
 VARIANT = "bias_grad"
@@ -92,16 +91,11 @@ def forward_rows(args, arts, dev):
                     row["err"] = rel(t["out"], ref.transpose(1, 2))
             rows.append(row)
 
-            def r(x):
-                return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
-
             print(f"fwd d={d:3d} s={s:5d} b={b} h={h}  ejc {row.get('ejc', 0):6.1f} TFLOP/s ({row.get('ejc_ms', 0):.3f} ms, "
                   f"{row.get('ejc_kernel', '-').split('@')[-1]})  efficient {row.get('efficient', 0):6.1f}  "
-                  f"cudnn {row.get('cudnn', 0):6.1f}   ejc/efficient {r('efficient')}  ejc/cudnn {r('cudnn')}  "
+                  f"cudnn {row.get('cudnn', 0):6.1f}   ejc/efficient {ratio(row, 'efficient')}  ejc/cudnn {ratio(row, 'cudnn')}  "
                   f"err {row.get('err', float('nan')):.1e}", flush=True)
-            if args.json:
-                with open(args.json, "w") as fh:
-                    json.dump(dict(device=dev, rows=rows), fh, indent=1)
+            save(args.json, dev, rows)
             del q, k, v, bias, t
             torch.cuda.empty_cache()
     return 0
@@ -193,17 +187,12 @@ def main():
                 del grads
             rows.append(row)
 
-            def r(x):
-                return f"{row['ejc'] / row[x]:.2f}x" if "ejc" in row and x in row else "-"
-
             err = {k_: f"{v_:.1e}" for k_, v_ in row.get("err", {}).items()}
             print(f"d={d:3d} s={s:5d} b={b} h={h}  ejc {row.get('ejc', 0):6.1f} TFLOP/s ({row.get('ejc_ms', 0):.3f} ms, "
                   f"{row.get('ejc_plan')})  efficient {row.get('efficient', 0):6.1f} ({row.get('efficient_ms', 0):.3f} ms)"
-                  f"  cudnn {row.get('cudnn', 0):6.1f}   ejc/efficient {r('efficient')}  ejc/cudnn {r('cudnn')}  "
+                  f"  cudnn {row.get('cudnn', 0):6.1f}   ejc/efficient {ratio(row, 'efficient')}  ejc/cudnn {ratio(row, 'cudnn')}  "
                   f"err vs {row.get('err_against')} {err}", flush=True)
-            if args.json:
-                with open(args.json, "w") as fh:
-                    json.dump(dict(device=dev, rows=rows), fh, indent=1)
+            save(args.json, dev, rows)
             del q, k, v, dout, out, lse, t, qt, kt, vt, dt, bias
             torch.cuda.empty_cache()
     return 0

@@ -303,11 +303,7 @@ pub fn features_match(v: &Features, call: &CallFeatures) -> bool {
 
 // ---- the spec: a variant's fields ---------------------------------------------------
 
-/// The variant fields of a flash spec.
-pub const VARIANT_FIELDS: &[&str] =
-    &["causal", "sliding_window", "logits_soft_cap", "sinks", "bias", "mask", "segment_ids", "varlen", "dropout"];
-
-/// The variant fields of a flash backward spec: the forward's and `bias_grad`.
+/// The variant fields of a flash backward spec: the forward's, and `bias_grad` last.
 pub const BWD_VARIANT_FIELDS: &[&str] = &[
     "causal",
     "sliding_window",
@@ -320,6 +316,12 @@ pub const BWD_VARIANT_FIELDS: &[&str] = &[
     "dropout",
     "bias_grad",
 ];
+
+/// The variant fields of a flash spec: the backward's without `bias_grad`.
+pub const VARIANT_FIELDS: &[&str] = match BWD_VARIANT_FIELDS.split_last() {
+    Some((_, forward)) => forward,
+    None => &[],
+};
 
 /// Features whose dense per-row tensors a packed (`varlen`) batch cannot have.
 const DENSE_FEATURES: &[&str] = &["bias", "mask", "segment_ids"];
