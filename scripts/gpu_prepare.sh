@@ -22,6 +22,9 @@
 #                                          # EJC_DIMS=96,192,256,192v128); EJC_KEYS="--key head_dim_v=128": 192/128 alone
 #   bash scripts/gpu_prepare.sh --bwd      # the flash backward (specs/flash_bwd.yaml) on every PTX path (gpu_run.sh --bwd)
 #   bash scripts/gpu_prepare.sh --train    # examples/train_gpu.py's kernels: forward and backward (gpu_run.sh --train)
+#   bash scripts/gpu_prepare.sh --paged    # page_attention (specs/page_attention.yaml): every variant x bf16/f16 x d64/d128,
+#                                          # both plans, sm_80 and sm_90a, MLIR's gpu form, and the bench set
+#                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
 # (seven packs: together they would pass the device tool's 64 MiB.)
@@ -116,6 +119,20 @@ if [ "${1:-}" = "--train" ]; then
         --variant bias_grad --dtype bf16 --head-dim 64 -o .gpu/trainbwd
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz trainfwd trainbwd
     rm -rf .gpu/trainfwd .gpu/trainbwd
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--paged" ]; then
+    # Paged decode attention: the check set (every variant x bf16/f16 x d64/d128 x both plans, every
+    # tiling and launch configuration, sm_90a and sm_80), MLIR's gpu form (bf16, d128), and the bench set
+    # (full, bf16, d128, sm_90a, every candidate: the tuner's space).
+    $EJC build specs/page_attention.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
+        -o .gpu/paged --report > .gpu/paged_ptxas.txt
+    $EJC build specs/page_attention.yaml -q --target mlir:gpu --dtype bf16 --head-dim 128 -o .gpu/paged_mlir
+    $EJC build specs/page_attention.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 128 \
+        -o .gpu/paged_bench
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz paged paged_mlir paged_bench
+    rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench
     du -sh .gpu/*
     exit 0
 fi

@@ -35,6 +35,10 @@
 #                                        # cuDNN, FlashAttention-2 and FlashAttention-4 (bench/compare_gpu_bwd.py)
 #   bash scripts/gpu_run.sh --dbias-bench  # after --bwd, same call: the backward with dbias (bias_grad) vs torch SDPA's
 #                                        # bias-gradient back ends, then the forward's bias variant (bench/compare_gpu_dbias.py)
+#   bash scripts/gpu_run.sh --paged      # page_attention (`gpu_prepare.sh --paged`; carry .anchors/fa4/part-aa too): every
+#                                        # artifact of both plans checked (PTX and MLIR), memcheck and racecheck samples, the
+#                                        # tuner's choice stored and reused; then --paged-bench in a second call (carry
+#                                        # .anchors/fa4/part-ab and whl): bench/paged_gpu.py, bandwidth vs copy, FA4, SDPA
 #   bash scripts/gpu_run.sh --train      # examples/train_gpu.py, full and causal (`gpu_prepare.sh --train`)
 #   bash scripts/gpu_run.sh --cpu [THREADS]  # the host CPU (`gpu_prepare.sh --cpu`): AMX detection, `ejc run --backend cpu`
 #                                        # on every variant x dtype with `--isa amx` (awkward sizes, against the reference),
@@ -312,6 +316,28 @@ if [ "${1:-}" = "--cpu" ]; then
     timeout 500 python3 bench/compare_cpu.py --ejc $E --runtime .gpu/libejc_runtime_capi.so --target cpu:amx \
         --threads "${2:-1,16}" --reps "${EJC_REPS:-10}" --markdown --json "$OUT/cpu_bench.json" 2>&1 | tee "$OUT/cpu_bench.log" || status=1
     exit $status
+fi
+if [ "${1:-}" = "--paged" ]; then
+    [ -f .anchors/fa4/part-aa ] && cp .anchors/fa4/part-aa /tmp/
+    ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
+    check_set paged || status=1
+    check_set paged_mlir || status=1
+    memcheck paged "full_bf16_d128_h16_n64_split@ptx:sm_90a/w1_s2" || status=1
+    memcheck paged "softcap_f16_d64_h16_n16@ptx:sm_80/w1_s3" || status=1
+    racecheck paged "full_bf16_d128_h16_n64@ptx:sm_90a/w1_s2" || status=1
+    # The tuner on the GPU: one decode batch tuned (both plans, every split count), then a
+    # second process finds the choice in the persistent cache.
+    for step in tune call; do
+        timeout 300 ./.gpu/ejc-gpu $step /tmp/ejc-art/paged_bench --variant full --dtype bf16 \
+            --size num_seqs=4,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=8192,min_context=8192 \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log" || status=1
+    done
+    exit $status
+fi
+if [ "${1:-}" = "--paged-bench" ]; then
+    source .anchors/fa4/whl/install.sh || echo "FA4 not installed: the bench runs without it"
+    timeout 560 python3 bench/paged_gpu.py /tmp/ejc-art/paged_bench --json "$OUT/paged.json" 2>&1 | tee "$OUT/paged.log"
+    exit "${PIPESTATUS[0]}"
 fi
 if [ "${1:-}" = "--ops-cli" ]; then
     mkdir -p /tmp/ejc-bin && xz -dc .gpu/ejc.xz > /tmp/ejc-bin/ejc && chmod +x /tmp/ejc-bin/ejc

@@ -19,12 +19,14 @@ Examples:
   ejc build specs/flash.yaml -o out          write artifacts and out/manifest.json
   ejc run specs/flash.yaml --backend interp  run every variant on random inputs against the reference
   ejc run specs/mean_pooling.yaml --backend cpu --size batch=2,seq=300,chunk_size=32
+  ejc run specs/page_attention.yaml --backend cpu --size num_seqs=8,page_size=16,max_context=1000
   ejc bench specs/flash.yaml --variant causal --dtype f32 --shape 1,2048,2048,8,8,128
   ejc tune specs/flash.yaml --variant causal --dtype bf16 --size batch=1,seq_q=2048,seq_k=2048,heads_q=8,heads_kv=8,head_dim=128
   ejc cache ls                               what this machine's tuning cache holds
 
 Sizes: every operation names its sizes (flash: batch, seq_q, seq_k, heads_q, heads_kv, head_dim and, where v's
-head dim differs from q's, head_dim_v; mean_pooling: batch, seq, heads, head_dim, chunk_size). Give them as
+head dim differs from q's, head_dim_v; mean_pooling: batch, seq, heads, head_dim, chunk_size; page_attention:
+num_seqs, heads_q, heads_kv, head_dim, page_size, max_context[, min_context, num_pages]). Give them as
 --size NAME=N,... (any subset: the rest keep their defaults) or positionally, in that order, as --shape N,N,...
 (the shorthand).
 
@@ -270,7 +272,9 @@ struct ProblemArgs {
     #[arg(long, default_value = "bf16")]
     dtype: String,
     /// Sizes, positionally in the operation's order: flash batch,seq_q,seq_k,heads_q,heads_kv,head_dim[,head_dim_v];
-    /// mean_pooling batch,seq,heads,head_dim,chunk_size. Compile-time sizes (head_dim) must be the spec's;
+    /// mean_pooling batch,seq,heads,head_dim,chunk_size; page_attention
+    /// num_seqs,heads_q,heads_kv,head_dim,page_size,max_context[,min_context,num_pages]. Compile-time sizes (head_dim)
+    /// must be the spec's;
     /// for varlen variants batch is the number of sequences and the lengths are random up to the sizes.
     #[arg(long)]
     shape: Option<String>,

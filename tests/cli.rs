@@ -797,6 +797,59 @@ fn mean_pooling_through_the_command_line() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Paged decode attention through the command line: both plans (one kernel; split-K's
+/// partial and combine) against the reference on every host back end, at sizes off every
+/// block (contexts off the page size with an empty and a one-key sequence, a page size of
+/// 24 that no key block divides, GQA 20:4 in two head blocks of 16), f32 and bf16; then the
+/// PTX of one instance for sm_80 and sm_90a through ptxas: no candidate spills.
+#[test]
+fn page_attention_through_the_command_line() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/page_attention.yaml");
+    let sizes = "num_seqs=6,heads_q=20,heads_kv=4,page_size=24,max_context=301";
+    for backend in ["interp", "cpu", "mlir"] {
+        for dtype in ["f32", "bf16"] {
+            for plan in [&["--config", "block_n=32"][..], &["--plan", "split_k", "--config", "num_splits=8"]] {
+                let mut args = vec!["run", spec, "--backend", backend, "--dtype", dtype, "--size", sizes];
+                args.extend(plan);
+                let o = ejc(&args);
+                let out = text(&o.stdout);
+                assert_eq!(code(&o), 0, "{backend} {dtype} {plan:?}: {out}{}", text(&o.stderr));
+                assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 2, "{backend}: {out}");
+                assert!(out.contains("page_size=24,max_context=301"), "{out}");
+            }
+        }
+    }
+    // The positional shorthand is the operation's sizes in order (the last two optional).
+    let o = ejc(&["run", spec, "--shape", "4,8,2,64,16", "--backend", "interp"]);
+    assert!(code(&o) == 2 && text(&o.stderr).contains("num_seqs,heads_q,heads_kv,head_dim,page_size,max_context"));
+    let out = temp_dir("paged-build");
+    let mut args = vec!["build", spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
+    args.extend(["--dtype", "bf16", "--head-dim", "128", "--variant", "softcap", "-q"]);
+    let have_ptxas = ejc_codegen::ptx::find_ptxas().is_some();
+    if have_ptxas {
+        args.extend(["--report", "--drop-spilling"]);
+    } else {
+        eprintln!("skipped the ptxas report: no ptxas (run scripts/setup.sh); PTX is still generated");
+    }
+    let o = ejc(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    if have_ptxas {
+        assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
+    }
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    assert_eq!(m.spec.op, "page_attention");
+    // Two plans; per arch: 3 tilings x 2 stage counts for main and partial, one combine.
+    assert_eq!(m.plans.len(), 2);
+    assert_eq!(
+        m.artifacts.len(),
+        2 * (2 * 3 * 2 + 1),
+        "{:?}",
+        m.artifacts.iter().map(|a| &a.artifact_id).collect::<Vec<_>>()
+    );
+    assert!(m.artifacts.iter().all(|a| a.grid[1] == "num_seqs"), "the grid is the kernel's");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// `ejc build` with its compiled-code cache in `cache`; stdout's last line.
 fn build_cached(spec: &std::path::Path, out: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_ejc"))

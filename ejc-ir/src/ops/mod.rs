@@ -3,16 +3,22 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling"]);
+//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention"]);
 //! ```
 
 use crate::op::Operation;
 
 pub mod mean_pooling;
+pub mod page_attention;
 
 /// Every operation, in the order `ejc` lists them.
 pub fn all() -> &'static [&'static dyn Operation] {
-    &[&crate::flash::op::FlashAttentionFwd, &crate::flash::op_bwd::FlashAttentionBwd, &mean_pooling::op::MeanPooling]
+    &[
+        &crate::flash::op::FlashAttentionFwd,
+        &crate::flash::op_bwd::FlashAttentionBwd,
+        &mean_pooling::op::MeanPooling,
+        &page_attention::op::PageAttention,
+    ]
 }
 
 /// The operation named `name`.

@@ -1,0 +1,173 @@
+"""Paged decode attention on the GPU: ejc's `page_attention` (both plans, every split count,
+the fastest kept: what the tuner picks) against the HBM limit and the anchors, in one run.
+
+    python3 bench/paged_gpu.py BUILD_DIR [--ejc-gpu .gpu/ejc-gpu] [--json FILE] [--rows N]
+
+BUILD_DIR holds `ejc build specs/page_attention.yaml --target ptx:sm_90a` artifacts (the
+`full` variant, bf16, d 128). Each row is a decode step: `num_seqs` sequences of `context`
+keys each, in pages of `page` tokens scattered over the cache (a random permutation), GQA
+`heads_q / heads_kv`. Decode is memory-bound, so every column is bandwidth: the bytes a
+kernel must move (each sequence's K and V read once per KV head, q read and out written
+once) over its time.
+
+* **copy**: a device-to-device copy (`dst.copy_(src)`) of as many bytes as the row's K and V,
+  counted as read + write: the HBM limit the issue's goal is measured against.
+* **ejc**: `ejc-gpu bench` (CUDA events, median), every candidate of both plans.
+* **FA4**: FlashAttention-4's paged forward (`flash_attn_varlen_func` with `page_table` and
+  `seqused_k`, q as `[B, 1, H, D]`; its sm90 kernels on Hopper) on the same K/V in its own
+  layout `[pages, page, KVH, D]`, when ../shared/bench/fa4_kit.sh's install.sh has put it on
+  PYTHONPATH; timed with its split heuristic (`num_splits=0`) and with one split, the faster
+  kept; its output is checked against torch.
+* **sdpa**: torch SDPA (cuDNN, else its default) on the cache gathered into contiguous
+  `[B, KVH, T, D]` beforehand (the gather not timed: a bound no paged kernel is held to).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+from triton.testing import do_bench
+
+ROWS = [
+    # num_seqs, heads_q, heads_kv, context, page
+    (1, 32, 8, 16384, 16),
+    (1, 32, 4, 32768, 64),
+    (8, 32, 8, 4096, 16),
+    (8, 32, 4, 8192, 64),
+    (32, 32, 8, 2048, 16),
+    (32, 32, 8, 4096, 256),
+    (64, 32, 4, 1024, 16),
+    (128, 32, 8, 1024, 64),
+    (256, 32, 8, 1024, 16),
+]
+D = 128
+
+
+def ejc_best(ejc_gpu, build, row, reps):
+    n, hq, hkv, ctx, page = row
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+        path = tmp.name
+    size = (f"num_seqs={n},heads_q={hq},heads_kv={hkv},head_dim={D},page_size={page},"
+            f"max_context={ctx},min_context={ctx}")
+    cmd = [ejc_gpu, "bench", build, "--variant", "full", "--dtype", "bf16", "--size", size, "--reps", str(reps),
+           "--json", path]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        print(p.stdout[-2000:], p.stderr[-2000:], flush=True)
+        return None, {}
+    with open(path) as fh:
+        doc = json.load(fh)
+    os.unlink(path)
+    cands = doc["candidates"]
+    if not cands:
+        return None, {}
+    # The fastest of each plan (a split-K candidate names num_splits in its config).
+    per_plan = {}
+    for c in cands:
+        plan = "split_k" if "num_splits" in c["config"] else "single"
+        if plan not in per_plan or c["ms"] < per_plan[plan]["ms"]:
+            per_plan[plan] = c
+    return min(cands, key=lambda c: c["ms"]), per_plan
+
+
+def load_fa4():
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+        return flash_attn_varlen_func
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+        print(f"fa4: not available ({type(e).__name__}: {str(e)[:160]})", flush=True)
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("--ejc-gpu", default=".gpu/ejc-gpu")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--rows", type=int, default=None, help="only the first N rows")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    fa4 = load_fa4()
+    out = []
+    for row in ROWS[: args.rows]:
+        n, hq, hkv, ctx, page = row
+        kv_bytes = 2 * n * ctx * hkv * D * 2
+        moved = kv_bytes + 2 * n * hq * D * 2
+        rec = dict(num_seqs=n, heads_q=hq, heads_kv=hkv, context=ctx, page=page, head_dim=D, bytes=moved)
+        best, per_plan = ejc_best(args.ejc_gpu, args.build, row, args.reps)
+        if best:
+            rec["ejc_us"] = best["ms"] * 1e3
+            rec["ejc_config"] = best["config"]
+            rec["ejc_artifact"] = best["artifact"]
+            for plan, c in per_plan.items():
+                rec[f"ejc_{plan}_us"] = c["ms"] * 1e3
+        # The copy: as many bytes as K and V, read once and written once.
+        src = torch.empty(kv_bytes // 2, device="cuda", dtype=torch.bfloat16).normal_()
+        dst = torch.empty_like(src)
+        ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
+        rec["copy_gbs"] = 2 * kv_bytes / ms / 1e6
+        del src, dst
+        # The anchors' inputs: pages scattered by a permutation, as ejc's bench has them.
+        torch.manual_seed(0)
+        pages_per_seq = math.ceil(ctx / page)
+        num_pages = n * pages_per_seq + 1
+        k = torch.randn(num_pages, page, hkv, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        table = torch.randperm(num_pages, device="cuda")[: n * pages_per_seq].view(n, pages_per_seq).int()
+        lens = torch.full((n,), ctx, device="cuda", dtype=torch.int32)
+        q = torch.randn(n, hq, D, device="cuda", dtype=torch.bfloat16)
+        scale = 1 / math.sqrt(D)
+        # Gathered [B, KVH, T, D] (the reference and SDPA's input).
+        kg = k[table.long()].reshape(n, pages_per_seq * page, hkv, D)[:, :ctx].transpose(1, 2).contiguous()
+        vg = v[table.long()].reshape(n, pages_per_seq * page, hkv, D)[:, :ctx].transpose(1, 2).contiguous()
+        qs = q.view(n, hq, 1, D)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            qs.float(), kg.float(), vg.float(), scale=scale, enable_gqa=True).view(n, hq, D)
+        try:
+            ms = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                qs, kg, vg, scale=scale, enable_gqa=True), warmup=10, rep=60, return_mode="median")
+            rec["sdpa_us"] = ms * 1e3
+        except Exception as e:  # noqa: BLE001
+            print(f"  sdpa: {type(e).__name__}: {str(e)[:200]}", flush=True)
+        if fa4 is not None:
+            # Its split heuristic (num_splits=0) and one split; the faster is its figure.
+            for ns in (0, 1):
+                kw = dict(seqused_k=lens, page_table=table, softmax_scale=scale, num_splits=ns)
+                q4 = q.view(n, 1, hq, D)
+                try:
+                    res = fa4(q4, k, v, **kw)
+                    fo = res[0] if isinstance(res, tuple) else res
+                    err = ((fo.float().view(n, hq, D) - want).norm() / want.norm()).item()
+                    ms = do_bench(lambda: fa4(q4, k, v, **kw), warmup=10, rep=60, return_mode="median")
+                    if "fa4_us" not in rec or ms * 1e3 < rec["fa4_us"]:
+                        rec["fa4_us"], rec["fa4_err"], rec["fa4_splits"] = ms * 1e3, err, ns
+                except Exception as e:  # noqa: BLE001
+                    print(f"  fa4 (num_splits={ns}): {type(e).__name__}: {str(e)[:300]}", flush=True)
+        del k, v, kg, vg
+        torch.cuda.empty_cache()
+        gbs = {x: moved / rec[f"{x}_us"] / 1e3 for x in ("ejc", "fa4", "sdpa") if f"{x}_us" in rec}
+        for x, g in gbs.items():
+            rec[f"{x}_gbs"] = g
+        r = lambda a, b: f"{gbs[a] / gbs[b]:.2f}" if a in gbs and b in gbs else "  - "  # noqa: E731
+        cp = rec["copy_gbs"]
+        print(
+            f"B={n:3d} h={hq}/{hkv} ctx={ctx:5d} page={page:3d}  copy {cp:6.0f}  ejc {gbs.get('ejc', 0):6.0f} "
+            f"({gbs.get('ejc', 0) / cp:4.2f} of copy)  fa4 {gbs.get('fa4', 0):6.0f}  sdpa {gbs.get('sdpa', 0):6.0f} GB/s  "
+            f"ejc/fa4 {r('ejc', 'fa4')}  ejc/sdpa {r('ejc', 'sdpa')}  fa4 err {rec.get('fa4_err')}  "
+            f"[{rec.get('ejc_artifact', '-')} {rec.get('ejc_config', '')}]",
+            flush=True,
+        )
+        out.append(rec)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=out), fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
