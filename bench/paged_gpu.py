@@ -1,7 +1,8 @@
 """Paged decode attention on the GPU: ejc's `page_attention` (both plans, every split count,
 the fastest kept: what the tuner picks) against the HBM limit and the anchors, in one run.
+With --ragged, `ragged_decode_attention` the same way on a contiguous buffer.
 
-    python3 bench/paged_gpu.py BUILD_DIR [--ejc-gpu .gpu/ejc-gpu] [--json FILE] [--rows N]
+    python3 bench/paged_gpu.py BUILD_DIR [--ragged] [--ejc-gpu .gpu/ejc-gpu] [--json FILE] [--rows N]
 
 BUILD_DIR holds `ejc build specs/page_attention.yaml --target ptx:sm_90a` artifacts (the
 `full` variant, bf16, d 128). Each row is a decode step: `num_seqs` sequences of `context`
@@ -20,6 +21,11 @@ once) over its time.
   kept; its output is checked against torch.
 * **sdpa**: torch SDPA (cuDNN, else its default) on the cache gathered into contiguous
   `[B, KVH, T, D]` beforehand (the gather not timed: a bound no paged kernel is held to).
+
+With --ragged (BUILD_DIR: `specs/ragged_decode.yaml`'s `full`, bf16, d 128), each row is B
+rows over the whole of a `[B, T, KVH, D]` buffer (every range `[0, T)`); FA4 gets the same
+buffer (`flash_attn_varlen_func` in batch mode, no page table) and SDPA its
+`[B, KVH, T, D]` transpose, made contiguous beforehand.
 """
 import argparse
 import json
@@ -44,15 +50,27 @@ ROWS = [
     (128, 32, 8, 1024, 64),
     (256, 32, 8, 1024, 16),
 ]
+RAGGED_ROWS = [
+    # batch, heads_q, heads_kv, T
+    (1, 32, 8, 16384),
+    (8, 32, 8, 4096),
+    (32, 32, 8, 2048),
+    (64, 32, 4, 1024),
+    (128, 32, 8, 1024),
+]
 D = 128
 
 
-def ejc_best(ejc_gpu, build, row, reps):
-    n, hq, hkv, ctx, page = row
+def ejc_best(ejc_gpu, build, row, reps, ragged=False):
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         path = tmp.name
-    size = (f"num_seqs={n},heads_q={hq},heads_kv={hkv},head_dim={D},page_size={page},"
-            f"max_context={ctx},min_context={ctx}")
+    if ragged:
+        n, hq, hkv, t = row
+        size = f"batch={n},seq={t},heads_q={hq},heads_kv={hkv},head_dim={D},min_len={t}"
+    else:
+        n, hq, hkv, ctx, page = row
+        size = (f"num_seqs={n},heads_q={hq},heads_kv={hkv},head_dim={D},page_size={page},"
+                f"max_context={ctx},min_context={ctx}")
     cmd = [ejc_gpu, "bench", build, "--variant", "full", "--dtype", "bf16", "--size", size, "--reps", str(reps),
            "--json", path]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -83,9 +101,75 @@ def load_fa4():
         return None
 
 
+def report(rec, label):
+    """Bandwidths and ratios of a row (rec gets `<x>_gbs`), printed on one line."""
+    moved = rec["bytes"]
+    gbs = {x: moved / rec[f"{x}_us"] / 1e3 for x in ("ejc", "fa4", "sdpa") if f"{x}_us" in rec}
+    for x, g in gbs.items():
+        rec[f"{x}_gbs"] = g
+    r = lambda a, b: f"{gbs[a] / gbs[b]:.2f}" if a in gbs and b in gbs else "  - "  # noqa: E731
+    cp = rec["copy_gbs"]
+    print(
+        f"{label}  copy {cp:6.0f}  ejc {gbs.get('ejc', 0):6.0f} "
+        f"({gbs.get('ejc', 0) / cp:4.2f} of copy)  fa4 {gbs.get('fa4', 0):6.0f}  sdpa {gbs.get('sdpa', 0):6.0f} GB/s  "
+        f"ejc/fa4 {r('ejc', 'fa4')}  ejc/sdpa {r('ejc', 'sdpa')}  fa4 err {rec.get('fa4_err')}  "
+        f"[{rec.get('ejc_artifact', '-')} {rec.get('ejc_config', '')}]",
+        flush=True,
+    )
+
+
+def time_copy(rec, kv_bytes):
+    src = torch.empty(kv_bytes // 2, device="cuda", dtype=torch.bfloat16).normal_()
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
+    rec["copy_gbs"] = 2 * kv_bytes / ms / 1e6
+
+
+def ragged_row(args, fa4, row):
+    n, hq, hkv, t = row
+    kv_bytes = 2 * n * t * hkv * D * 2
+    rec = dict(batch=n, heads_q=hq, heads_kv=hkv, seq=t, head_dim=D, bytes=kv_bytes + 2 * n * hq * D * 2)
+    best, per_plan = ejc_best(args.ejc_gpu, args.build, row, args.reps, ragged=True)
+    if best:
+        rec["ejc_us"] = best["ms"] * 1e3
+        rec["ejc_config"] = best["config"]
+        rec["ejc_artifact"] = best["artifact"]
+        for plan, c in per_plan.items():
+            rec[f"ejc_{plan}_us"] = c["ms"] * 1e3
+    time_copy(rec, kv_bytes)
+    torch.manual_seed(0)
+    k = torch.randn(n, t, hkv, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(n, 1, hq, D, device="cuda", dtype=torch.bfloat16)
+    scale = 1 / math.sqrt(D)
+    qs, kt, vt = q.transpose(1, 2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    want = torch.nn.functional.scaled_dot_product_attention(
+        qs.float(), kt.float(), vt.float(), scale=scale, enable_gqa=True).view(n, hq, D)
+    ms = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qs, kt, vt, scale=scale, enable_gqa=True),
+                  warmup=10, rep=60, return_mode="median")
+    rec["sdpa_us"] = ms * 1e3
+    if fa4 is not None:
+        for ns in (0, 1):
+            kw = dict(softmax_scale=scale, num_splits=ns)
+            try:
+                res = fa4(q, k, v, **kw)
+                fo = res[0] if isinstance(res, tuple) else res
+                err = ((fo.float().view(n, hq, D) - want).norm() / want.norm()).item()
+                ms = do_bench(lambda: fa4(q, k, v, **kw), warmup=10, rep=60, return_mode="median")
+                if "fa4_us" not in rec or ms * 1e3 < rec["fa4_us"]:
+                    rec["fa4_us"], rec["fa4_err"], rec["fa4_splits"] = ms * 1e3, err, ns
+            except Exception as e:  # noqa: BLE001
+                print(f"  fa4 (num_splits={ns}): {type(e).__name__}: {str(e)[:300]}", flush=True)
+    del k, v, kt, vt
+    torch.cuda.empty_cache()
+    report(rec, f"B={n:3d} h={hq}/{hkv} T={t:5d}")
+    return rec
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
+    ap.add_argument("--ragged", action="store_true", help="ragged_decode_attention on a contiguous buffer")
     ap.add_argument("--ejc-gpu", default=".gpu/ejc-gpu")
     ap.add_argument("--json", default=None)
     ap.add_argument("--rows", type=int, default=None, help="only the first N rows")
@@ -94,7 +178,10 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     fa4 = load_fa4()
     out = []
-    for row in ROWS[: args.rows]:
+    if args.ragged:
+        for row in RAGGED_ROWS[: args.rows]:
+            out.append(ragged_row(args, fa4, row))
+    for row in ([] if args.ragged else ROWS[: args.rows]):
         n, hq, hkv, ctx, page = row
         kv_bytes = 2 * n * ctx * hkv * D * 2
         moved = kv_bytes + 2 * n * hq * D * 2
@@ -107,11 +194,7 @@ def main():
             for plan, c in per_plan.items():
                 rec[f"ejc_{plan}_us"] = c["ms"] * 1e3
         # The copy: as many bytes as K and V, read once and written once.
-        src = torch.empty(kv_bytes // 2, device="cuda", dtype=torch.bfloat16).normal_()
-        dst = torch.empty_like(src)
-        ms = do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
-        rec["copy_gbs"] = 2 * kv_bytes / ms / 1e6
-        del src, dst
+        time_copy(rec, kv_bytes)
         # The anchors' inputs: pages scattered by a permutation, as ejc's bench has them.
         torch.manual_seed(0)
         pages_per_seq = math.ceil(ctx / page)
@@ -150,18 +233,7 @@ def main():
                     print(f"  fa4 (num_splits={ns}): {type(e).__name__}: {str(e)[:300]}", flush=True)
         del k, v, kg, vg
         torch.cuda.empty_cache()
-        gbs = {x: moved / rec[f"{x}_us"] / 1e3 for x in ("ejc", "fa4", "sdpa") if f"{x}_us" in rec}
-        for x, g in gbs.items():
-            rec[f"{x}_gbs"] = g
-        r = lambda a, b: f"{gbs[a] / gbs[b]:.2f}" if a in gbs and b in gbs else "  - "  # noqa: E731
-        cp = rec["copy_gbs"]
-        print(
-            f"B={n:3d} h={hq}/{hkv} ctx={ctx:5d} page={page:3d}  copy {cp:6.0f}  ejc {gbs.get('ejc', 0):6.0f} "
-            f"({gbs.get('ejc', 0) / cp:4.2f} of copy)  fa4 {gbs.get('fa4', 0):6.0f}  sdpa {gbs.get('sdpa', 0):6.0f} GB/s  "
-            f"ejc/fa4 {r('ejc', 'fa4')}  ejc/sdpa {r('ejc', 'sdpa')}  fa4 err {rec.get('fa4_err')}  "
-            f"[{rec.get('ejc_artifact', '-')} {rec.get('ejc_config', '')}]",
-            flush=True,
-        )
+        report(rec, f"B={n:3d} h={hq}/{hkv} ctx={ctx:5d} page={page:3d}")
         out.append(rec)
     if args.json:
         with open(args.json, "w") as fh:

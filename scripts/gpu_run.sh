@@ -35,7 +35,7 @@
 #                                        # cuDNN, FlashAttention-2 and FlashAttention-4 (bench/compare_gpu_bwd.py)
 #   bash scripts/gpu_run.sh --dbias-bench  # after --bwd, same call: the backward with dbias (bias_grad) vs torch SDPA's
 #                                        # bias-gradient back ends, then the forward's bias variant (bench/compare_gpu_dbias.py)
-#   bash scripts/gpu_run.sh --paged      # page_attention (`gpu_prepare.sh --paged`; carry .anchors/fa4/part-aa too): every
+#   bash scripts/gpu_run.sh --paged      # page_attention, ragged_decode_attention (`gpu_prepare.sh --paged`; carry .anchors/fa4/part-aa too): every
 #                                        # artifact of both plans checked (PTX and MLIR), memcheck and racecheck samples, the
 #                                        # tuner's choice stored and reused; then --paged-bench in a second call (carry
 #                                        # .anchors/fa4/part-ab and whl): bench/paged_gpu.py, bandwidth vs copy, FA4, SDPA
@@ -322,6 +322,10 @@ if [ "${1:-}" = "--paged" ]; then
     ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
     check_set paged || status=1
     check_set paged_mlir || status=1
+    check_set ragged || status=1
+    check_set ragged_mlir || status=1
+    memcheck ragged "gpt_oss_bf16_d128_h16_n64_split@ptx:sm_90a/w1_s2" || status=1
+    memcheck ragged "softcap_f16_d64_h16_n32@ptx:sm_80/w1_s3" || status=1
     memcheck paged "full_bf16_d128_h16_n64_split@ptx:sm_90a/w1_s2" || status=1
     memcheck paged "softcap_f16_d64_h16_n16@ptx:sm_80/w1_s3" || status=1
     racecheck paged "full_bf16_d128_h16_n64@ptx:sm_90a/w1_s2" || status=1
@@ -336,8 +340,12 @@ if [ "${1:-}" = "--paged" ]; then
 fi
 if [ "${1:-}" = "--paged-bench" ]; then
     source .anchors/fa4/whl/install.sh || echo "FA4 not installed: the bench runs without it"
-    timeout 560 python3 bench/paged_gpu.py /tmp/ejc-art/paged_bench --json "$OUT/paged.json" 2>&1 | tee "$OUT/paged.log"
-    exit "${PIPESTATUS[0]}"
+    timeout 330 python3 bench/paged_gpu.py /tmp/ejc-art/paged_bench --json "$OUT/paged.json" 2>&1 | tee "$OUT/paged.log"
+    status=${PIPESTATUS[0]}
+    timeout 230 python3 bench/paged_gpu.py /tmp/ejc-art/ragged_bench --ragged --json "$OUT/ragged.json" 2>&1 \
+        | tee "$OUT/ragged.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    exit $status
 fi
 if [ "${1:-}" = "--ops-cli" ]; then
     mkdir -p /tmp/ejc-bin && xz -dc .gpu/ejc.xz > /tmp/ejc-bin/ejc && chmod +x /tmp/ejc-bin/ejc

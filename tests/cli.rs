@@ -850,6 +850,47 @@ fn page_attention_through_the_command_line() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Ragged decode attention through the command line: both plans of every variant (window,
+/// soft cap, sinks) against the reference on every host back end, ranges off every block
+/// (an empty and a one-key row), GQA 20:4 in two head blocks, f32 and bf16; then the PTX of
+/// the gpt-oss variant (window and sinks) for sm_80 and sm_90a through ptxas: no spills.
+#[test]
+fn ragged_decode_through_the_command_line() {
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/ragged_decode.yaml");
+    let sizes = "batch=6,seq=301,heads_q=20,heads_kv=4";
+    for backend in ["interp", "cpu", "mlir"] {
+        for dtype in ["f32", "bf16"] {
+            for plan in [&["--config", "block_n=32"][..], &["--plan", "split_k", "--config", "num_splits=16"]] {
+                let mut args = vec!["run", spec, "--backend", backend, "--dtype", dtype, "--size", sizes];
+                args.extend(plan);
+                let o = ejc(&args);
+                let out = text(&o.stdout);
+                assert_eq!(code(&o), 0, "{backend} {dtype} {plan:?}: {out}{}", text(&o.stderr));
+                assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 4, "{backend}: {out}");
+            }
+        }
+    }
+    let out = temp_dir("ragged-build");
+    let mut args = vec!["build", spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
+    args.extend(["--dtype", "bf16", "--head-dim", "128", "--variant", "gpt_oss", "-q"]);
+    let have_ptxas = ejc_codegen::ptx::find_ptxas().is_some();
+    if have_ptxas {
+        args.extend(["--report", "--drop-spilling"]);
+    } else {
+        eprintln!("skipped the ptxas report: no ptxas (run scripts/setup.sh); PTX is still generated");
+    }
+    let o = ejc(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    if have_ptxas {
+        assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
+    }
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    assert_eq!((m.spec.op.as_str(), m.plans.len()), ("ragged_decode_attention", 2));
+    // Per arch: 2 tilings x 2 stage counts for main and partial, one combine.
+    assert_eq!(m.artifacts.len(), 2 * (2 * 2 * 2 + 1));
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// `ejc build` with its compiled-code cache in `cache`; stdout's last line.
 fn build_cached(spec: &std::path::Path, out: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_ejc"))

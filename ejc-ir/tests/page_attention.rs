@@ -1,4 +1,5 @@
-//! Paged decode attention: both plans (one kernel; split-K's partial then combine) on the
+//! Paged decode attention, and ragged decode attention (the same kernels over contiguous
+//! ranges): both plans (one kernel; split-K's partial then combine) on the
 //! interpreter, after the pass pipeline, against the f64 reference — every variant of
 //! `specs/page_attention.yaml`, f32 and bf16, the operation's awkward cases (contexts
 //! off the page size, an empty and a one-key sequence, MQA with two head blocks, shared
@@ -23,26 +24,40 @@ use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
 use rayon::prelude::*;
 
+fn load(file: &str) -> Spec {
+    let path = format!("{}/../specs/{file}", env!("CARGO_MANIFEST_DIR"));
+    spec::load_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 fn spec() -> Spec {
-    spec::load_file(concat!(env!("CARGO_MANIFEST_DIR"), "/../specs/page_attention.yaml")).expect("the spec loads")
+    load("page_attention.yaml")
 }
 
 fn op() -> &'static dyn Operation {
     ejc_ir::ops::get("page_attention").unwrap()
 }
 
-/// Every case: (variant, dtype, tiling (block_h, block_n), plan, split count, dims).
 #[test]
 fn both_plans_match_the_reference_on_awkward_calls() {
+    plans_match_the_reference(&spec(), op());
+}
+
+/// Ragged decode attention runs the same kernels over contiguous ranges: every variant
+/// (window, soft cap, sinks) on the same grid of tilings and split counts.
+#[test]
+fn ragged_decode_plans_match_the_reference_on_awkward_calls() {
+    plans_match_the_reference(&load("ragged_decode.yaml"), ejc_ir::ops::get("ragged_decode_attention").unwrap());
+}
+
+/// Every case: (variant, dtype, tiling (block_h, block_n), plan, split count, dims).
+fn plans_match_the_reference(spec: &Spec, op: &dyn Operation) {
     let seed = seed();
-    let spec = spec();
-    let op = op();
     let keys = BTreeMap::from([("head_dim".to_string(), 64u32)]);
     let mut cases = Vec::new();
     for variant in &spec.variants {
         for dtype in [DType::F32, DType::BF16] {
             for (bh, bn) in [(16, 16), (16, 64), (32, 32)] {
-                for plan in op.plans(&spec, &variant.features) {
+                for plan in op.plans(spec, &variant.features) {
                     let splits: &[usize] = if plan.name == "single" { &[0] } else { &[1, 3, 45, 64] };
                     for &n in splits {
                         for (i, dims) in op.check_dims(&keys).into_iter().enumerate() {
@@ -70,7 +85,7 @@ fn both_plans_match_the_reference_on_awkward_calls() {
                     tile: t,
                 };
                 k.id = op.kernel_id(&spec.name, &k);
-                let built = op.build(&spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
+                let built = op.build(spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
                 kernels.insert(role.name.to_string(), run_pipeline(&built, &default_pipeline()).unwrap());
             }
             let case_seed = seed ^ (*i as u64 * 7919) ^ (*n as u64) << 20;
@@ -177,4 +192,62 @@ fn bad_calls_are_refused_with_the_argument_named() {
     let mut bad = good;
     bad.scalars.remove("softmax_scale");
     assert!(op.validate(f, DType::F32, &keys, &bad).unwrap_err().contains("softmax_scale"));
+}
+
+/// Ragged decode's reference against softmax written out: one row whose range is
+/// `[2, 9)` of 10 keys, a window of 3 left of the query (token 8: keys 5..=8), a soft cap
+/// and two sinks in the denominator; and its refusals.
+#[test]
+fn the_ragged_reference_windows_caps_and_sinks() {
+    use ejc_ir::ops::ragged_decode::reference::{reference as ragged, RaggedInputs};
+    let (t, d) = (10, 4);
+    let f = |n: usize, k: f64| (0..n).map(|i| (i as f64 * k).sin()).collect::<Vec<f64>>();
+    let x = RaggedInputs {
+        query: HostTensor::from_vec(DType::F32, &[1, 2, d], f(2 * d, 0.31)),
+        key: HostTensor::from_vec(DType::F32, &[1, t, 1, d], f(t * d, 0.47)),
+        value: HostTensor::from_vec(DType::F32, &[1, t, 1, d], f(t * d, 0.29)),
+        sequence_start: HostTensor::from_vec(DType::I32, &[1], vec![2.0]),
+        sequence_end: HostTensor::from_vec(DType::I32, &[1], vec![9.0]),
+        sinks: Some(HostTensor::from_vec(DType::F32, &[2, 2], vec![0.5, -1.0, 1.5, 0.25])),
+    };
+    let (scale, cap) = (0.8, 2.0);
+    let out = ragged(&x, scale, Some(cap), Some(3), true).unwrap();
+    for h in 0..2 {
+        let keys = 5..9;
+        let s: Vec<f64> = keys
+            .clone()
+            .map(|j| {
+                let dot: f64 = (0..d).map(|c| x.query.get(&[0, h, c]) * x.key.get(&[0, j, 0, c])).sum();
+                cap * (dot * scale / cap).tanh()
+            })
+            .collect();
+        let sinks = [x.sinks.as_ref().unwrap().get(&[h, 0]), x.sinks.as_ref().unwrap().get(&[h, 1])];
+        let total: f64 = s.iter().map(|v| v.exp()).sum::<f64>() + sinks.iter().map(|v| v.exp()).sum::<f64>();
+        for c in 0..d {
+            let want: f64 =
+                keys.clone().zip(&s).map(|(j, s)| s.exp() * x.value.get(&[0, j, 0, c])).sum::<f64>() / total;
+            let got = out.get(&[0, h, c]);
+            assert!((got - want).abs() < 1e-6 * want.abs().max(1.0), "head {h} col {c}: {got} vs {want}");
+        }
+    }
+    let mut bad = x.clone();
+    bad.sequence_end = HostTensor::from_vec(DType::I32, &[1], vec![11.0]);
+    assert!(ragged(&bad, scale, None, None, false).unwrap_err().contains("range [2, 11) is not inside [0, 10]"));
+    let op = ejc_ir::ops::get("ragged_decode_attention").unwrap();
+    let spec = load("ragged_decode.yaml");
+    let feats = &spec.variants.iter().find(|v| v.name == "gpt_oss").unwrap().features;
+    let keys = BTreeMap::from([("head_dim".to_string(), 64u32)]);
+    let dims = op.check_dims(&keys)[0].clone();
+    let good = op.random_call(feats, DType::F32, &dims, 3).unwrap();
+    assert!(op.validate(feats, DType::F32, &keys, &good).is_ok());
+    let mut bad = good.clone();
+    bad.tensors.get_mut("sequence_start").unwrap().set(&[1], 400.0);
+    let e = op.validate(feats, DType::F32, &keys, &bad).unwrap_err();
+    assert!(e.contains("row 1: sequence_start 400"), "{e}");
+    let mut bad = good.clone();
+    bad.tensors.remove("sinks");
+    assert!(op.validate(feats, DType::F32, &keys, &bad).unwrap_err().contains("argument `sinks`"));
+    let mut bad = good;
+    bad.scalars.insert("window_left".into(), -1.0);
+    assert!(op.validate(feats, DType::F32, &keys, &bad).unwrap_err().contains("window_left"));
 }

@@ -3,13 +3,14 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention"]);
+//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention"]);
 //! ```
 
 use crate::op::Operation;
 
 pub mod mean_pooling;
 pub mod page_attention;
+pub mod ragged_decode;
 
 /// Every operation, in the order `ejc` lists them.
 pub fn all() -> &'static [&'static dyn Operation] {
@@ -18,6 +19,7 @@ pub fn all() -> &'static [&'static dyn Operation] {
         &crate::flash::op_bwd::FlashAttentionBwd,
         &mean_pooling::op::MeanPooling,
         &page_attention::op::PageAttention,
+        &ragged_decode::op::RaggedDecode,
     ]
 }
 

@@ -2,10 +2,10 @@
 //! split-K's `partial` and `combine`.
 //!
 //! ```
-//! use ejc_ir::ops::page_attention::kernels::{build, PagedKernel, Role};
+//! use ejc_ir::ops::page_attention::kernels::{build, DecodeKernel, Role};
 //! use ejc_ir::types::DType;
 //!
-//! let k = PagedKernel { role: Role::Partial, soft_cap: true, dtype: DType::BF16, head_dim: 64, block_h: 16, block_n: 32 };
+//! let k = DecodeKernel::paged(Role::Partial, true, DType::BF16, 64, 16, 32);
 //! let kernel = build("paged_partial", &k).unwrap();
 //! let names: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
 //! assert_eq!(
@@ -74,12 +74,29 @@ pub enum Role {
     Combine,
 }
 
-/// One paged-attention kernel: its role, variant, dtype and tiling.
+/// Where a decode kernel's keys and values live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PagedKernel {
+pub enum Source {
+    /// `page_attention`: a paged cache read through block tables.
+    Paged,
+    /// `ragged_decode_attention`: contiguous `key` / `value [B, T, KVH, D]`, row `b`'s
+    /// keys `[sequence_start[b], sequence_end[b])`.
+    Ragged,
+}
+
+/// One decode-attention kernel: where its keys live, its role, variant, dtype and
+/// tiling. `page_attention` and `ragged_decode_attention` share these programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeKernel {
+    pub source: Source,
     pub role: Role,
     /// A run-time soft cap `logits_soft_cap` (`c · tanh(x / c)`).
     pub soft_cap: bool,
+    /// A run-time `window_left`: only keys `j >= end - 1 - window_left` (ragged only).
+    pub window: bool,
+    /// Attention sinks `sinks [H, num_sinks]`: logits that join every row's softmax
+    /// denominator (ragged only). The partial kernel leaves them to the combine.
+    pub sinks: bool,
     /// query / caches / out: bf16, f16 or f32.
     pub dtype: DType,
     /// D, the head dim (compile time).
@@ -89,6 +106,23 @@ pub struct PagedKernel {
     pub block_h: usize,
     /// Keys per block (the products' inner tile).
     pub block_n: usize,
+}
+
+impl DecodeKernel {
+    /// A `page_attention` kernel.
+    pub fn paged(role: Role, soft_cap: bool, dtype: DType, head_dim: usize, block_h: usize, block_n: usize) -> Self {
+        DecodeKernel {
+            source: Source::Paged,
+            role,
+            soft_cap,
+            window: false,
+            sinks: false,
+            dtype,
+            head_dim,
+            block_h,
+            block_n,
+        }
+    }
 }
 
 /// One line per parameter name: what it is, with its logical shape (for the
@@ -106,11 +140,17 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ("softmax_scale", "scalar: multiplies q·k (1 / sqrt(D) by default)"),
         ("logits_soft_cap", "scalar: c in c * tanh(x / c) (> 0)"),
         ("num_splits", "scalar: key splits of the split-K plan (the tuner's choice)"),
+        ("key", "input: the keys [B, T, KVH, D]; row b's are [sequence_start[b], sequence_end[b])"),
+        ("value", "input: the values [B, T, KVH, D]"),
+        ("sequence_start", "input: each row's first key [B], i32, 0 <= start <= end"),
+        ("sequence_end", "input: each row's end (exclusive) [B], i32, <= T; the query is token end - 1"),
+        ("sinks", "input: attention-sink logits per query head [H, num_sinks], f32"),
+        ("window_left", "scalar: keys at most this far left of the query (token end - 1) are seen (>= 0)"),
     ]
 }
 
 /// The tile IR of one kernel (verified), named `name`.
-pub fn build(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
+pub fn build(name: &str, k: &DecodeKernel) -> Result<Kernel, VerifyError> {
     match k.role {
         Role::Combine => build_combine(name, k),
         _ => build_attention(name, k),
@@ -128,16 +168,32 @@ fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
     b.div(t, d)
 }
 
-fn build_attention(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
+/// The values that place a program's key blocks.
+#[derive(Clone, Copy)]
+enum Keys {
+    Paged { page: Value, len: Value, per_page: Value, table: Value, blocks: Value },
+    Ragged { lo: Value, end: Value, blocks: Value },
+}
+
+fn build_attention(name: &str, k: &DecodeKernel) -> Result<Kernel, VerifyError> {
     let (bh, bn, d) = (k.block_h, k.block_n, k.head_dim);
     let partial = k.role == Role::Partial;
     let mut b = KernelBuilder::new(name);
     let tensor = |b: &mut KernelBuilder, n: &str, dt: DType, rank: usize| b.param(n, Type::Tensor(dt, rank));
     let query = tensor(&mut b, "query", k.dtype, 3);
-    let key_cache = tensor(&mut b, "key_cache", k.dtype, 4);
-    let value_cache = tensor(&mut b, "value_cache", k.dtype, 4);
-    let context_lens = tensor(&mut b, "context_lens", DType::I32, 1);
-    let block_tables = tensor(&mut b, "block_tables", DType::I32, 2);
+    let ragged = k.source == Source::Ragged;
+    let (key, value) = match k.source {
+        Source::Paged => (tensor(&mut b, "key_cache", k.dtype, 4), tensor(&mut b, "value_cache", k.dtype, 4)),
+        Source::Ragged => (tensor(&mut b, "key", k.dtype, 4), tensor(&mut b, "value", k.dtype, 4)),
+    };
+    let (lens, ends) = match k.source {
+        Source::Paged => (tensor(&mut b, "context_lens", DType::I32, 1), tensor(&mut b, "block_tables", DType::I32, 2)),
+        Source::Ragged => {
+            (tensor(&mut b, "sequence_start", DType::I32, 1), tensor(&mut b, "sequence_end", DType::I32, 1))
+        }
+    };
+    // Sinks join the one-kernel plan's state; split-K's combine adds them once.
+    let sinks = (k.sinks && !partial).then(|| tensor(&mut b, "sinks", DType::F32, 2));
     let outs = if partial {
         let o = tensor(&mut b, "o_partial", DType::F32, 4);
         let l = tensor(&mut b, "lse_partial", DType::F32, 3);
@@ -147,6 +203,7 @@ fn build_attention(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
     };
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let cap = k.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
+    let window = (k.window && ragged).then(|| b.param("window_left", Type::Scalar(DType::I32)));
     let num_splits = partial.then(|| b.param("num_splits", Type::Scalar(DType::I32)));
     let z = if partial { GridExpr::sym("num_splits") } else { GridExpr::Const(1) };
     b.set_grid([grid_heads(bh), GridExpr::sym("num_seqs"), z]);
@@ -157,8 +214,7 @@ fn build_attention(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
     let pid = b.program_id(0);
     let seq = b.program_id(1);
     let heads_q = b.dim(query, 1);
-    let heads_kv = b.dim(key_cache, 1);
-    let page = b.dim(key_cache, 2);
+    let heads_kv = b.dim(key, if ragged { 2 } else { 1 });
     let group = b.div(heads_q, heads_kv);
     let block_h_c = b.const_i32(bh as i64);
     let head_blocks = cdiv(&mut b, group, block_h_c, c1);
@@ -172,18 +228,45 @@ fn build_attention(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
     let cols = Axis::Range { start: c0, size: d, limit: None };
     let q = b.load(query, vec![Axis::Index(seq), heads, cols], 0.0);
 
-    // ---- the sequence's key blocks: bpp per page, the last page's cut at L ----
-    let len = b.load(context_lens, vec![Axis::Index(seq)], 0.0);
     let block_n_c = b.const_i32(bn as i64);
-    let per_page = cdiv(&mut b, page, block_n_c, c1);
-    let pages = cdiv(&mut b, len, page, c1);
-    let full_pages = b.sub(pages, c1);
-    let before_last = b.mul(full_pages, page);
-    let last_len = b.sub(len, before_last);
-    let last_blocks = cdiv(&mut b, last_len, block_n_c, c1);
-    let full_blocks = b.mul(full_pages, per_page);
-    // L = 0: pages = 0, last_len = P, so blocks = −bpp + bpp = 0.
-    let blocks = b.add(full_blocks, last_blocks);
+    let layout = match k.source {
+        // ---- the sequence's key blocks: bpp per page, the last page's cut at L ----
+        Source::Paged => {
+            let page = b.dim(key, 2);
+            let len = b.load(lens, vec![Axis::Index(seq)], 0.0);
+            let per_page = cdiv(&mut b, page, block_n_c, c1);
+            let pages = cdiv(&mut b, len, page, c1);
+            let full_pages = b.sub(pages, c1);
+            let before_last = b.mul(full_pages, page);
+            let last_len = b.sub(len, before_last);
+            let last_blocks = cdiv(&mut b, last_len, block_n_c, c1);
+            let full_blocks = b.mul(full_pages, per_page);
+            // L = 0: pages = 0, last_len = P, so blocks = −bpp + bpp = 0.
+            let blocks = b.add(full_blocks, last_blocks);
+            Keys::Paged { page, len, per_page, table: ends, blocks }
+        }
+        // ---- the row's keys [lo, end): lo the start, or the window's left edge ----
+        Source::Ragged => {
+            let start = b.load(lens, vec![Axis::Index(seq)], 0.0);
+            let end = b.load(ends, vec![Axis::Index(seq)], 0.0);
+            let lo = match window {
+                // end − 1 − left never overflows: end >= 0, left <= 2^31 − 1.
+                Some(left) => {
+                    let q_pos = b.sub(end, c1);
+                    let edge = b.sub(q_pos, left);
+                    b.max(start, edge)
+                }
+                None => start,
+            };
+            let n = b.sub(end, lo);
+            let n = b.max(n, c0);
+            let blocks = cdiv(&mut b, n, block_n_c, c1);
+            Keys::Ragged { lo, end, blocks }
+        }
+    };
+    let blocks = match layout {
+        Keys::Paged { blocks, .. } | Keys::Ragged { blocks, .. } => blocks,
+    };
     let (t_lo, t_hi) = match num_splits {
         Some(n) => {
             let split = b.program_id(2);
@@ -196,11 +279,23 @@ fn build_attention(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
     };
 
     // ---- online softmax over the blocks ----
-    let m_i = b.full(f64::NEG_INFINITY, DType::F32, &[bh]);
-    let l_i = b.full(0.0, DType::F32, &[bh]);
+    let mut m_i = b.full(f64::NEG_INFINITY, DType::F32, &[bh]);
+    let mut l_i = b.full(0.0, DType::F32, &[bh]);
     let acc = b.full(0.0, DType::F32, &[bh, d]);
     let zero_s = b.full(0.0, DType::F32, &[bh, bn]);
     let log2e = b.const_f32(LOG2_E);
+    if let Some(sinks) = sinks {
+        // Each sink logit is a one-column block of scores (exp2 domain), before any key.
+        let n_sinks = b.dim(sinks, 1);
+        let r = b.for_loop(c0, n_sinks, c1, &[m_i, l_i], |b, t, carried| {
+            let sink = b.load(sinks, vec![heads, Axis::Index(t)], 0.0);
+            let sink = b.mul(sink, log2e);
+            let col = b.expand_dims(sink, 1);
+            let (_p, _alpha, m_new, l_new) = b.softmax_update(col, carried[0], carried[1]);
+            vec![m_new, l_new]
+        });
+        (m_i, l_i) = (r[0], r[1]);
+    }
     // Without a soft cap, log2(e) folds into the scale; with one, 1/c does, and c·log2(e)
     // multiplies after the tanh.
     let (qk_scale, cap_out) = match cap {
@@ -212,29 +307,40 @@ fn build_attention(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
     };
     let finals = b.for_loop(t_lo, t_hi, c1, &[acc, m_i, l_i], |b, t, carried| {
         let (acc, m_i, l_i) = (carried[0], carried[1], carried[2]);
-        let p_idx = b.div(t, per_page);
-        let first = b.mul(p_idx, per_page);
-        let in_page = b.sub(t, first);
-        let off = b.mul(in_page, block_n_c);
-        let phys = b.load(block_tables, vec![Axis::Index(seq), Axis::Index(p_idx)], 0.0);
-        // Rows of this page that hold keys: the page, cut at L on the last one.
-        let page_start = b.mul(p_idx, page);
-        let left = b.sub(len, page_start);
-        let limit = b.min(page, left);
-        let rows = Axis::Range { start: off, size: bn, limit: Some(limit) };
-        let kv_at = vec![Axis::Index(phys), Axis::Index(kv_head), rows, cols];
-        let kt = b.load(key_cache, kv_at.clone(), 0.0);
+        // The block's first key (`j0`, for the mask), its rows and where they are.
+        let (j0, limit, kv_at) = match layout {
+            Keys::Paged { page, len, per_page, table, .. } => {
+                let p_idx = b.div(t, per_page);
+                let first = b.mul(p_idx, per_page);
+                let in_page = b.sub(t, first);
+                let off = b.mul(in_page, block_n_c);
+                let phys = b.load(table, vec![Axis::Index(seq), Axis::Index(p_idx)], 0.0);
+                // Rows of this page that hold keys: the page, cut at L on the last one.
+                let page_start = b.mul(p_idx, page);
+                let left = b.sub(len, page_start);
+                let limit = b.min(page, left);
+                let rows = Axis::Range { start: off, size: bn, limit: Some(limit) };
+                (off, limit, vec![Axis::Index(phys), Axis::Index(kv_head), rows, cols])
+            }
+            Keys::Ragged { lo, end, .. } => {
+                let step = b.mul(t, block_n_c);
+                let j0 = b.add(lo, step);
+                let rows = Axis::Range { start: j0, size: bn, limit: Some(end) };
+                (j0, end, vec![Axis::Index(seq), rows, Axis::Index(kv_head), cols])
+            }
+        };
+        let kt = b.load(key, kv_at.clone(), 0.0);
         let s = b.dot(q, kt, zero_s, false, true);
         let mut s = b.mul(s, qk_scale);
         if let Some(out) = cap_out {
             let th = b.unary(UnOp::Tanh, s);
             s = b.mul(th, out);
         }
-        let s = b.mask_apply(s, c0, off, &[(MaskTerm::ColLt, limit)]);
+        let s = b.mask_apply(s, c0, j0, &[(MaskTerm::ColLt, limit)]);
         let (p, alpha, m_new, l_new) = b.softmax_update(s, m_i, l_i);
         let acc = b.softmax_rescale(acc, alpha);
         let p = b.cast(p, k.dtype);
-        let vt = b.load(value_cache, kv_at, 0.0);
+        let vt = b.load(value, kv_at, 0.0);
         let acc = b.dot(p, vt, acc, false, false);
         vec![acc, m_new, l_new]
     });
@@ -260,15 +366,17 @@ fn build_attention(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
 /// online softmax (`m`, `l` scalars, the `[D]` accumulator rescaled by `e^{m_old − m_new}`).
 /// A chunk's loads are issued at once, where a loop over single splits would wait for each
 /// in turn (docs/perf.md). A row no split saw (`m = −∞` throughout) gets 0.
-fn build_combine(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
+fn build_combine(name: &str, k: &DecodeKernel) -> Result<Kernel, VerifyError> {
     let (rows, d) = (k.block_h, k.head_dim);
     let mut b = KernelBuilder::new(name);
     let o_partial = b.param("o_partial", Type::Tensor(DType::F32, 4));
     let lse_partial = b.param("lse_partial", Type::Tensor(DType::F32, 3));
     let out = b.param("out", Type::Tensor(k.dtype, 3));
+    let sinks = k.sinks.then(|| b.param("sinks", Type::Tensor(DType::F32, 2)));
     let num_splits = b.param("num_splits", Type::Scalar(DType::I32));
     b.set_grid([GridExpr::sym("heads_q"), GridExpr::sym("num_seqs"), GridExpr::Const(1)]);
     let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
     let head = b.program_id(0);
     let seq = b.program_id(1);
     let cols = Axis::Range { start: c0, size: d, limit: None };
@@ -276,8 +384,28 @@ fn build_combine(name: &str, k: &PagedKernel) -> Result<Kernel, VerifyError> {
     let ninf = b.const_f32(f64::NEG_INFINITY);
     let zero = b.const_f32(0.0);
     let acc = b.full(0.0, DType::F32, &[d]);
+    // Sinks enter the state first, once: each raises `m` and adds its weight to `l`.
+    let (m0, l0) = match sinks {
+        Some(sinks) => {
+            let n_sinks = b.dim(sinks, 1);
+            let r = b.for_loop(c0, n_sinks, c1, &[ninf, zero], |b, t, carried| {
+                let (m, l) = (carried[0], carried[1]);
+                let x = b.load(sinks, vec![Axis::Index(head), Axis::Index(t)], 0.0);
+                let x = b.mul(x, log2e);
+                let m_new = b.max(m, x);
+                let old = b.sub(m, m_new);
+                let alpha = b.unary(UnOp::Exp2, old);
+                let kept = b.mul(l, alpha);
+                let own = b.sub(x, m_new);
+                let w = b.unary(UnOp::Exp2, own);
+                vec![m_new, b.add(kept, w)]
+            });
+            (r[0], r[1])
+        }
+        None => (ninf, zero),
+    };
     let step = b.const_i32(rows as i64);
-    let finals = b.for_loop(c0, num_splits, step, &[acc, ninf, zero], |b, z0, carried| {
+    let finals = b.for_loop(c0, num_splits, step, &[acc, m0, l0], |b, z0, carried| {
         let (acc, m, l) = (carried[0], carried[1], carried[2]);
         let splits = Axis::Range { start: z0, size: rows, limit: Some(num_splits) };
         let lse = b.load(lse_partial, vec![splits, Axis::Index(seq), Axis::Index(head)], f64::NEG_INFINITY);

@@ -5,10 +5,10 @@
 //! and their f64 reference with random calls ([`reference`]).
 //!
 //! ```
-//! use ejc_ir::ops::page_attention::kernels::{build, PagedKernel, Role};
+//! use ejc_ir::ops::page_attention::kernels::{build, DecodeKernel, Role};
 //! use ejc_ir::types::DType;
 //!
-//! let k = PagedKernel { role: Role::Main, soft_cap: false, dtype: DType::F16, head_dim: 128, block_h: 16, block_n: 64 };
+//! let k = DecodeKernel::paged(Role::Main, false, DType::F16, 128, 16, 64);
 //! let kernel = build("paged_main", &k).unwrap();
 //! assert_eq!(kernel.params.last().unwrap().name, "softmax_scale");
 //! ```

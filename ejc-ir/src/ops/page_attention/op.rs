@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::kernels::{build, combine_tile, param_docs, PagedKernel, Role};
+use super::kernels::{build, combine_tile, param_docs, DecodeKernel, Role};
 use super::reference::{random_inputs, reference, PagedShape};
 use crate::ir::Kernel;
 use crate::manifest::{Launch, Temporary};
@@ -63,7 +63,7 @@ fn features(f: &op::Features) -> Result<PagedFeatures, String> {
     PagedFeatures::from_json(f)
 }
 
-const AXES: &[AxisDecl] = &[
+pub(crate) const AXES: &[AxisDecl] = &[
     AxisDecl {
         name: "block_h",
         kind: AxisKind::Tile,
@@ -165,12 +165,33 @@ fn shape_of(dims: &Sizes) -> Result<PagedShape, String> {
     Ok(s)
 }
 
-fn scale_of(call: &dyn CallView) -> Result<f64, String> {
+pub(crate) fn scale_of(call: &dyn CallView) -> Result<f64, String> {
     let s = call.scalar("softmax_scale").ok_or("scalar argument `softmax_scale` is missing")?;
     if !s.is_finite() {
         return Err(format!("scalar argument `softmax_scale` = {s} must be finite"));
     }
     Ok(s)
+}
+
+/// The `head_dims` field (the compile-time key `head_dim`): shared by the decode operations.
+pub(crate) fn decode_head_dims(d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>) {
+    let allowed = "a multiple of 16 from 16 to 256";
+    let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
+    if let Some(v) = d.required(f, "head_dims", list_allowed) {
+        let dims = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
+            let v = d.int(node, path, allowed, |v| {
+                if v % 16 != 0 {
+                    Some("head dimension is not a multiple of 16")
+                } else if !(16..=256).contains(&v) {
+                    Some("head dimension is out of range")
+                } else {
+                    None
+                }
+            })?;
+            u32::try_from(v).ok()
+        });
+        keys.push(("head_dim".into(), dims));
+    }
 }
 
 impl Operation for PageAttention {
@@ -195,23 +216,7 @@ impl Operation for PageAttention {
     }
 
     fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, _sets: &mut Vec<Keys>) {
-        let allowed = "a multiple of 16 from 16 to 256";
-        let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
-        if let Some(v) = d.required(f, "head_dims", list_allowed) {
-            let dims = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
-                let v = d.int(node, path, allowed, |v| {
-                    if v % 16 != 0 {
-                        Some("head dimension is not a multiple of 16")
-                    } else if !(16..=256).contains(&v) {
-                        Some("head dimension is out of range")
-                    } else {
-                        None
-                    }
-                })?;
-                u32::try_from(v).ok()
-            });
-            keys.push(("head_dim".into(), dims));
-        }
+        decode_head_dims(d, f, keys)
     }
 
     fn variant_fields(&self) -> &'static [&'static str] {
@@ -312,7 +317,7 @@ impl Operation for PageAttention {
             Role::Combine => (tile("block_s")?, 0),
             _ => (tile("block_h")?, tile("block_n")?),
         };
-        let pk = PagedKernel { role, soft_cap: f.soft_cap, dtype: k.dtype, head_dim, block_h, block_n };
+        let pk = DecodeKernel::paged(role, f.soft_cap, k.dtype, head_dim, block_h, block_n);
         let mut kernel = build(&k.id, &pk).map_err(|e| e.to_string())?;
         // Printed metadata (snapshots, dumps); nothing reads it back.
         kernel.attrs = vec![
