@@ -374,6 +374,85 @@ fn any_operation_runs_through_the_generic_call() {
     let _ = std::fs::remove_dir_all(&cache);
 }
 
+/// The decode operations through the runtime's generic call on the CPU: paged attention
+/// (a page size of 24 that no key block divides, an empty and a one-key sequence) and
+/// ragged decode attention (gpt-oss's window and sinks). The tuner times both plans (one
+/// kernel; split-K at every split count), whatever it keeps matches the reference, a
+/// second runtime finds the choice in the persistent cache, and a block table pointing
+/// outside the cache is refused before any kernel runs.
+#[test]
+fn decode_operations_run_through_the_generic_call() {
+    use ejc_ir::op::{compare_outputs, Sizes};
+    use ejc_ir::types::DType;
+    use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+    use ejc_runtime::call::Call;
+    use ejc_runtime::chain::Source;
+    // (operation, spec file, variant, sizes)
+    type Case = (&'static str, &'static str, &'static str, &'static [(&'static str, i64)]);
+    let cases: [Case; 2] = [
+        (
+            "page_attention",
+            "page_attention.yaml",
+            "full",
+            &[
+                ("num_seqs", 5),
+                ("heads_q", 8),
+                ("heads_kv", 2),
+                ("head_dim", 64),
+                ("page_size", 24),
+                ("max_context", 150),
+            ],
+        ),
+        (
+            "ragged_decode_attention",
+            "ragged_decode.yaml",
+            "gpt_oss",
+            &[("batch", 5), ("seq", 150), ("heads_q", 8), ("heads_kv", 2), ("head_dim", 64)],
+        ),
+    ];
+    for (name, file, variant, dims) in cases {
+        let kernels = temp(&format!("{name}-kernels"));
+        let cache = temp(&format!("{name}-cache"));
+        let spec = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
+        let o = Command::new(env!("CARGO_BIN_EXE_ejc"))
+            .args(["build", &spec, "-o", kernels.to_str().unwrap(), "--target", "cpu", "--dtype", "f32"])
+            .args(["--head-dim", "64", "--variant", variant, "--block-n", "32", "-q"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let op = ejc_ir::ops::get(name).unwrap();
+        let f =
+            ejc_ir::spec::load_file(&spec).unwrap().variants.into_iter().find(|v| v.name == variant).unwrap().features;
+        let dims: Sizes = dims.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let open = || {
+            let opts =
+                RuntimeOptions { kernels: vec![kernels.clone()], cache_dir: Some(cache.clone()), ..Default::default() };
+            Runtime::new(opts).unwrap()
+        };
+        let two = CallOptions { threads: 2, ..Default::default() };
+        let host = op.random_call(&f, DType::F32, &dims, 21).unwrap();
+        let want = op.reference(&f, &host).unwrap();
+        let mut call = Call::from_host(&host);
+        let r = open().call(name, &f, &mut call, &two).unwrap();
+        assert_eq!(r.source, Source::Autotune, "{name}: {r:?}");
+        let mut got = host.clone();
+        got.tensors.insert("out".into(), call.host_tensor("out").unwrap());
+        for (out, rel, _) in compare_outputs(op, &f, &got, &want) {
+            assert!(rel <= 1e-5, "{name} ({}): {out} rel_err {rel:e}", r.plan);
+        }
+        let r = open().call(name, &f, &mut Call::from_host(&host), &two).unwrap();
+        assert_eq!(r.source, Source::Persistent, "{name}");
+        if name == "page_attention" {
+            let mut bad = host.clone();
+            bad.tensors.get_mut("block_tables").unwrap().set(&[0, 0], 1e6);
+            let e = open().call(name, &f, &mut Call::from_host(&bad), &two).unwrap_err().to_string();
+            assert!(e.contains("block_tables[0, 0] = 1000000 is not a page"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&kernels);
+        let _ = std::fs::remove_dir_all(&cache);
+    }
+}
+
 /// `specs/flash_decode.yaml` through the runtime's generic call on the CPU: the tuner's
 /// candidates hold both plans (one kernel; split-KV at every split count), whichever it
 /// keeps matches the reference, and an explicit split-KV configuration runs two kernels
