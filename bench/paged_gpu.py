@@ -125,6 +125,24 @@ def time_copy(rec, kv_bytes):
     rec["copy_gbs"] = 2 * kv_bytes / ms / 1e6
 
 
+def time_fa4(rec, fa4, q, k, v, kw, want):
+    """FA4 with its split heuristic (num_splits=0) and one split, the faster kept in rec
+    (`fa4_us`, `fa4_err` against `want`, `fa4_splits`); a failure is printed, not fatal."""
+    if fa4 is None:
+        return
+    for ns in (0, 1):
+        args = dict(kw, num_splits=ns)
+        try:
+            res = fa4(q, k, v, **args)
+            fo = res[0] if isinstance(res, tuple) else res
+            err = ((fo.float().view(want.shape) - want).norm() / want.norm()).item()
+            ms = do_bench(lambda: fa4(q, k, v, **args), warmup=10, rep=60, return_mode="median")
+            if "fa4_us" not in rec or ms * 1e3 < rec["fa4_us"]:
+                rec["fa4_us"], rec["fa4_err"], rec["fa4_splits"] = ms * 1e3, err, ns
+        except Exception as e:  # noqa: BLE001 - an anchor that fails leaves its column empty
+            print(f"  fa4 (num_splits={ns}): {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
 def ragged_row(args, fa4, row):
     n, hq, hkv, t = row
     kv_bytes = 2 * n * t * hkv * D * 2
@@ -148,18 +166,7 @@ def ragged_row(args, fa4, row):
     ms = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(qs, kt, vt, scale=scale, enable_gqa=True),
                   warmup=10, rep=60, return_mode="median")
     rec["sdpa_us"] = ms * 1e3
-    if fa4 is not None:
-        for ns in (0, 1):
-            kw = dict(softmax_scale=scale, num_splits=ns)
-            try:
-                res = fa4(q, k, v, **kw)
-                fo = res[0] if isinstance(res, tuple) else res
-                err = ((fo.float().view(n, hq, D) - want).norm() / want.norm()).item()
-                ms = do_bench(lambda: fa4(q, k, v, **kw), warmup=10, rep=60, return_mode="median")
-                if "fa4_us" not in rec or ms * 1e3 < rec["fa4_us"]:
-                    rec["fa4_us"], rec["fa4_err"], rec["fa4_splits"] = ms * 1e3, err, ns
-            except Exception as e:  # noqa: BLE001
-                print(f"  fa4 (num_splits={ns}): {type(e).__name__}: {str(e)[:300]}", flush=True)
+    time_fa4(rec, fa4, q, k, v, dict(softmax_scale=scale), want)
     del k, v, kt, vt
     torch.cuda.empty_cache()
     report(rec, f"B={n:3d} h={hq}/{hkv} T={t:5d}")
@@ -217,20 +224,7 @@ def main():
             rec["sdpa_us"] = ms * 1e3
         except Exception as e:  # noqa: BLE001
             print(f"  sdpa: {type(e).__name__}: {str(e)[:200]}", flush=True)
-        if fa4 is not None:
-            # Its split heuristic (num_splits=0) and one split; the faster is its figure.
-            for ns in (0, 1):
-                kw = dict(seqused_k=lens, page_table=table, softmax_scale=scale, num_splits=ns)
-                q4 = q.view(n, 1, hq, D)
-                try:
-                    res = fa4(q4, k, v, **kw)
-                    fo = res[0] if isinstance(res, tuple) else res
-                    err = ((fo.float().view(n, hq, D) - want).norm() / want.norm()).item()
-                    ms = do_bench(lambda: fa4(q4, k, v, **kw), warmup=10, rep=60, return_mode="median")
-                    if "fa4_us" not in rec or ms * 1e3 < rec["fa4_us"]:
-                        rec["fa4_us"], rec["fa4_err"], rec["fa4_splits"] = ms * 1e3, err, ns
-                except Exception as e:  # noqa: BLE001
-                    print(f"  fa4 (num_splits={ns}): {type(e).__name__}: {str(e)[:300]}", flush=True)
+        time_fa4(rec, fa4, q.view(n, 1, hq, D), k, v, dict(seqused_k=lens, page_table=table, softmax_scale=scale), want)
         del k, v, kg, vg
         torch.cuda.empty_cache()
         report(rec, f"B={n:3d} h={hq}/{hkv} ctx={ctx:5d} page={page:3d}")

@@ -194,6 +194,95 @@ pub(crate) fn decode_head_dims(d: &mut Decoder, f: &Fields, keys: &mut Vec<(Stri
     }
 }
 
+/// The decode operations' plans: `single`, and `split_k` where the spec lists
+/// `num_splits` (partial, then combine, through f32 temporaries).
+pub(crate) fn decode_plans(spec: &Spec) -> Vec<PlanDecl> {
+    let mut plans = vec![PlanDecl::single(&["block_h", "block_n"])];
+    if let Some(max_splits) = spec.schedule.values("num_splits").iter().max() {
+        let (combine_rows, combine_warps) = combine_tile(*max_splits);
+        plans.push(PlanDecl {
+            name: "split_k",
+            roles: vec![
+                RoleDecl { name: "partial", tile_axes: vec!["block_h", "block_n"], fixed: Config::new() },
+                RoleDecl {
+                    name: "combine",
+                    tile_axes: vec![],
+                    fixed: Config::from([
+                        ("block_s".to_string(), combine_rows),
+                        ("num_warps".to_string(), combine_warps),
+                    ]),
+                },
+            ],
+            temporaries: vec![
+                Temporary {
+                    name: "o_partial".into(),
+                    dtype: "f32".into(),
+                    shape: ["num_splits", "num_seqs", "heads_q", "head_dim"].map(String::from).to_vec(),
+                    fill: "none".into(),
+                },
+                Temporary {
+                    name: "lse_partial".into(),
+                    dtype: "f32".into(),
+                    shape: ["num_splits", "num_seqs", "heads_q"].map(String::from).to_vec(),
+                    fill: "none".into(),
+                },
+            ],
+            launches: vec![
+                Launch { role: "partial".into(), bind: BTreeMap::new() },
+                Launch { role: "combine".into(), bind: BTreeMap::new() },
+            ],
+            runtime_axes: vec!["num_splits"],
+        });
+    }
+    plans
+}
+
+/// `<spec>_<variant>_<dtype>_d<D>_h<block_h>_n<block_n>`, `…_split`, `…_combine`.
+pub(crate) fn decode_kernel_id(spec_name: &str, k: &KernelInstance) -> String {
+    let hd = k.keys.get("head_dim").copied().unwrap_or(0);
+    let base = format!("{spec_name}_{}_{}_d{hd}", k.variant.name, k.dtype);
+    let (h, n) = (k.tile.get("block_h").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
+    match k.role {
+        "partial" => format!("{base}_h{h}_n{n}_split"),
+        "combine" => format!("{base}_combine"),
+        _ => format!("{base}_h{h}_n{n}"),
+    }
+}
+
+/// A decode kernel's tile IR: `kernel` makes the [`DecodeKernel`] from the role, dtype,
+/// head dim and tiling (the combine's rows are `block_s`); the attributes are printed
+/// metadata (snapshots, dumps) nothing reads back.
+pub(crate) fn decode_build(
+    spec: &Spec,
+    k: &KernelInstance,
+    kernel: impl Fn(Role, DType, usize, usize, usize) -> DecodeKernel,
+) -> Result<Kernel, String> {
+    let head_dim = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
+    let role = match k.role {
+        "partial" => Role::Partial,
+        "combine" => Role::Combine,
+        _ => Role::Main,
+    };
+    let tile = |axis: &str| k.tile.get(axis).map(|v| *v as usize).ok_or(format!("the instance has no {axis}"));
+    let (block_h, block_n) = match role {
+        Role::Combine => (tile("block_s")?, 0),
+        _ => (tile("block_h")?, tile("block_n")?),
+    };
+    let mut built = build(&k.id, &kernel(role, k.dtype, head_dim, block_h, block_n)).map_err(|e| e.to_string())?;
+    built.attrs = vec![
+        ("op".into(), spec.op.clone()),
+        ("variant".into(), k.variant.name.clone()),
+        ("dtype".into(), k.dtype.to_string()),
+        ("head_dim".into(), head_dim.to_string()),
+        ("role".into(), k.role.to_string()),
+    ];
+    match role {
+        Role::Combine => built.attrs.push(("block_s".into(), block_h.to_string())),
+        _ => built.attrs.extend([("block_h".into(), block_h.to_string()), ("block_n".into(), block_n.to_string())]),
+    }
+    Ok(built)
+}
+
 impl Operation for PageAttention {
     fn name(&self) -> &'static str {
         "page_attention"
@@ -252,88 +341,18 @@ impl Operation for PageAttention {
     }
 
     fn plans(&self, spec: &Spec, _f: &op::Features) -> Vec<PlanDecl> {
-        let mut plans = vec![PlanDecl::single(&["block_h", "block_n"])];
-        if let Some(max_splits) = spec.schedule.values("num_splits").iter().max() {
-            let (combine_rows, combine_warps) = combine_tile(*max_splits);
-            plans.push(PlanDecl {
-                name: "split_k",
-                roles: vec![
-                    RoleDecl { name: "partial", tile_axes: vec!["block_h", "block_n"], fixed: Config::new() },
-                    RoleDecl {
-                        name: "combine",
-                        tile_axes: vec![],
-                        fixed: Config::from([
-                            ("block_s".to_string(), combine_rows),
-                            ("num_warps".to_string(), combine_warps),
-                        ]),
-                    },
-                ],
-                temporaries: vec![
-                    Temporary {
-                        name: "o_partial".into(),
-                        dtype: "f32".into(),
-                        shape: ["num_splits", "num_seqs", "heads_q", "head_dim"].map(String::from).to_vec(),
-                        fill: "none".into(),
-                    },
-                    Temporary {
-                        name: "lse_partial".into(),
-                        dtype: "f32".into(),
-                        shape: ["num_splits", "num_seqs", "heads_q"].map(String::from).to_vec(),
-                        fill: "none".into(),
-                    },
-                ],
-                launches: vec![
-                    Launch { role: "partial".into(), bind: BTreeMap::new() },
-                    Launch { role: "combine".into(), bind: BTreeMap::new() },
-                ],
-                runtime_axes: vec!["num_splits"],
-            });
-        }
-        plans
+        decode_plans(spec)
     }
 
     fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {
-        let hd = k.keys.get("head_dim").copied().unwrap_or(0);
-        let base = format!("{spec_name}_{}_{}_d{hd}", k.variant.name, k.dtype);
-        let (h, n) = (k.tile.get("block_h").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
-        match k.role {
-            "partial" => format!("{base}_h{h}_n{n}_split"),
-            "combine" => format!("{base}_combine"),
-            _ => format!("{base}_h{h}_n{n}"),
-        }
+        decode_kernel_id(spec_name, k)
     }
 
     fn build(&self, spec: &Spec, k: &KernelInstance) -> Result<Kernel, String> {
         let f = features(&k.variant.features)?;
-        let head_dim = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
-        let role = match k.role {
-            "partial" => Role::Partial,
-            "combine" => Role::Combine,
-            _ => Role::Main,
-        };
-        let tile = |axis: &str| k.tile.get(axis).map(|v| *v as usize).ok_or(format!("the instance has no {axis}"));
-        // The combine's rows are the splits (`block_s`), the others' query heads.
-        let (block_h, block_n) = match role {
-            Role::Combine => (tile("block_s")?, 0),
-            _ => (tile("block_h")?, tile("block_n")?),
-        };
-        let pk = DecodeKernel::paged(role, f.soft_cap, k.dtype, head_dim, block_h, block_n);
-        let mut kernel = build(&k.id, &pk).map_err(|e| e.to_string())?;
-        // Printed metadata (snapshots, dumps); nothing reads it back.
-        kernel.attrs = vec![
-            ("op".into(), spec.op.clone()),
-            ("variant".into(), k.variant.name.clone()),
-            ("dtype".into(), k.dtype.to_string()),
-            ("head_dim".into(), head_dim.to_string()),
-            ("role".into(), k.role.to_string()),
-        ];
-        match role {
-            Role::Combine => kernel.attrs.push(("block_s".into(), block_h.to_string())),
-            _ => {
-                kernel.attrs.extend([("block_h".into(), block_h.to_string()), ("block_n".into(), block_n.to_string())])
-            }
-        }
-        Ok(kernel)
+        decode_build(spec, k, |role, dtype, head_dim, block_h, block_n| {
+            DecodeKernel::paged(role, f.soft_cap, dtype, head_dim, block_h, block_n)
+        })
     }
 
     fn param_doc(&self, name: &str) -> &'static str {

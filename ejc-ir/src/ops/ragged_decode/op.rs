@@ -16,13 +16,12 @@ use serde_json::json;
 
 use super::reference::{random_inputs, reference, RaggedInputs, RaggedShape};
 use crate::ir::Kernel;
-use crate::manifest::{Launch, Temporary};
 use crate::op::{
-    self, AxisDecl, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, RoleDecl,
-    ScalarDecl, Sizes, TensorInfo, Work,
+    self, AxisDecl, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, ScalarDecl, Sizes,
+    TensorInfo, Work,
 };
-use crate::ops::page_attention::kernels::{build, combine_tile, param_docs, DecodeKernel, Role, Source};
-use crate::ops::page_attention::op::{decode_head_dims, scale_of, AXES};
+use crate::ops::page_attention::kernels::{param_docs, DecodeKernel, Source};
+use crate::ops::page_attention::op::{decode_build, decode_head_dims, decode_kernel_id, decode_plans, scale_of, AXES};
 use crate::spec::{Decoder, Fields, Spec};
 use crate::tensor::HostTensor;
 use crate::types::DType;
@@ -192,96 +191,21 @@ impl Operation for RaggedDecode {
     }
 
     fn plans(&self, spec: &Spec, _f: &op::Features) -> Vec<PlanDecl> {
-        let mut plans = vec![PlanDecl::single(&["block_h", "block_n"])];
-        if let Some(max_splits) = spec.schedule.values("num_splits").iter().max() {
-            let (combine_rows, combine_warps) = combine_tile(*max_splits);
-            plans.push(PlanDecl {
-                name: "split_k",
-                roles: vec![
-                    RoleDecl { name: "partial", tile_axes: vec!["block_h", "block_n"], fixed: Config::new() },
-                    RoleDecl {
-                        name: "combine",
-                        tile_axes: vec![],
-                        fixed: Config::from([
-                            ("block_s".to_string(), combine_rows),
-                            ("num_warps".to_string(), combine_warps),
-                        ]),
-                    },
-                ],
-                temporaries: vec![
-                    Temporary {
-                        name: "o_partial".into(),
-                        dtype: "f32".into(),
-                        shape: ["num_splits", "num_seqs", "heads_q", "head_dim"].map(String::from).to_vec(),
-                        fill: "none".into(),
-                    },
-                    Temporary {
-                        name: "lse_partial".into(),
-                        dtype: "f32".into(),
-                        shape: ["num_splits", "num_seqs", "heads_q"].map(String::from).to_vec(),
-                        fill: "none".into(),
-                    },
-                ],
-                launches: vec![
-                    Launch { role: "partial".into(), bind: BTreeMap::new() },
-                    Launch { role: "combine".into(), bind: BTreeMap::new() },
-                ],
-                runtime_axes: vec!["num_splits"],
-            });
-        }
-        plans
+        decode_plans(spec)
     }
 
     fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {
-        let hd = k.keys.get("head_dim").copied().unwrap_or(0);
-        let base = format!("{spec_name}_{}_{}_d{hd}", k.variant.name, k.dtype);
-        let (h, n) = (k.tile.get("block_h").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
-        match k.role {
-            "partial" => format!("{base}_h{h}_n{n}_split"),
-            "combine" => format!("{base}_combine"),
-            _ => format!("{base}_h{h}_n{n}"),
-        }
+        decode_kernel_id(spec_name, k)
     }
 
     fn build(&self, spec: &Spec, k: &KernelInstance) -> Result<Kernel, String> {
         let f = features(&k.variant.features)?;
-        let head_dim = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
-        let role = match k.role {
-            "partial" => Role::Partial,
-            "combine" => Role::Combine,
-            _ => Role::Main,
-        };
-        let tile = |axis: &str| k.tile.get(axis).map(|v| *v as usize).ok_or(format!("the instance has no {axis}"));
-        let (block_h, block_n) = match role {
-            Role::Combine => (tile("block_s")?, 0),
-            _ => (tile("block_h")?, tile("block_n")?),
-        };
-        let dk = DecodeKernel {
+        decode_build(spec, k, |role, dtype, head_dim, block_h, block_n| DecodeKernel {
             source: Source::Ragged,
-            role,
-            soft_cap: f.soft_cap,
             window: f.window,
             sinks: f.sinks,
-            dtype: k.dtype,
-            head_dim,
-            block_h,
-            block_n,
-        };
-        let mut kernel = build(&k.id, &dk).map_err(|e| e.to_string())?;
-        kernel.attrs = vec![
-            ("op".into(), spec.op.clone()),
-            ("variant".into(), k.variant.name.clone()),
-            ("dtype".into(), k.dtype.to_string()),
-            ("head_dim".into(), head_dim.to_string()),
-            ("role".into(), k.role.to_string()),
-        ];
-        match role {
-            Role::Combine => kernel.attrs.push(("block_s".into(), block_h.to_string())),
-            _ => {
-                kernel.attrs.extend([("block_h".into(), block_h.to_string()), ("block_n".into(), block_n.to_string())])
-            }
-        }
-        Ok(kernel)
+            ..DecodeKernel::paged(role, f.soft_cap, dtype, head_dim, block_h, block_n)
+        })
     }
 
     fn param_doc(&self, name: &str) -> &'static str {
