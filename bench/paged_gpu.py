@@ -61,7 +61,9 @@ RAGGED_ROWS = [
 D = 128
 
 
-def ejc_best(ejc_gpu, build, row, reps, ragged=False):
+def ejc_best(rec, args, row, ragged=False):
+    """ejc's fastest candidate of the row into rec (`ejc_us`, its config and artifact), and the
+    fastest of each plan (`ejc_single_us`, `ejc_split_k_us`)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         path = tmp.name
     if ragged:
@@ -71,25 +73,23 @@ def ejc_best(ejc_gpu, build, row, reps, ragged=False):
         n, hq, hkv, ctx, page = row
         size = (f"num_seqs={n},heads_q={hq},heads_kv={hkv},head_dim={D},page_size={page},"
                 f"max_context={ctx},min_context={ctx}")
-    cmd = [ejc_gpu, "bench", build, "--variant", "full", "--dtype", "bf16", "--size", size, "--reps", str(reps),
-           "--json", path]
+    cmd = [args.ejc_gpu, "bench", args.build, "--variant", "full", "--dtype", "bf16", "--size", size,
+           "--reps", str(args.reps), "--json", path]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         print(p.stdout[-2000:], p.stderr[-2000:], flush=True)
-        return None, {}
+        return
     with open(path) as fh:
-        doc = json.load(fh)
+        cands = json.load(fh)["candidates"]
     os.unlink(path)
-    cands = doc["candidates"]
     if not cands:
-        return None, {}
+        return
+    best = min(cands, key=lambda c: c["ms"])
+    rec.update(ejc_us=best["ms"] * 1e3, ejc_config=best["config"], ejc_artifact=best["artifact"])
     # The fastest of each plan (a split-K candidate names num_splits in its config).
-    per_plan = {}
     for c in cands:
-        plan = "split_k" if "num_splits" in c["config"] else "single"
-        if plan not in per_plan or c["ms"] < per_plan[plan]["ms"]:
-            per_plan[plan] = c
-    return min(cands, key=lambda c: c["ms"]), per_plan
+        key = "ejc_split_k_us" if "num_splits" in c["config"] else "ejc_single_us"
+        rec[key] = min(rec.get(key, math.inf), c["ms"] * 1e3)
 
 
 def load_fa4():
@@ -147,13 +147,7 @@ def ragged_row(args, fa4, row):
     n, hq, hkv, t = row
     kv_bytes = 2 * n * t * hkv * D * 2
     rec = dict(batch=n, heads_q=hq, heads_kv=hkv, seq=t, head_dim=D, bytes=kv_bytes + 2 * n * hq * D * 2)
-    best, per_plan = ejc_best(args.ejc_gpu, args.build, row, args.reps, ragged=True)
-    if best:
-        rec["ejc_us"] = best["ms"] * 1e3
-        rec["ejc_config"] = best["config"]
-        rec["ejc_artifact"] = best["artifact"]
-        for plan, c in per_plan.items():
-            rec[f"ejc_{plan}_us"] = c["ms"] * 1e3
+    ejc_best(rec, args, row, ragged=True)
     time_copy(rec, kv_bytes)
     torch.manual_seed(0)
     k = torch.randn(n, t, hkv, D, device="cuda", dtype=torch.bfloat16)
@@ -193,13 +187,7 @@ def main():
         kv_bytes = 2 * n * ctx * hkv * D * 2
         moved = kv_bytes + 2 * n * hq * D * 2
         rec = dict(num_seqs=n, heads_q=hq, heads_kv=hkv, context=ctx, page=page, head_dim=D, bytes=moved)
-        best, per_plan = ejc_best(args.ejc_gpu, args.build, row, args.reps)
-        if best:
-            rec["ejc_us"] = best["ms"] * 1e3
-            rec["ejc_config"] = best["config"]
-            rec["ejc_artifact"] = best["artifact"]
-            for plan, c in per_plan.items():
-                rec[f"ejc_{plan}_us"] = c["ms"] * 1e3
+        ejc_best(rec, args, row)
         # The copy: as many bytes as K and V, read once and written once.
         time_copy(rec, kv_bytes)
         # The anchors' inputs: pages scattered by a permutation, as ejc's bench has them.

@@ -797,34 +797,38 @@ fn mean_pooling_through_the_command_line() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// Paged decode attention through the command line: both plans (one kernel; split-K's
-/// partial and combine) against the reference on every host back end, at sizes off every
-/// block (contexts off the page size with an empty and a one-key sequence, a page size of
-/// 24 that no key block divides, GQA 20:4 in two head blocks of 16), f32 and bf16; then the
-/// PTX of one instance for sm_80 and sm_90a through ptxas: no candidate spills.
-#[test]
-fn page_attention_through_the_command_line() {
-    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/page_attention.yaml");
-    let sizes = "num_seqs=6,heads_q=20,heads_kv=4,page_size=24,max_context=301";
+/// A decode operation (`op`, specs/`file`) through the command line: both plans (`--config block_n=32`, and
+/// split-K with `splits`) of every variant on every host back end, f32 and bf16, each
+/// variant's result against the reference (`variants` lines `ok`); then the PTX of one
+/// variant (bf16, d 128) for sm_80 and sm_90a through ptxas: no candidate spills, and
+/// `per_arch` artifacts per arch.
+fn decode_op_through_the_command_line(
+    op: &str,
+    file: &str,
+    sizes: &str,
+    splits: &str,
+    variants: usize,
+    ptx: (&str, usize),
+) {
+    let spec = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
+    let split = format!("num_splits={splits}");
     for backend in ["interp", "cpu", "mlir"] {
         for dtype in ["f32", "bf16"] {
-            for plan in [&["--config", "block_n=32"][..], &["--plan", "split_k", "--config", "num_splits=8"]] {
-                let mut args = vec!["run", spec, "--backend", backend, "--dtype", dtype, "--size", sizes];
+            for plan in [&["--config", "block_n=32"][..], &["--plan", "split_k", "--config", &split]] {
+                let mut args = vec!["run", &spec, "--backend", backend, "--dtype", dtype, "--size", sizes];
                 args.extend(plan);
                 let o = ejc(&args);
                 let out = text(&o.stdout);
                 assert_eq!(code(&o), 0, "{backend} {dtype} {plan:?}: {out}{}", text(&o.stderr));
-                assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 2, "{backend}: {out}");
-                assert!(out.contains("page_size=24,max_context=301"), "{out}");
+                assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), variants, "{backend}: {out}");
+                assert!(sizes.split(',').all(|kv| out.contains(kv)), "the sizes asked for: {out}");
             }
         }
     }
-    // The positional shorthand is the operation's sizes in order (the last two optional).
-    let o = ejc(&["run", spec, "--shape", "4,8,2,64,16", "--backend", "interp"]);
-    assert!(code(&o) == 2 && text(&o.stderr).contains("num_seqs,heads_q,heads_kv,head_dim,page_size,max_context"));
-    let out = temp_dir("paged-build");
-    let mut args = vec!["build", spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
-    args.extend(["--dtype", "bf16", "--head-dim", "128", "--variant", "softcap", "-q"]);
+    let (variant, per_arch) = ptx;
+    let out = temp_dir(&format!("{file}-build"));
+    let mut args = vec!["build", &spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
+    args.extend(["--dtype", "bf16", "--head-dim", "128", "--variant", variant, "-q"]);
     let have_ptxas = ejc_codegen::ptx::find_ptxas().is_some();
     if have_ptxas {
         args.extend(["--report", "--drop-spilling"]);
@@ -837,58 +841,49 @@ fn page_attention_through_the_command_line() {
         assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
     }
     let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-    assert_eq!(m.spec.op, "page_attention");
-    // Two plans; per arch: 3 tilings x 2 stage counts for main and partial, one combine.
-    assert_eq!(m.plans.len(), 2);
-    assert_eq!(
-        m.artifacts.len(),
-        2 * (2 * 3 * 2 + 1),
-        "{:?}",
-        m.artifacts.iter().map(|a| &a.artifact_id).collect::<Vec<_>>()
-    );
+    assert_eq!(m.spec.op, op);
+    assert_eq!(m.plans.len(), 2, "single and split_k");
+    let ids: Vec<&String> = m.artifacts.iter().map(|a| &a.artifact_id).collect();
+    assert_eq!(m.artifacts.len(), 2 * per_arch, "{ids:?}");
     assert!(m.artifacts.iter().all(|a| a.grid[1] == "num_seqs"), "the grid is the kernel's");
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// Ragged decode attention through the command line: both plans of every variant (window,
-/// soft cap, sinks) against the reference on every host back end, ranges off every block
-/// (an empty and a one-key row), GQA 20:4 in two head blocks, f32 and bf16; then the PTX of
-/// the gpt-oss variant (window and sinks) for sm_80 and sm_90a through ptxas: no spills.
+/// Paged decode attention: sizes off every block (contexts off the page size with an
+/// empty and a one-key sequence, a page size of 24 that no key block divides, GQA 20:4
+/// in two head blocks of 16); PTX of the soft-cap variant: 3 tilings x 2 stage counts
+/// for main and partial, and the combine, per arch. Its positional shorthand.
+#[test]
+fn page_attention_through_the_command_line() {
+    let sizes = "num_seqs=6,heads_q=20,heads_kv=4,page_size=24,max_context=301";
+    decode_op_through_the_command_line(
+        "page_attention",
+        "page_attention.yaml",
+        sizes,
+        "8",
+        2,
+        ("softcap", 2 * 3 * 2 + 1),
+    );
+    // The positional shorthand is the operation's sizes in order (the last two optional).
+    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/page_attention.yaml");
+    let o = ejc(&["run", spec, "--shape", "4,8,2,64,16", "--backend", "interp"]);
+    assert!(code(&o) == 2 && text(&o.stderr).contains("num_seqs,heads_q,heads_kv,head_dim,page_size,max_context"));
+}
+
+/// Ragged decode attention: every variant (window, soft cap, gpt-oss's window and sinks),
+/// ranges off every block with an empty and a one-key row, GQA 20:4; PTX of the gpt-oss
+/// variant: 2 tilings x 2 stage counts for main and partial, and the combine, per arch.
 #[test]
 fn ragged_decode_through_the_command_line() {
-    let spec = concat!(env!("CARGO_MANIFEST_DIR"), "/specs/ragged_decode.yaml");
     let sizes = "batch=6,seq=301,heads_q=20,heads_kv=4";
-    for backend in ["interp", "cpu", "mlir"] {
-        for dtype in ["f32", "bf16"] {
-            for plan in [&["--config", "block_n=32"][..], &["--plan", "split_k", "--config", "num_splits=16"]] {
-                let mut args = vec!["run", spec, "--backend", backend, "--dtype", dtype, "--size", sizes];
-                args.extend(plan);
-                let o = ejc(&args);
-                let out = text(&o.stdout);
-                assert_eq!(code(&o), 0, "{backend} {dtype} {plan:?}: {out}{}", text(&o.stderr));
-                assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 4, "{backend}: {out}");
-            }
-        }
-    }
-    let out = temp_dir("ragged-build");
-    let mut args = vec!["build", spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
-    args.extend(["--dtype", "bf16", "--head-dim", "128", "--variant", "gpt_oss", "-q"]);
-    let have_ptxas = ejc_codegen::ptx::find_ptxas().is_some();
-    if have_ptxas {
-        args.extend(["--report", "--drop-spilling"]);
-    } else {
-        eprintln!("skipped the ptxas report: no ptxas (run scripts/setup.sh); PTX is still generated");
-    }
-    let o = ejc(&args);
-    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
-    if have_ptxas {
-        assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
-    }
-    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-    assert_eq!((m.spec.op.as_str(), m.plans.len()), ("ragged_decode_attention", 2));
-    // Per arch: 2 tilings x 2 stage counts for main and partial, one combine.
-    assert_eq!(m.artifacts.len(), 2 * (2 * 2 * 2 + 1));
-    let _ = std::fs::remove_dir_all(&out);
+    decode_op_through_the_command_line(
+        "ragged_decode_attention",
+        "ragged_decode.yaml",
+        sizes,
+        "16",
+        4,
+        ("gpt_oss", 2 * 2 * 2 + 1),
+    );
 }
 
 /// `ejc build` with its compiled-code cache in `cache`; stdout's last line.

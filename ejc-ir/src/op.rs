@@ -465,6 +465,50 @@ pub fn bind(
     Ok(out)
 }
 
+/// The spec field `head_dims` as the compile-time key `head_dim` (multiples of 16 from 16
+/// to 256, no duplicates): what operations with one head dim share (mean pooling, the
+/// decode operations; flash pairs `head_dim` with `head_dim_v` instead).
+pub fn decode_head_dims(d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>) {
+    let allowed = "a multiple of 16 from 16 to 256";
+    let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
+    if let Some(v) = d.required(f, "head_dims", list_allowed) {
+        let dims = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
+            let v = d.int(node, path, allowed, |v| {
+                if v % 16 != 0 {
+                    Some("head dimension is not a multiple of 16")
+                } else if !(16..=256).contains(&v) {
+                    Some("head dimension is out of range")
+                } else {
+                    None
+                }
+            })?;
+            u32::try_from(v).ok()
+        });
+        keys.push(("head_dim".into(), dims));
+    }
+}
+
+/// Tensor argument `name` of a call with dtype `dtype` and rank `rank`, or an error naming
+/// it: missing (with `doc`, what it is), another dtype, or another rank (`what`: its shape
+/// in words, `[batch, seq, heads, head_dim]`).
+pub fn tensor_arg(
+    call: &dyn CallView,
+    name: &str,
+    doc: &str,
+    dtype: DType,
+    rank: usize,
+    what: &str,
+) -> Result<TensorInfo, String> {
+    let t = call.tensor(name).ok_or_else(|| format!("argument `{name}` ({doc}) is missing"))?;
+    if t.dtype != dtype {
+        return Err(format!("argument `{name}` has dtype {}, the kernel takes {dtype}", t.dtype));
+    }
+    if t.shape.len() != rank || t.strides.len() != rank {
+        return Err(format!("argument `{name}` has shape {:?}: it must be {what}", t.shape));
+    }
+    Ok(t)
+}
+
 /// `a · b · …` with every step checked: the element count of a tensor of these extents,
 /// or an error naming the sizes when it overflows 64 bits.
 pub fn elements(extents: &[usize]) -> Result<u64, String> {

@@ -141,23 +141,7 @@ impl Operation for MeanPooling {
     }
 
     fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, _sets: &mut Vec<Keys>) {
-        let allowed = "a multiple of 16 from 16 to 256";
-        let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
-        if let Some(v) = d.required(f, "head_dims", list_allowed) {
-            let dims = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
-                let v = d.int(node, path, allowed, |v| {
-                    if v % 16 != 0 {
-                        Some("head dimension is not a multiple of 16")
-                    } else if !(16..=256).contains(&v) {
-                        Some("head dimension is out of range")
-                    } else {
-                        None
-                    }
-                })?;
-                u32::try_from(v).ok()
-            });
-            keys.push(("head_dim".into(), dims));
-        }
+        op::decode_head_dims(d, f, keys)
     }
 
     fn variant_fields(&self) -> &'static [&'static str] {
@@ -273,19 +257,7 @@ impl Operation for MeanPooling {
         let f = features(f)?;
         let (input, output) = f.tensors();
         let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
-        let get = |n: &str| -> Result<crate::op::TensorInfo, String> {
-            let t = call.tensor(n).ok_or_else(|| format!("argument `{n}` ({}) is missing", self.param_doc(n)))?;
-            if t.dtype != dtype {
-                return Err(format!("argument `{n}` has dtype {}, the kernel takes {dtype}", t.dtype));
-            }
-            if t.shape.len() != 4 || t.strides.len() != 4 {
-                return Err(format!(
-                    "argument `{n}` has shape {:?}: it must be [batch, seq, heads, head_dim]",
-                    t.shape
-                ));
-            }
-            Ok(t)
-        };
+        let get = |n: &str| op::tensor_arg(call, n, self.param_doc(n), dtype, 4, "[batch, seq, heads, head_dim]");
         let (i, o) = (get(input)?, get(output)?);
         // The token tensor (x, dx) and the chunk tensor (out, dout).
         let (tokens, chunks, tn, cn) = if f.backward { (o, i, output, input) } else { (i, o, input, output) };

@@ -20,7 +20,7 @@ use crate::ir::Kernel;
 use crate::manifest::{Launch, Temporary};
 use crate::op::{
     self, AxisDecl, AxisKind, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, RoleDecl,
-    ScalarDecl, Sizes, TensorInfo, Work,
+    ScalarDecl, Sizes, Work,
 };
 use crate::spec::{Decoder, Fields, Spec};
 use crate::tensor::HostTensor;
@@ -173,25 +173,23 @@ pub(crate) fn scale_of(call: &dyn CallView) -> Result<f64, String> {
     Ok(s)
 }
 
-/// The `head_dims` field (the compile-time key `head_dim`): shared by the decode operations.
-pub(crate) fn decode_head_dims(d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>) {
-    let allowed = "a multiple of 16 from 16 to 256";
-    let list_allowed = "a non-empty list of multiples of 16 from 16 to 256";
-    if let Some(v) = d.required(f, "head_dims", list_allowed) {
-        let dims = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
-            let v = d.int(node, path, allowed, |v| {
-                if v % 16 != 0 {
-                    Some("head dimension is not a multiple of 16")
-                } else if !(16..=256).contains(&v) {
-                    Some("head dimension is out of range")
-                } else {
-                    None
-                }
-            })?;
-            u32::try_from(v).ok()
-        });
-        keys.push(("head_dim".into(), dims));
+/// The compile-time keys of a decode call: query's head dim (`shape`: query's shape in
+/// words, for the error).
+pub(crate) fn query_keys(call: &dyn CallView, shape: &str) -> Result<Keys, String> {
+    let q = call.tensor("query").ok_or("argument `query` is missing")?;
+    if q.shape.len() != 3 {
+        return Err(format!("argument `query`: shape {:?} is not {shape}", q.shape));
     }
+    Ok(Keys::from([("head_dim".to_string(), q.shape[2] as u32)]))
+}
+
+/// A soft-capped variant's `logits_soft_cap`: present, positive and finite.
+pub(crate) fn check_soft_cap(call: &dyn CallView) -> Result<(), String> {
+    let c = call.scalar("logits_soft_cap").ok_or("scalar argument `logits_soft_cap` is missing")?;
+    if !(c > 0.0 && c.is_finite()) {
+        return Err(format!("scalar argument `logits_soft_cap` = {c} must be positive and finite"));
+    }
+    Ok(())
 }
 
 /// The decode operations' plans: `single`, and `split_k` where the spec lists
@@ -305,7 +303,7 @@ impl Operation for PageAttention {
     }
 
     fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, _sets: &mut Vec<Keys>) {
-        decode_head_dims(d, f, keys)
+        op::decode_head_dims(d, f, keys)
     }
 
     fn variant_fields(&self) -> &'static [&'static str] {
@@ -372,11 +370,7 @@ impl Operation for PageAttention {
     }
 
     fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String> {
-        let q = call.tensor("query").ok_or("argument `query` is missing")?;
-        if q.shape.len() != 3 {
-            return Err(format!("argument `query`: shape {:?} is not [num_seqs, heads_q, head_dim]", q.shape));
-        }
-        Ok(Keys::from([("head_dim".to_string(), q.shape[2] as u32)]))
+        query_keys(call, "[num_seqs, heads_q, head_dim]")
     }
 
     fn dims_of(&self, sizes: &Sizes) -> Sizes {
@@ -404,16 +398,8 @@ impl Operation for PageAttention {
     fn validate(&self, f: &op::Features, dtype: DType, keys: &Keys, call: &dyn CallView) -> Result<Sizes, String> {
         let f = features(f)?;
         let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
-        let get = |n: &str, dt: DType, rank: usize, what: &str| -> Result<TensorInfo, String> {
-            let t = call.tensor(n).ok_or_else(|| format!("argument `{n}` ({}) is missing", self.param_doc(n)))?;
-            if t.dtype != dt {
-                return Err(format!("argument `{n}` has dtype {}, the kernel takes {dt}", t.dtype));
-            }
-            if t.shape.len() != rank || t.strides.len() != rank {
-                return Err(format!("argument `{n}` has shape {:?}: it must be {what}", t.shape));
-            }
-            Ok(t)
-        };
+        let get =
+            |n: &str, dt: DType, rank: usize, what: &str| op::tensor_arg(call, n, self.param_doc(n), dt, rank, what);
         let q = get("query", dtype, 3, "[num_seqs, heads_q, head_dim]")?;
         let k = get("key_cache", dtype, 4, "[num_pages, heads_kv, page_size, head_dim]")?;
         let v = get("value_cache", dtype, 4, "[num_pages, heads_kv, page_size, head_dim]")?;
@@ -450,10 +436,7 @@ impl Operation for PageAttention {
         }
         scale_of(call)?;
         if f.soft_cap {
-            let c = call.scalar("logits_soft_cap").ok_or("scalar argument `logits_soft_cap` is missing")?;
-            if !(c > 0.0 && c.is_finite()) {
-                return Err(format!("scalar argument `logits_soft_cap` = {c} must be positive and finite"));
-            }
+            check_soft_cap(call)?;
         }
         // Every page a kernel will read must be in the cache: a bad index would read
         // outside it (on the GPU, a fault for every later call).

@@ -18,10 +18,12 @@ use super::reference::{random_inputs, reference, RaggedInputs, RaggedShape};
 use crate::ir::Kernel;
 use crate::op::{
     self, AxisDecl, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, ScalarDecl, Sizes,
-    TensorInfo, Work,
+    Work,
 };
 use crate::ops::page_attention::kernels::{param_docs, DecodeKernel, Source};
-use crate::ops::page_attention::op::{decode_build, decode_head_dims, decode_kernel_id, decode_plans, scale_of, AXES};
+use crate::ops::page_attention::op::{
+    check_soft_cap, decode_build, decode_kernel_id, decode_plans, query_keys, scale_of, AXES,
+};
 use crate::spec::{Decoder, Fields, Spec};
 use crate::tensor::HostTensor;
 use crate::types::DType;
@@ -138,7 +140,7 @@ impl Operation for RaggedDecode {
     }
 
     fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, _sets: &mut Vec<Keys>) {
-        decode_head_dims(d, f, keys)
+        op::decode_head_dims(d, f, keys)
     }
 
     fn variant_fields(&self) -> &'static [&'static str] {
@@ -225,11 +227,7 @@ impl Operation for RaggedDecode {
     }
 
     fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String> {
-        let q = call.tensor("query").ok_or("argument `query` is missing")?;
-        if q.shape.len() != 3 {
-            return Err(format!("argument `query`: shape {:?} is not [batch, heads_q, head_dim]", q.shape));
-        }
-        Ok(Keys::from([("head_dim".to_string(), q.shape[2] as u32)]))
+        query_keys(call, "[batch, heads_q, head_dim]")
     }
 
     fn dims_of(&self, sizes: &Sizes) -> Sizes {
@@ -259,16 +257,8 @@ impl Operation for RaggedDecode {
     fn validate(&self, f: &op::Features, dtype: DType, keys: &Keys, call: &dyn CallView) -> Result<Sizes, String> {
         let f = features(f)?;
         let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
-        let get = |n: &str, dt: DType, rank: usize, what: &str| -> Result<TensorInfo, String> {
-            let t = call.tensor(n).ok_or_else(|| format!("argument `{n}` ({}) is missing", self.param_doc(n)))?;
-            if t.dtype != dt {
-                return Err(format!("argument `{n}` has dtype {}, the kernel takes {dt}", t.dtype));
-            }
-            if t.shape.len() != rank || t.strides.len() != rank {
-                return Err(format!("argument `{n}` has shape {:?}: it must be {what}", t.shape));
-            }
-            Ok(t)
-        };
+        let get =
+            |n: &str, dt: DType, rank: usize, what: &str| op::tensor_arg(call, n, self.param_doc(n), dt, rank, what);
         let q = get("query", dtype, 3, "[batch, heads_q, head_dim]")?;
         let k = get("key", dtype, 4, "[batch, seq, heads_kv, head_dim]")?;
         let v = get("value", dtype, 4, "[batch, seq, heads_kv, head_dim]")?;
@@ -296,10 +286,7 @@ impl Operation for RaggedDecode {
         }
         scale_of(call)?;
         if f.soft_cap {
-            let c = call.scalar("logits_soft_cap").ok_or("scalar argument `logits_soft_cap` is missing")?;
-            if !(c > 0.0 && c.is_finite()) {
-                return Err(format!("scalar argument `logits_soft_cap` = {c} must be positive and finite"));
-            }
+            check_soft_cap(call)?;
         }
         let left = if f.window {
             let w = call.scalar("window_left").ok_or("scalar argument `window_left` is missing")?;
