@@ -329,6 +329,27 @@ pub trait Operation: Sync {
 
     /// Fresh random inputs (never zeros), outputs filled with NaN, default scalars.
     fn random_call(&self, f: &Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String>;
+
+    /// [`Operation::random_call`] with `scalars` in place of the random ones where the
+    /// call has them (the tuner checks candidates on a small call with the real call's
+    /// scalars). An operation whose inputs depend on its scalars (the flash backward's
+    /// `out` and `lse`, a forward of the same window and soft cap) overrides this.
+    fn random_call_with(
+        &self,
+        f: &Features,
+        dtype: DType,
+        dims: &Sizes,
+        seed: u64,
+        scalars: &Scalars,
+    ) -> Result<HostCall, String> {
+        let mut call = self.random_call(f, dtype, dims, seed)?;
+        for (k, v) in call.scalars.iter_mut() {
+            if let Some(x) = scalars.get(k) {
+                *v = *x;
+            }
+        }
+        Ok(call)
+    }
     /// How many elements the tensors of [`Operation::random_call`]'s call hold in all
     /// (inputs and outputs, an upper bound), counted with checked arithmetic so that a
     /// size whose count overflows 64 bits is an error: what `ejc run/bench/tune` judge

@@ -206,6 +206,12 @@ impl Runtime {
         self.chains.get_mut(device).expect("inserted above")
     }
 
+    /// Run on `cuda` (a GPU other than the first: one process per GPU) from now on.
+    #[cfg(feature = "cuda")]
+    pub fn set_cuda(&mut self, cuda: std::sync::Arc<crate::cuda::Cuda>) {
+        self.cuda = Some(cuda);
+    }
+
     /// The GPU (opened on first use).
     #[cfg(feature = "cuda")]
     pub fn cuda(&mut self) -> Result<std::sync::Arc<crate::cuda::Cuda>, ApiError> {

@@ -308,7 +308,14 @@ impl Chain {
                 }
                 return Ok(self.chosen(Source::Autotune, &k, w));
             }
-            self.emit(Event::Warning(format!("every candidate failed for {k}; falling back to heuristics")));
+            // Why, candidate by candidate: a warning that only says "failed" sends the
+            // user to a debugger.
+            let why: Vec<String> =
+                report.timings.iter().map(|t| format!("{}: {}", t.config_id, t.status)).collect();
+            self.emit(Event::Warning(format!(
+                "every candidate failed for {k} ({}); falling back to heuristics",
+                why.join("; ")
+            )));
         }
         // 6. Heuristics: remembered in memory only.
         if self.policy.allow_heuristics {

@@ -176,6 +176,11 @@ pub struct Cuda {
 impl Cuda {
     /// The first GPU, or why there is none.
     pub fn new() -> Result<Cuda, CudaError> {
+        Self::on(0)
+    }
+
+    /// GPU `ordinal` (one process per GPU: ring attention), or why there is none.
+    pub fn on(ordinal: usize) -> Result<Cuda, CudaError> {
         if !driver_present() {
             return Err(CudaError::NoDriver);
         }
@@ -183,7 +188,10 @@ impl Cuda {
         if n < 1 {
             return Err(CudaError::Driver("the driver reports no GPU".into()));
         }
-        let ctx = CudaContext::new(0).map_err(drv)?;
+        if ordinal >= n as usize {
+            return Err(CudaError::Driver(format!("GPU {ordinal} asked for; the driver reports {n}")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv)?;
         let stream = ctx.default_stream();
         Ok(Cuda { ctx, stream, kernels: Mutex::new(HashMap::new()), scratch: Mutex::new(None) })
     }
@@ -339,6 +347,16 @@ impl Cuda {
         };
         b.launch(cfg).map_err(|e| CudaError::Driver(format!("launching `{}`: {e:?}", k.entry)))?;
         Ok(())
+    }
+
+    /// The stream every launch of this GPU goes to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The GPU's context (to make more streams, load more modules).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     pub fn synchronize(&self) -> Result<(), CudaError> {

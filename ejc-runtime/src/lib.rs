@@ -41,6 +41,7 @@ pub mod flash;
 pub mod key;
 pub mod manifest;
 pub mod registry;
+pub mod ring;
 pub mod tune;
 
 pub use flash::{flash_attention, FlashArgs, FlashOptions, FlashResult};

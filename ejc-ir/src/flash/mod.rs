@@ -27,6 +27,7 @@ pub mod op;
 pub mod op_bwd;
 pub mod problem;
 pub mod reference;
+pub mod ring;
 
 pub use combine::build_flash_combine_kernel;
 pub use features::{CallFeatures, Features, SoftCap, Window};

@@ -643,7 +643,9 @@ impl Operation for FlashAttentionFwd {
                     .ok_or_else(|| format!("scalar argument `{}` ({}) is missing", p.name, p.meaning))?;
                 let bad = match p.name {
                     "softmax_scale" => !(x as f32).is_finite(),
-                    "window_left" | "window_right" => x < 0.0,
+                    // Negative sides shift the band off the diagonal (ring attention's
+                    // blocks); past -(seq_q + seq_k) nothing more is hidden.
+                    "window_left" | "window_right" => x < -((sq + sk) as f64),
                     "logits_soft_cap" => !(x > 0.0 && (x as f32).is_finite()),
                     "dropout_p" => !(0.0..1.0).contains(&(x as f32)),
                     "seed_lo" | "seed_hi" => !(0.0..=u32::MAX as f64).contains(&x),

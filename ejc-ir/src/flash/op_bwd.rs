@@ -271,8 +271,21 @@ impl Operation for FlashAttentionBwd {
     }
 
     fn random_call(&self, f: &op::Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String> {
+        self.random_call_with(f, dtype, dims, seed, &op::Scalars::new())
+    }
+
+    /// `out` and `lse` come from the forward with the given scalars (a window or soft cap
+    /// other than the random one changes them).
+    fn random_call_with(
+        &self,
+        f: &op::Features,
+        dtype: DType,
+        dims: &Sizes,
+        seed: u64,
+        scalars: &op::Scalars,
+    ) -> Result<HostCall, String> {
         let ff = features(f)?;
-        let mut call = FWD.random_call(f, dtype, dims, seed)?;
+        let mut call = FWD.random_call_with(f, dtype, dims, seed, scalars)?;
         // The forward's out and lse, from the reference (rounded as a kernel stores them).
         let inputs = inputs_of(&call)?;
         let rt = runtime_of(&call.scalars, inputs.q.shape[3]);

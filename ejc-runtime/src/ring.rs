@@ -1,0 +1,929 @@
+//! Ring attention: flash attention over a sequence split across ranks (GPUs, or threads
+//! in a simulation), keys and values travelling around the ring while each rank
+//! attends with the blocks it holds (docs/semantics.md, "Ring attention"; the schedule
+//! is [`ejc_ir::flash::ring`]).
+//!
+//! Every block is an ordinary flash launch through [`Runtime::call`] (tuned, cached),
+//! so the ring runs whatever `flash_attention_fwd` / `flash_attention_bwd` kernels are
+//! loaded, on the CPU or the GPU. What the ring adds is done by a [`Glue`]:
+//!
+//! - forward: each block's output and log-sum-exp merged into f32 accumulators (the
+//!   online softmax over blocks), then the sinks added once and the output rounded;
+//! - backward: the forward's final `out` and `lse` given to every block (P is
+//!   recomputed), dQ summed locally in f32, and dK/dV summed in f32 accumulators that
+//!   travel around the ring behind the keys and come home after the last step; dsinks
+//!   from `lse` and `rowsum(dout ∘ out)`, summed over the ranks.
+//!
+//! Communication goes through a [`Communicator`]: [`LocalRing`] (threads of one
+//! process, the simulation the tests run on the CPU) or, with feature `cuda`, NCCL
+//! ([`crate::ring_cuda::NcclComm`]). A step's send of the next keys is started before
+//! its launches and waited for after them, so it overlaps the compute.
+//!
+//! ```no_run
+//! use ejc_runtime::ring::{simulate, RingInputs, RingOptions};
+//! use ejc_ir::flash::ring::RingLayout;
+//! # fn demo(rt: &[ejc_runtime::api::Runtime], q: ejc_runtime::cpu::HostBuffer, k: ejc_runtime::cpu::HostBuffer, v: ejc_runtime::cpu::HostBuffer) {
+//! let opts = RingOptions { causal: true, layout: RingLayout::ZigZag, ..Default::default() };
+//! // Four ranks as threads: the global tensors are dealt out, run, and gathered back.
+//! let r = simulate(4, &RingInputs::new(&q, &k, &v), &opts, None).unwrap();
+//! println!("{:?}", r.out.shape);
+//! # }
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::mpsc::{channel, Receiver, Sender};
+
+use ejc_ir::flash::op::scalars_of;
+use ejc_ir::flash::ring::{self, RingLayout, RingMask};
+use ejc_ir::flash::{CallFeatures, Features, FlashRuntime, SoftCap, Window};
+use ejc_ir::types::DType;
+
+use crate::api::{ApiError, CallOptions, PlatformChoice, Runtime, RuntimeOptions};
+use crate::call::{Call, Tensor};
+use crate::cpu::HostBuffer;
+
+fn err(m: impl Into<String>) -> ApiError {
+    ApiError::Call(m.into())
+}
+
+/// The options of a ring-attention call (the same on every rank).
+#[derive(Clone, Debug)]
+pub struct RingOptions {
+    pub layout: RingLayout,
+    pub causal: bool,
+    /// `(left, right)`, both `>= 0`, in global token positions.
+    pub window: Option<(i64, i64)>,
+    pub logits_soft_cap: Option<f64>,
+    /// Default `1/sqrt(head_dim)`.
+    pub softmax_scale: Option<f64>,
+    /// Backward blocks that give the same bits on every run (`two_pass`).
+    pub deterministic: bool,
+    /// CPU worker threads per rank (0 = all cores).
+    pub threads: usize,
+}
+
+impl Default for RingOptions {
+    fn default() -> Self {
+        RingOptions {
+            layout: RingLayout::ZigZag,
+            causal: false,
+            window: None,
+            logits_soft_cap: None,
+            softmax_scale: None,
+            deterministic: false,
+            threads: 0,
+        }
+    }
+}
+
+impl RingOptions {
+    fn mask(&self) -> RingMask {
+        RingMask { causal: self.causal, window: self.window }
+    }
+}
+
+/// A rank's tensors (its shard, in local-row order: [`ejc_ir::flash::ring::pieces`]).
+/// q `[B, L, Hq, D]`, k `[B, L, Hkv, D]`, v `[B, L, Hkv, Dv]`, segment ids `[B, L]`
+/// (i32), sinks `[Hq, n]` (f32, the same on every rank).
+#[derive(Clone, Copy)]
+pub struct RingInputs<'a, T> {
+    pub q: &'a T,
+    pub k: &'a T,
+    pub v: &'a T,
+    pub q_segment_ids: Option<&'a T>,
+    pub kv_segment_ids: Option<&'a T>,
+    pub sinks: Option<&'a T>,
+}
+
+impl<'a, T> RingInputs<'a, T> {
+    pub fn new(q: &'a T, k: &'a T, v: &'a T) -> Self {
+        RingInputs { q, k, v, q_segment_ids: None, kv_segment_ids: None, sinks: None }
+    }
+}
+
+/// A rank's forward results: `out [B, L, Hq, Dv]` (q's dtype), `lse [B, Hq, L]` (f32).
+pub struct RingForward {
+    pub out: Tensor,
+    pub lse: Tensor,
+    /// Flash launches this rank ran.
+    pub launches: usize,
+}
+
+/// A rank's gradients (`dsinks` summed over every rank).
+pub struct RingGrads {
+    pub dq: Tensor,
+    pub dk: Tensor,
+    pub dv: Tensor,
+    pub dsinks: Option<Tensor>,
+    pub launches: usize,
+}
+
+/// Sends to the next rank and receives from the previous one. `start` begins moving
+/// `send` (this rank's buffers) to rank `+1` and `recv` from rank `−1` (same shapes and
+/// dtypes, in order); `wait` returns once `recv` holds them. Two exchanges with
+/// different tags may be in flight at once.
+pub trait Communicator {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    fn start(&mut self, tag: u8, send: &[&Tensor], recv: &[&Tensor]) -> Result<(), ApiError>;
+    fn wait(&mut self, tag: u8, recv: &mut [&mut Tensor]) -> Result<(), ApiError>;
+    /// Sum an f32 tensor over every rank, in place (every rank gets the same bits).
+    fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), ApiError>;
+}
+
+/// What the ring does between flash launches, on the platform the tensors live on.
+/// Accumulators are contiguous f32; `rows` tensors are contiguous `[B, L, H, D]`.
+pub trait Glue {
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, ApiError>;
+    fn fill(&self, t: &mut Tensor, x: f32) -> Result<(), ApiError>;
+    /// Merge a block's `o [B, Lb, H, D]` / `lse [B, H, Lb]` into `acc [B, L, H, D]` /
+    /// `acc_lse [B, H, L]` at row `off`.
+    fn merge(&self, acc: &mut Tensor, acc_lse: &mut Tensor, o: &Tensor, lse: &Tensor, off: usize)
+        -> Result<(), ApiError>;
+    /// `acc[:, off + i] += x[:, i]` (`acc` f32 `[B, L, H, D]`, `x` any float `[B, Lx, H, D]`).
+    fn accumulate(&self, acc: &mut Tensor, x: &Tensor, off: usize) -> Result<(), ApiError>;
+    /// `out = acc · exp(acc_lse − lse)`, `lse = logaddexp(acc_lse, logsumexp(sinks[h]))`.
+    fn finalize(
+        &self,
+        acc: &Tensor,
+        acc_lse: &Tensor,
+        sinks: Option<&Tensor>,
+        out: &mut Tensor,
+        lse: &mut Tensor,
+    ) -> Result<(), ApiError>;
+    /// `out = acc` rounded to `out`'s dtype.
+    fn convert(&self, acc: &Tensor, out: &mut Tensor) -> Result<(), ApiError>;
+    /// `dsinks[h, t] = −Σ_{b,i} exp(sinks[h,t] − lse[b,h,i]) · Σ_d dout·out` (f32 `[Hq, n]`).
+    fn dsinks(&self, sinks: &Tensor, lse: &Tensor, out: &Tensor, dout: &Tensor) -> Result<Tensor, ApiError>;
+    /// Rows `r` of axis `axis`: a view where the platform has them (the GPU), else a copy.
+    fn rows(&self, t: &Tensor, axis: usize, r: Range<usize>) -> Result<Tensor, ApiError>;
+}
+
+fn info(t: &Tensor) -> (DType, Vec<usize>) {
+    let i = t.info();
+    (i.dtype, i.shape)
+}
+
+/// The flash features and run-time scalars of one block.
+fn block_call(
+    o: &RingOptions,
+    band: Option<(i64, i64)>,
+    segments: bool,
+    head_dim: usize,
+) -> (ejc_ir::op::Features, ejc_ir::op::Scalars) {
+    let wanted =
+        CallFeatures { window: band, softcap: o.logits_soft_cap, segment_ids: segments, ..Default::default() };
+    let features = Features {
+        sliding_window: band.map(|_| Window::Runtime),
+        logits_soft_cap: o.logits_soft_cap.map(|_| SoftCap::Runtime),
+        segment_ids: segments,
+        ..Default::default()
+    };
+    let rt = FlashRuntime {
+        softmax_scale: o.softmax_scale.unwrap_or(1.0 / (head_dim as f64).sqrt()),
+        window: band.unwrap_or((0, 0)),
+        softcap: o.logits_soft_cap.unwrap_or(1.0),
+        dropout_p: 0.0,
+        seed: 0,
+    };
+    (wanted.to_json(), scalars_of(&features, &rt))
+}
+
+/// Check a rank's inputs against each other and the ring; returns (B, L, Hq, Hkv, D, Dv).
+fn check_inputs(
+    a: &RingInputs<Tensor>,
+    o: &RingOptions,
+    n: usize,
+) -> Result<(usize, usize, usize, usize, usize, usize), ApiError> {
+    let (dt, q) = info(a.q);
+    let (dk, k) = info(a.k);
+    let (dv, v) = info(a.v);
+    let arg = |arg: &'static str, m: String| ApiError::Argument { arg, message: m };
+    if !matches!(dt, DType::BF16 | DType::F16 | DType::F32) {
+        return Err(arg("q", format!("dtype {dt}: ring attention takes bf16, f16 or f32")));
+    }
+    if dk != dt || dv != dt {
+        return Err(arg("k", format!("k ({dk}) and v ({dv}) must have q's dtype {dt}")));
+    }
+    for (name, s) in [("q", &q), ("k", &k), ("v", &v)] {
+        if s.len() != 4 {
+            return Err(arg(name, format!("shape {s:?} is not [batch, local_seq, heads, head_dim]")));
+        }
+    }
+    if k[0] != q[0] || k[1] != q[1] || k[3] != q[3] || v[..3] != k[..3] {
+        return Err(arg("k", format!("shapes q {q:?}, k {k:?}, v {v:?} disagree (every rank holds as many keys as queries)")));
+    }
+    if k[2] == 0 || q[2] % k[2] != 0 {
+        return Err(arg("k", format!("heads_q ({}) must be a multiple of heads_kv ({})", q[2], k[2])));
+    }
+    if a.q_segment_ids.is_some() != a.kv_segment_ids.is_some() {
+        return Err(arg("q_segment_ids", "segment ids need both q_segment_ids and kv_segment_ids".into()));
+    }
+    for (name, t) in [("q_segment_ids", a.q_segment_ids), ("kv_segment_ids", a.kv_segment_ids)] {
+        if let Some(t) = t {
+            let (d, s) = info(t);
+            if d != DType::I32 || s != [q[0], q[1]] {
+                return Err(arg(name, format!("{d} {s:?}, expected i32 [{}, {}]", q[0], q[1])));
+            }
+        }
+    }
+    if let Some(s) = a.sinks {
+        let (d, s) = info(s);
+        if d != DType::F32 || s.len() != 2 || s[0] != q[2] {
+            return Err(arg("sinks", format!("{d} {s:?}, expected f32 [{}, n_sinks]", q[2])));
+        }
+    }
+    if let Some(c) = o.logits_soft_cap {
+        if !(c > 0.0 && (c as f32).is_finite()) {
+            return Err(arg("logits_soft_cap", format!("{c} must be a positive finite number")));
+        }
+    }
+    ring::check(o.layout, n, q[1], o.mask()).map_err(|m| arg("q", m))?;
+    Ok((q[0], q[1], q[2], k[2], q[3], v[3]))
+}
+
+/// A contiguous `[B, rows, H, D]` (or `[B, H, rows]`) view of the first rows of a
+/// scratch buffer.
+fn scratch_view(g: &dyn Glue, t: &Tensor, shape: &[usize], axis: usize) -> Result<Tensor, ApiError> {
+    let full = info(t).1;
+    if full[axis] == shape[axis] {
+        return g.rows(t, axis, 0..shape[axis]);
+    }
+    // A prefix of a contiguous buffer, contiguous in the smaller shape.
+    match t {
+        Tensor::Host(_) => g.alloc(info(t).0, shape),
+        #[cfg(feature = "cuda")]
+        Tensor::Cuda(d) => {
+            let mut d = d.clone();
+            d.shape = shape.to_vec();
+            d.strides = ejc_ir::tensor::HostTensor::contiguous_strides(shape);
+            Ok(Tensor::Cuda(d))
+        }
+    }
+}
+
+fn view_of(t: &Tensor) -> Tensor {
+    match t {
+        Tensor::Host(b) => Tensor::Host(b.clone()),
+        #[cfg(feature = "cuda")]
+        Tensor::Cuda(d) => Tensor::Cuda(d.clone()),
+    }
+}
+
+fn call_opts(o: &RingOptions, on_device: bool) -> CallOptions {
+    CallOptions {
+        platform: if on_device { PlatformChoice::Cuda } else { PlatformChoice::Cpu },
+        config: None,
+        threads: o.threads,
+        deterministic: o.deterministic,
+    }
+}
+
+/// The ring forward on one rank: its shard's output and log-sum-exp.
+pub fn forward(
+    rt: &mut Runtime,
+    comm: &mut dyn Communicator,
+    glue: &dyn Glue,
+    a: &RingInputs<Tensor>,
+    o: &RingOptions,
+) -> Result<RingForward, ApiError> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let (b, l, hq, hkv, d, dv) = check_inputs(a, o, n)?;
+    let dtype = info(a.q).0;
+    let on_device = !matches!(a.q, Tensor::Host(_));
+    let segments = a.q_segment_ids.is_some();
+    let mut acc = glue.alloc(DType::F32, &[b, l, hq, dv])?;
+    glue.fill(&mut acc, 0.0)?;
+    let mut acc_lse = glue.alloc(DType::F32, &[b, hq, l])?;
+    glue.fill(&mut acc_lse, f32::NEG_INFINITY)?;
+    let o_block = glue.alloc(dtype, &[b, l, hq, dv])?;
+    let lse_block = glue.alloc(DType::F32, &[b, hq, l])?;
+    // The keys held now, and the buffers the next ones arrive in.
+    let mut cur: Vec<Tensor> = vec![view_of(a.k), view_of(a.v)];
+    if let Some(s) = a.kv_segment_ids {
+        cur.push(view_of(s));
+    }
+    let mut next: Vec<Tensor> =
+        cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    let mut launches = 0;
+    for step in 0..n {
+        let more = step + 1 < n;
+        if more {
+            comm.start(0, &cur.iter().collect::<Vec<_>>(), &next.iter().collect::<Vec<_>>())?;
+        }
+        let src = ring::source(n, rank, step);
+        for blk in ring::launches(o.layout, n, l, rank, src, o.mask()).map_err(err)? {
+            let lq = blk.q.len();
+            let (features, scalars) = block_call(o, blk.band, segments, d);
+            let mut call = Call { scalars, ..Call::default() };
+            call.tensors.insert("q".into(), glue.rows(a.q, 1, blk.q.clone())?);
+            call.tensors.insert("k".into(), glue.rows(&cur[0], 1, blk.kv.clone())?);
+            call.tensors.insert("v".into(), glue.rows(&cur[1], 1, blk.kv.clone())?);
+            if let (Some(qs), Some(ks)) = (a.q_segment_ids, cur.get(2)) {
+                call.tensors.insert("q_segment_ids".into(), glue.rows(qs, 1, blk.q.clone())?);
+                call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
+            }
+            call.tensors.insert("out".into(), scratch_view(glue, &o_block, &[b, lq, hq, dv], 1)?);
+            call.tensors.insert("lse".into(), scratch_view(glue, &lse_block, &[b, hq, lq], 2)?);
+            #[cfg(feature = "cuda")]
+            if on_device {
+                call.cuda = Some(rt.cuda()?);
+            }
+            rt.call("flash_attention_fwd", &features, &mut call, &call_opts(o, on_device))?;
+            let out = call.tensors.remove("out").ok_or_else(|| err("the call lost `out`"))?;
+            let lse = call.tensors.remove("lse").ok_or_else(|| err("the call lost `lse`"))?;
+            glue.merge(&mut acc, &mut acc_lse, &out, &lse, blk.q.start)?;
+            launches += 1;
+        }
+        if more {
+            comm.wait(0, &mut next.iter_mut().collect::<Vec<_>>())?;
+            std::mem::swap(&mut cur, &mut next);
+        }
+    }
+    let mut out = glue.alloc(dtype, &[b, l, hq, dv])?;
+    let mut lse = glue.alloc(DType::F32, &[b, hq, l])?;
+    glue.finalize(&acc, &acc_lse, a.sinks, &mut out, &mut lse)?;
+    let _ = hkv;
+    Ok(RingForward { out, lse, launches })
+}
+
+/// The ring backward on one rank: gradients of its shard, from the forward's `out` and
+/// `lse` (this rank's) and the output gradient `dout`.
+pub fn backward(
+    rt: &mut Runtime,
+    comm: &mut dyn Communicator,
+    glue: &dyn Glue,
+    a: &RingInputs<Tensor>,
+    (out, lse, dout): (&Tensor, &Tensor, &Tensor),
+    o: &RingOptions,
+) -> Result<RingGrads, ApiError> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let (b, l, hq, hkv, d, dv) = check_inputs(a, o, n)?;
+    let dtype = info(a.q).0;
+    let on_device = !matches!(a.q, Tensor::Host(_));
+    let segments = a.q_segment_ids.is_some();
+    let mut dq_acc = glue.alloc(DType::F32, &[b, l, hq, d])?;
+    glue.fill(&mut dq_acc, 0.0)?;
+    // This step's dK/dV contributions (f32), and the accumulators that travel.
+    let mut part = vec![glue.alloc(DType::F32, &[b, l, hkv, d])?, glue.alloc(DType::F32, &[b, l, hkv, dv])?];
+    let mut acc_in = vec![glue.alloc(DType::F32, &[b, l, hkv, d])?, glue.alloc(DType::F32, &[b, l, hkv, dv])?];
+    let mut acc_out = vec![glue.alloc(DType::F32, &[b, l, hkv, d])?, glue.alloc(DType::F32, &[b, l, hkv, dv])?];
+    let blk_dq = glue.alloc(dtype, &[b, l, hq, d])?;
+    let blk_dk = glue.alloc(dtype, &[b, l, hkv, d])?;
+    let blk_dv = glue.alloc(dtype, &[b, l, hkv, dv])?;
+    let mut cur: Vec<Tensor> = vec![view_of(a.k), view_of(a.v)];
+    if let Some(s) = a.kv_segment_ids {
+        cur.push(view_of(s));
+    }
+    let mut next: Vec<Tensor> =
+        cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    let mut launches = 0;
+    for step in 0..n {
+        let more = step + 1 < n;
+        if more {
+            comm.start(0, &cur.iter().collect::<Vec<_>>(), &next.iter().collect::<Vec<_>>())?;
+        }
+        for p in part.iter_mut() {
+            glue.fill(p, 0.0)?;
+        }
+        let src = ring::source(n, rank, step);
+        for blk in ring::launches(o.layout, n, l, rank, src, o.mask()).map_err(err)? {
+            let (lq, lk) = (blk.q.len(), blk.kv.len());
+            let (features, scalars) = block_call(o, blk.band, segments, d);
+            let mut call = Call { scalars, ..Call::default() };
+            let q_rows = |t: &Tensor| glue.rows(t, 1, blk.q.clone());
+            call.tensors.insert("q".into(), q_rows(a.q)?);
+            call.tensors.insert("k".into(), glue.rows(&cur[0], 1, blk.kv.clone())?);
+            call.tensors.insert("v".into(), glue.rows(&cur[1], 1, blk.kv.clone())?);
+            call.tensors.insert("out".into(), q_rows(out)?);
+            call.tensors.insert("dout".into(), q_rows(dout)?);
+            call.tensors.insert("lse".into(), glue.rows(lse, 2, blk.q.clone())?);
+            if let (Some(qs), Some(ks)) = (a.q_segment_ids, cur.get(2)) {
+                call.tensors.insert("q_segment_ids".into(), q_rows(qs)?);
+                call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
+            }
+            call.tensors.insert("dq".into(), scratch_view(glue, &blk_dq, &[b, lq, hq, d], 1)?);
+            call.tensors.insert("dk".into(), scratch_view(glue, &blk_dk, &[b, lk, hkv, d], 1)?);
+            call.tensors.insert("dv".into(), scratch_view(glue, &blk_dv, &[b, lk, hkv, dv], 1)?);
+            #[cfg(feature = "cuda")]
+            if on_device {
+                call.cuda = Some(rt.cuda()?);
+            }
+            rt.call("flash_attention_bwd", &features, &mut call, &call_opts(o, on_device))?;
+            let take = |call: &mut Call, n: &str| call.tensors.remove(n).ok_or_else(|| err(format!("the call lost `{n}`")));
+            glue.accumulate(&mut dq_acc, &take(&mut call, "dq")?, blk.q.start)?;
+            glue.accumulate(&mut part[0], &take(&mut call, "dk")?, blk.kv.start)?;
+            glue.accumulate(&mut part[1], &take(&mut call, "dv")?, blk.kv.start)?;
+            launches += 1;
+        }
+        // The accumulators of the keys held now: zero at step 0 (our own keys), else
+        // what the previous rank sent after its step.
+        if step == 0 {
+            for t in acc_in.iter_mut() {
+                glue.fill(t, 0.0)?;
+            }
+        } else {
+            comm.wait(1, &mut acc_in.iter_mut().collect::<Vec<_>>())?;
+        }
+        for (acc, p) in acc_in.iter_mut().zip(&part) {
+            glue.accumulate(acc, p, 0)?;
+        }
+        if n > 1 {
+            // On to the next rank (after the last step: home to the keys' owner).
+            std::mem::swap(&mut acc_in, &mut acc_out);
+            comm.start(1, &acc_out.iter().collect::<Vec<_>>(), &acc_in.iter().collect::<Vec<_>>())?;
+        }
+        if more {
+            comm.wait(0, &mut next.iter_mut().collect::<Vec<_>>())?;
+            std::mem::swap(&mut cur, &mut next);
+        }
+    }
+    if n > 1 {
+        comm.wait(1, &mut acc_in.iter_mut().collect::<Vec<_>>())?;
+    }
+    let mut dq = glue.alloc(dtype, &[b, l, hq, d])?;
+    glue.convert(&dq_acc, &mut dq)?;
+    let mut dk = glue.alloc(dtype, &[b, l, hkv, d])?;
+    glue.convert(&acc_in[0], &mut dk)?;
+    let mut dv_t = glue.alloc(dtype, &[b, l, hkv, dv])?;
+    glue.convert(&acc_in[1], &mut dv_t)?;
+    let dsinks = match a.sinks {
+        Some(s) => {
+            let mut t = glue.dsinks(s, lse, out, dout)?;
+            comm.all_reduce_sum(&mut t)?;
+            Some(t)
+        }
+        None => None,
+    };
+    Ok(RingGrads { dq, dk, dv: dv_t, dsinks, launches })
+}
+
+// ---------------------------------------------------------------------------------
+// The host: glue in plain Rust, ranks as threads.
+
+/// f32 elements of a contiguous host buffer.
+fn f32s(t: &Tensor) -> Result<Vec<f32>, ApiError> {
+    match t {
+        Tensor::Host(h) if h.dtype == DType::F32 => {
+            Ok(h.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        }
+        Tensor::Host(h) => Ok(h.to_host().to_vec().into_iter().map(|x| x as f32).collect()),
+        #[cfg(feature = "cuda")]
+        Tensor::Cuda(_) => Err(err("host glue given a GPU tensor")),
+    }
+}
+
+fn put_f32s(t: &mut Tensor, xs: &[f32]) -> Result<(), ApiError> {
+    match t {
+        Tensor::Host(h) if h.dtype == DType::F32 => {
+            for (c, x) in h.bytes.chunks_exact_mut(4).zip(xs) {
+                c.copy_from_slice(&x.to_le_bytes());
+            }
+            Ok(())
+        }
+        Tensor::Host(h) => {
+            let shape = h.shape.clone();
+            let ht = ejc_ir::tensor::HostTensor::from_vec(h.dtype, &shape, xs.iter().map(|x| *x as f64).collect());
+            *h = HostBuffer::from_host(&ht);
+            Ok(())
+        }
+        #[cfg(feature = "cuda")]
+        Tensor::Cuda(_) => Err(err("host glue given a GPU tensor")),
+    }
+}
+
+/// [`Glue`] for host tensors.
+pub struct HostGlue;
+
+impl Glue for HostGlue {
+    fn alloc(&self, dtype: DType, shape: &[usize]) -> Result<Tensor, ApiError> {
+        HostBuffer::try_zeros(dtype, shape).map(Tensor::Host).map_err(err)
+    }
+
+    fn fill(&self, t: &mut Tensor, x: f32) -> Result<(), ApiError> {
+        let n = info(t).1.iter().product::<usize>();
+        put_f32s(t, &vec![x; n])
+    }
+
+    fn merge(
+        &self,
+        acc: &mut Tensor,
+        acc_lse: &mut Tensor,
+        o: &Tensor,
+        lse: &Tensor,
+        off: usize,
+    ) -> Result<(), ApiError> {
+        let (_, s) = info(acc);
+        let (bsz, l, h, d) = (s[0], s[1], s[2], s[3]);
+        let lb = info(o).1[1];
+        let (mut a, mut al) = (f32s(acc)?, f32s(acc_lse)?);
+        let (ob, lb_) = (f32s(o)?, f32s(lse)?);
+        for b in 0..bsz {
+            for i in 0..lb {
+                for hh in 0..h {
+                    let l2 = lb_[(b * h + hh) * lb + i];
+                    let ia = (b * h + hh) * l + off + i;
+                    let l1 = al[ia];
+                    let m = l1.max(l2);
+                    if m == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let (w1, w2) = ((l1 - m).exp(), (l2 - m).exp());
+                    let sum = w1 + w2;
+                    let (a1, a2) = (w1 / sum, w2 / sum);
+                    al[ia] = m + sum.ln();
+                    let pa = ((b * l + off + i) * h + hh) * d;
+                    let po = ((b * lb + i) * h + hh) * d;
+                    for e in 0..d {
+                        a[pa + e] = a1 * a[pa + e] + a2 * ob[po + e];
+                    }
+                }
+            }
+        }
+        put_f32s(acc, &a)?;
+        put_f32s(acc_lse, &al)
+    }
+
+    fn accumulate(&self, acc: &mut Tensor, x: &Tensor, off: usize) -> Result<(), ApiError> {
+        let (_, s) = info(acc);
+        let (bsz, l, inner) = (s[0], s[1], s[2] * s[3]);
+        let lx = info(x).1[1];
+        let mut a = f32s(acc)?;
+        let xs = f32s(x)?;
+        for b in 0..bsz {
+            for i in 0..lx {
+                let (pa, px) = (((b * l) + off + i) * inner, (b * lx + i) * inner);
+                for e in 0..inner {
+                    a[pa + e] += xs[px + e];
+                }
+            }
+        }
+        put_f32s(acc, &a)
+    }
+
+    fn finalize(
+        &self,
+        acc: &Tensor,
+        acc_lse: &Tensor,
+        sinks: Option<&Tensor>,
+        out: &mut Tensor,
+        lse: &mut Tensor,
+    ) -> Result<(), ApiError> {
+        let (_, s) = info(acc);
+        let (bsz, l, h, d) = (s[0], s[1], s[2], s[3]);
+        let (mut a, mut al) = (f32s(acc)?, f32s(acc_lse)?);
+        let sink_lse: Vec<f32> = match sinks {
+            None => vec![f32::NEG_INFINITY; h],
+            Some(t) => {
+                let (_, ss) = info(t);
+                let v = t.host().ok_or_else(|| err("host glue given a GPU tensor"))?.to_host();
+                (0..h)
+                    .map(|hh| {
+                        let xs: Vec<f32> = (0..ss[1]).map(|j| v.get(&[hh, j]) as f32).collect();
+                        let m = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        if m == f32::NEG_INFINITY {
+                            m
+                        } else {
+                            m + xs.iter().map(|x| (x - m).exp()).sum::<f32>().ln()
+                        }
+                    })
+                    .collect()
+            }
+        };
+        for b in 0..bsz {
+            for (hh, &l2) in sink_lse.iter().enumerate() {
+                for i in 0..l {
+                    let ia = (b * h + hh) * l + i;
+                    let l1 = al[ia];
+                    let m = l1.max(l2);
+                    let (lf, scale) = if m == f32::NEG_INFINITY {
+                        (m, 0.0)
+                    } else {
+                        let lf = m + ((l1 - m).exp() + (l2 - m).exp()).ln();
+                        (lf, (l1 - lf).exp())
+                    };
+                    al[ia] = lf;
+                    let pa = ((b * l + i) * h + hh) * d;
+                    for e in 0..d {
+                        a[pa + e] *= scale;
+                    }
+                }
+            }
+        }
+        put_f32s(out, &a)?;
+        put_f32s(lse, &al)
+    }
+
+    fn convert(&self, acc: &Tensor, out: &mut Tensor) -> Result<(), ApiError> {
+        put_f32s(out, &f32s(acc)?)
+    }
+
+    fn dsinks(&self, sinks: &Tensor, lse: &Tensor, out: &Tensor, dout: &Tensor) -> Result<Tensor, ApiError> {
+        let (_, ss) = info(sinks);
+        let (_, s) = info(out);
+        let (bsz, l, h, d) = (s[0], s[1], s[2], s[3]);
+        let sk = f32s(sinks)?;
+        let (ls, o, g) = (f32s(lse)?, f32s(out)?, f32s(dout)?);
+        let mut ds = vec![0f32; h * ss[1]];
+        for hh in 0..h {
+            for t in 0..ss[1] {
+                let mut sum = 0f32;
+                for b in 0..bsz {
+                    for i in 0..l {
+                        let p = ((b * l + i) * h + hh) * d;
+                        let delta: f32 = (0..d).map(|e| o[p + e] * g[p + e]).sum();
+                        sum += (sk[hh * ss[1] + t] - ls[(b * h + hh) * l + i]).exp() * delta;
+                    }
+                }
+                ds[hh * ss[1] + t] = -sum;
+            }
+        }
+        let mut t = self.alloc(DType::F32, &[h, ss[1]])?;
+        put_f32s(&mut t, &ds)?;
+        Ok(t)
+    }
+
+    fn rows(&self, t: &Tensor, axis: usize, r: Range<usize>) -> Result<Tensor, ApiError> {
+        let h = t.host().ok_or_else(|| err("host glue given a GPU tensor"))?;
+        if r.end > h.shape[axis] {
+            return Err(err(format!("rows {r:?} of axis {axis} outside {:?}", h.shape)));
+        }
+        let mut shape = h.shape.clone();
+        shape[axis] = r.len();
+        let mut out = HostBuffer::try_zeros(h.dtype, &shape).map_err(err)?;
+        let es = h.dtype.size_bytes();
+        let n: usize = shape.iter().product();
+        let mut idx = vec![0usize; shape.len()];
+        for k in 0..n {
+            let mut src = h.offset as isize;
+            for (a, i) in idx.iter().enumerate() {
+                let i = if a == axis { i + r.start } else { *i };
+                src += i as isize * h.strides[a];
+            }
+            let src = src as usize * es;
+            out.bytes[k * es..(k + 1) * es].copy_from_slice(&h.bytes[src..src + es]);
+            for a in (0..shape.len()).rev() {
+                idx[a] += 1;
+                if idx[a] < shape[a] {
+                    break;
+                }
+                idx[a] = 0;
+            }
+        }
+        Ok(Tensor::Host(out))
+    }
+}
+
+type Message = (u8, Vec<Vec<u8>>);
+
+/// One rank of a ring of threads (host tensors): [`LocalRing::new`] makes all of them.
+pub struct LocalRing {
+    rank: usize,
+    size: usize,
+    to_next: Sender<Message>,
+    from_prev: Receiver<Message>,
+    /// Messages that arrived for another tag than the one waited for.
+    pending: HashMap<u8, VecDeque<Vec<Vec<u8>>>>,
+}
+
+impl LocalRing {
+    /// The `n` ranks of a ring, to be moved one to a thread.
+    pub fn new(n: usize) -> Vec<LocalRing> {
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| channel::<Message>()).unzip();
+        // Rank r receives on channel r; rank r − 1 holds its sender.
+        let mut senders: Vec<Option<Sender<Message>>> = senders.into_iter().map(Some).collect();
+        receivers
+            .into_iter()
+            .enumerate()
+            .map(|(rank, from_prev)| LocalRing {
+                rank,
+                size: n,
+                to_next: senders[(rank + 1) % n].take().unwrap_or_else(|| unreachable!("each sender taken once")),
+                from_prev,
+                pending: HashMap::new(),
+            })
+            .collect()
+    }
+
+    fn receive(&mut self, tag: u8) -> Result<Vec<Vec<u8>>, ApiError> {
+        if let Some(m) = self.pending.get_mut(&tag).and_then(|q| q.pop_front()) {
+            return Ok(m);
+        }
+        loop {
+            let (t, m) = self.from_prev.recv().map_err(|_| err(format!("rank {}: the previous rank hung up", self.rank)))?;
+            if t == tag {
+                return Ok(m);
+            }
+            self.pending.entry(t).or_default().push_back(m);
+        }
+    }
+}
+
+fn host_bytes(t: &Tensor) -> Result<Vec<u8>, ApiError> {
+    Ok(t.host().ok_or_else(|| err("a local ring moves host tensors"))?.bytes.clone())
+}
+
+impl Communicator for LocalRing {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn start(&mut self, tag: u8, send: &[&Tensor], _recv: &[&Tensor]) -> Result<(), ApiError> {
+        let m = send.iter().map(|t| host_bytes(t)).collect::<Result<_, _>>()?;
+        self.to_next.send((tag, m)).map_err(|_| err(format!("rank {}: the next rank hung up", self.rank)))
+    }
+    fn wait(&mut self, tag: u8, recv: &mut [&mut Tensor]) -> Result<(), ApiError> {
+        let m = self.receive(tag)?;
+        if m.len() != recv.len() {
+            return Err(err(format!("rank {}: {} buffers arrived, {} expected", self.rank, m.len(), recv.len())));
+        }
+        for (t, bytes) in recv.iter_mut().zip(m) {
+            let h = t.host_mut().ok_or_else(|| err("a local ring moves host tensors"))?;
+            if h.bytes.len() != bytes.len() {
+                return Err(err(format!("rank {}: a buffer of {} bytes arrived for {}", self.rank, bytes.len(), h.bytes.len())));
+            }
+            h.bytes = bytes;
+        }
+        Ok(())
+    }
+    fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), ApiError> {
+        // Pass every rank's tensor around once, then sum in rank order: every rank
+        // gets the same bits.
+        let mine = f32s(t)?;
+        let mut all: Vec<Option<Vec<f32>>> = vec![None; self.size];
+        all[self.rank] = Some(mine.clone());
+        let mut carry = mine;
+        for k in 1..self.size {
+            let bytes: Vec<u8> = carry.iter().flat_map(|x| x.to_le_bytes()).collect();
+            self.to_next.send((2, vec![bytes])).map_err(|_| err("the next rank hung up"))?;
+            let m = self.receive(2)?;
+            carry = m[0].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            all[(self.rank + self.size - k) % self.size] = Some(carry.clone());
+        }
+        let mut sum = vec![0f32; carry.len()];
+        for v in all.into_iter().flatten() {
+            for (s, x) in sum.iter_mut().zip(v) {
+                *s += x;
+            }
+        }
+        put_f32s(t, &sum)
+    }
+}
+
+/// Global tensors, dealt to the ranks or gathered from them (host tensors, axis 1 the
+/// sequence).
+fn shard(g: &HostBuffer, layout: RingLayout, n: usize, rank: usize) -> Result<Tensor, ApiError> {
+    let l = g.shape[1] / n;
+    let mut parts = Vec::new();
+    for p in ring::pieces(layout, n, l, rank) {
+        parts.push(HostGlue.rows(&Tensor::Host(g.clone()), 1, p.global..p.global + p.len)?);
+    }
+    concat(&parts, 1)
+}
+
+fn concat(parts: &[Tensor], axis: usize) -> Result<Tensor, ApiError> {
+    let hs: Vec<&HostBuffer> = parts.iter().map(|t| t.host().ok_or_else(|| err("host tensors only"))).collect::<Result<_, _>>()?;
+    let mut shape = hs[0].shape.clone();
+    shape[axis] = hs.iter().map(|h| h.shape[axis]).sum();
+    let outer: usize = shape[..axis].iter().product();
+    let es = hs[0].dtype.size_bytes();
+    let mut out = HostBuffer::try_zeros(hs[0].dtype, &shape).map_err(err)?;
+    let mut w = 0;
+    for o in 0..outer {
+        for h in &hs {
+            let chunk = h.shape[axis..].iter().product::<usize>() * es;
+            out.bytes[w..w + chunk].copy_from_slice(&h.bytes[o * chunk..(o + 1) * chunk]);
+            w += chunk;
+        }
+    }
+    Ok(Tensor::Host(out))
+}
+
+/// Put each rank's rows (axis `axis`) back in global order.
+fn gather(shards: &[Tensor], layout: RingLayout, axis: usize) -> Result<HostBuffer, ApiError> {
+    let n = shards.len();
+    let l = info(&shards[0]).1[axis];
+    let mut parts: Vec<(usize, Tensor)> = Vec::new();
+    for (rank, s) in shards.iter().enumerate() {
+        for p in ring::pieces(layout, n, l, rank) {
+            parts.push((p.global, HostGlue.rows(s, axis, p.local..p.local + p.len)?));
+        }
+    }
+    parts.sort_by_key(|p| p.0);
+    let ts: Vec<Tensor> = parts.into_iter().map(|p| p.1).collect();
+    match concat(&ts, axis)? {
+        Tensor::Host(h) => Ok(h),
+        #[cfg(feature = "cuda")]
+        _ => unreachable!("concat makes host tensors"),
+    }
+}
+
+/// Results of a simulated ring, gathered in global order: `out`, `lse` and, with a
+/// gradient, `dq`, `dk`, `dv`, `dsinks`.
+pub struct Simulated {
+    pub out: HostBuffer,
+    pub lse: HostBuffer,
+    pub grads: Option<(HostBuffer, HostBuffer, HostBuffer, Option<HostBuffer>)>,
+    /// Flash launches of each rank, forward (and backward).
+    pub launches: Vec<(usize, usize)>,
+}
+
+/// Run a ring of `n` ranks as threads of this process on the CPU: the global host
+/// tensors (`[B, n·L, …]`) are dealt out by `opts.layout`, every rank runs
+/// [`forward`] (and [`backward`] with `dout`), and the results are gathered. Each rank
+/// has its own [`Runtime`] from `runtime` (default: the environment's).
+pub fn simulate(
+    n: usize,
+    a: &RingInputs<HostBuffer>,
+    opts: &RingOptions,
+    dout: Option<&HostBuffer>,
+) -> Result<Simulated, ApiError> {
+    simulate_with(n, a, opts, dout, &RuntimeOptions::default())
+}
+
+/// [`simulate`] with the runtime options each rank's runtime is made from.
+pub fn simulate_with(
+    n: usize,
+    a: &RingInputs<HostBuffer>,
+    opts: &RingOptions,
+    dout: Option<&HostBuffer>,
+    runtime: &RuntimeOptions,
+) -> Result<Simulated, ApiError> {
+    if n == 0 {
+        return Err(err("a ring needs at least one rank"));
+    }
+    let s = a.q.shape.get(1).copied().unwrap_or(0);
+    if s % n != 0 {
+        return Err(ApiError::Argument {
+            arg: "q",
+            message: format!("a sequence of {s} tokens does not split over {n} ranks (pad it to a multiple)"),
+        });
+    }
+    ring::check(opts.layout, n, s / n, opts.mask()).map_err(|m| ApiError::Argument { arg: "q", message: m })?;
+    let layout = opts.layout;
+    let deal = |t: &HostBuffer, r: usize| shard(t, layout, n, r);
+    let comms = LocalRing::new(n);
+    let results: Vec<Result<(RingForward, Option<RingGrads>), ApiError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, mut comm)| {
+                let runtime = runtime.clone();
+                scope.spawn(move || -> Result<(RingForward, Option<RingGrads>), ApiError> {
+                    let mut rt = Runtime::new(runtime)?;
+                    let q = deal(a.q, rank)?;
+                    let k = deal(a.k, rank)?;
+                    let v = deal(a.v, rank)?;
+                    let qs = a.q_segment_ids.map(|t| deal(t, rank)).transpose()?;
+                    let ks = a.kv_segment_ids.map(|t| deal(t, rank)).transpose()?;
+                    let sinks = a.sinks.map(|t| Tensor::Host(t.clone()));
+                    let inputs = RingInputs {
+                        q: &q,
+                        k: &k,
+                        v: &v,
+                        q_segment_ids: qs.as_ref(),
+                        kv_segment_ids: ks.as_ref(),
+                        sinks: sinks.as_ref(),
+                    };
+                    let f = forward(&mut rt, &mut comm, &HostGlue, &inputs, opts)?;
+                    let g = match dout {
+                        Some(d) => {
+                            let d = deal(d, rank)?;
+                            Some(backward(&mut rt, &mut comm, &HostGlue, &inputs, (&f.out, &f.lse, &d), opts)?)
+                        }
+                        None => None,
+                    };
+                    Ok((f, g))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(err("a rank's thread panicked")))).collect()
+    });
+    let mut fwd = Vec::new();
+    let mut grads = Vec::new();
+    for r in results {
+        let (f, g) = r?;
+        fwd.push(f);
+        grads.push(g);
+    }
+    let outs: Vec<Tensor> = fwd.iter().map(|f| view_of(&f.out)).collect();
+    let lses: Vec<Tensor> = fwd.iter().map(|f| view_of(&f.lse)).collect();
+    let out = gather(&outs, layout, 1)?;
+    let lse = gather(&lses, layout, 2)?;
+    let launches = fwd.iter().zip(&grads).map(|(f, g)| (f.launches, g.as_ref().map_or(0, |g| g.launches))).collect();
+    let grads = if grads.iter().all(Option::is_some) && dout.is_some() {
+        let gs: Vec<RingGrads> = grads.into_iter().flatten().collect();
+        let col = |f: &dyn Fn(&RingGrads) -> &Tensor| gs.iter().map(|g| view_of(f(g))).collect::<Vec<_>>();
+        let dq = gather(&col(&|g| &g.dq), layout, 1)?;
+        let dk = gather(&col(&|g| &g.dk), layout, 1)?;
+        let dv = gather(&col(&|g| &g.dv), layout, 1)?;
+        let dsinks = gs[0].dsinks.as_ref().and_then(|t| t.host().cloned());
+        Some((dq, dk, dv, dsinks))
+    } else {
+        None
+    };
+    Ok(Simulated { out, lse, grads, launches })
+}
