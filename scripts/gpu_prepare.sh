@@ -25,6 +25,9 @@
 #   bash scripts/gpu_prepare.sh --paged    # page_attention and ragged_decode_attention: every variant x bf16/f16 x d64/d128,
 #                                          # both plans, sm_80 and sm_90a, MLIR's gpu form, and the bench sets
 #                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
+#   bash scripts/gpu_prepare.sh --ring     # ring attention (issue 23): `ejc-ring` and the ring specs' blocks (bf16,
+#                                          # d64/d128, sm_90a), for gpu_run.sh --ring and --ring-bench on a kind
+#                                          # with several GPUs (nvidia-h100-x4: 2 and 4 ranks)
 #   bash scripts/gpu_prepare.sh --hostile  # samples of every operation for gpu_run.sh --hostile (memcheck,
 #                                          # racecheck, zero-sized axes, tensors past 2^31 elements)
 # (seven packs: together they would pass the device tool's 64 MiB.)
@@ -139,6 +142,17 @@ if [ "${1:-}" = "--paged" ]; then
         -o .gpu/ragged_bench
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz paged paged_mlir paged_bench ragged ragged_mlir ragged_bench
     rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--ring" ]; then
+    # The runner of the ring (one process per GPU, NCCL), the block kernels of both passes.
+    cargo build --release -q -p ejc-runtime --features cuda --bin ejc-ring
+    cp target/release/ejc-ring .gpu/
+    $EJC build specs/ring.yaml -q --target ptx:sm_90a --dtype bf16 -o .gpu/ring --report > .gpu/ring_ptxas.txt
+    $EJC build specs/ring_bwd.yaml -q --target ptx:sm_90a --dtype bf16 -o .gpu/ring_bwd --report > .gpu/ring_bwd_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz ring ring_bwd
+    rm -rf .gpu/ring .gpu/ring_bwd
     du -sh .gpu/*
     exit 0
 fi

@@ -39,6 +39,11 @@
 #                                        # artifact of both plans checked (PTX and MLIR), memcheck and racecheck samples, the
 #                                        # tuner's choice stored and reused; then --paged-bench in a second call (carry
 #                                        # .anchors/fa4/part-ab and whl): bench/paged_gpu.py, bandwidth vs copy, FA4, SDPA
+#   bash scripts/gpu_run.sh --ring       # ring attention (`gpu_prepare.sh --ring`; a kind with 2+ GPUs): the block
+#                                        # artifacts checked, then `ejc-ring check` on 2 and on every GPU (NCCL ranks
+#                                        # vs the one-GPU simulation bit for bit, and vs the f64 reference)
+#   bash scripts/gpu_run.sh --ring-bench # then, on the warm machine: `ejc-ring bench` (scaling, hidden transfers,
+#                                        # layouts) and bench/ring_gpu.py (torch all-gather + SDPA) side by side
 #   bash scripts/gpu_run.sh --train      # examples/train_gpu.py, full and causal (`gpu_prepare.sh --train`)
 #   bash scripts/gpu_run.sh --cpu [THREADS]  # the host CPU (`gpu_prepare.sh --cpu`): AMX detection, `ejc run --backend cpu`
 #                                        # on every variant x dtype with `--isa amx` (awkward sizes, against the reference),
@@ -336,6 +341,107 @@ if [ "${1:-}" = "--paged" ]; then
             --size num_seqs=4,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=8192,min_context=8192 \
             --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log" || status=1
     done
+    exit $status
+fi
+# NCCL and NVRTC for ejc-ring, from the machine's Python wheels or CUDA (cudarc looks for
+# libnccl.so / libnvrtc.so; the wheels ship libnccl.so.2, libnvrtc.so.13).
+ring_libs() {
+    mkdir -p /tmp/ejc-libs
+    local lib f
+    for lib in nccl nvrtc; do
+        f=$(python3 -c "
+import glob, site, sys
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+hits = [p for d in dirs for p in glob.glob(d + '/nvidia/**/lib$lib.so*', recursive=True)]
+print(sorted(hits)[0] if hits else '')" 2>/dev/null)
+        [ -n "$f" ] || f=$(ls /usr/local/cuda/lib64/lib$lib.so* 2>/dev/null | head -1)
+        [ -n "$f" ] || { echo "no lib$lib on this machine"; return 1; }
+        ln -sf "$f" /tmp/ejc-libs/lib$lib.so
+        export LD_LIBRARY_PATH="/tmp/ejc-libs:$(dirname "$f")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "lib$lib: $f"
+    done
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    export EJC_KERNELS=/tmp/ejc-art/ring:/tmp/ejc-art/ring_bwd
+}
+if [ "${1:-}" = "--ring" ]; then
+    ring_libs | tee "$OUT/ring_libs.txt" || exit 1
+    ring_libs > /dev/null
+    N=$(nvidia-smi -L | wc -l)
+    if [ -z "${EJC_RING_SKIP_SETS:-}" ]; then
+        check_set ring || status=1
+        check_set ring_bwd || status=1
+    fi
+    # The banded blocks with negative sides (a band off the diagonal, as a ring's blocks have).
+    for w in "window_left=-40,window_right=150" "window_left=150,window_right=-40" "window_left=-200,window_right=260"; do
+        for d in ring ring_bwd; do
+            echo "== $d band $w" | tee -a "$OUT/ring_neg.log"
+            timeout 200 ./.gpu/ejc-gpu check "/tmp/ejc-art/$d" --filter band_bf16 --shape 1,300,300,4,2,128 \
+                --scalars "$w" 2>&1 | tail -4 | tee -a "$OUT/ring_neg.log" || status=1
+        done
+    done
+    R=./.gpu/ejc-ring
+    C="--cache-dir /tmp/ejc-cache"
+    {
+        timeout 200 $R check --gpus 2 --seq 2048 --heads 8:2 --dim 128 --causal --sinks 2 --backward $C || status=1
+        timeout 200 $R check --gpus "$N" --seq 6000 --heads 4:4 --dim 64 --causal --window 700,0 --softcap 30 \
+            --backward $C || status=1
+        timeout 200 $R check --gpus "$N" --seq 3000 --heads 4:1 --dim 128 --layout contiguous --window 300,200 \
+            --segments --backward $C || status=1
+        timeout 120 $R check --gpus "$N" --seq 8192 --heads 16:4 --dim 128 --causal --layout contiguous $C || status=1
+    } 2>&1 | tee "$OUT/ring_check.log"
+    exit $status
+fi
+if [ "${1:-}" = "--ring-debug" ]; then
+    # The backward's windowed GPU failures, bisected: the exact block alone, a ring of one, of two.
+    ring_libs > /dev/null || exit 1
+    R=./.gpu/ejc-ring
+    {
+        [ -n "${EJC_RING_BISECT:-}" ] || timeout 100 ./.gpu/ejc-gpu check /tmp/ejc-art/ring_bwd --filter band_bf16_d128 \
+            --shape 1,750,750,4,1,128 --scalars window_left=-450,window_right=1500 2>&1 | tail -3
+        if [ -n "${EJC_RING_BISECT:-}" ]; then
+            # Four ranks, every block unmasked; causal (ranks with idle steps); three ranks with the window.
+            timeout 60 $R check --gpus 4 --seq 1200 --heads 4:1 --dim 128 --layout contiguous --backward 2>&1 | grep -v "^ejc: warning"
+            timeout 60 $R check --gpus 4 --seq 1200 --heads 4:1 --dim 128 --layout contiguous --causal --backward 2>&1 | grep -v "^ejc: warning"
+            timeout 60 $R check --gpus 3 --seq 1200 --heads 4:1 --dim 128 --layout contiguous --window 300,200 --backward 2>&1 | grep -v "^ejc: warning"
+        else
+            for g in 1 2; do
+                timeout 100 $R check --gpus $g --seq 1500 --heads 4:1 --dim 128 --layout contiguous --window 300,200 \
+                    --backward 2>&1 | grep -v "^ejc: warning"
+            done
+        fi
+    } 2>&1 | tee "$OUT/ring_debug.log"
+    exit 0
+fi
+if [ "${1:-}" = "--ring-bench" ]; then
+    ring_libs > /dev/null || exit 1
+    N=$(nvidia-smi -L | wc -l)
+    R=./.gpu/ejc-ring
+    J="$OUT/ring.json"
+    H="--heads 16:4 --dim 128"
+    row() {  # GPUS SEQ [flags]: ejc, then the torch anchor, same problem
+        local g=$1 s=$2; shift 2
+        timeout 280 $R bench --gpus "$g" --seq "$s" $H "$@" --json "$J" --cache-dir /tmp/ejc-cache 2>&1 | tail -1 \
+            | cut -c1-600 || status=1
+        local a=(); for f in "$@"; do case $f in --causal|--backward) a+=("$f");; esac; done
+        timeout 200 python3 bench/ring_gpu.py --gpus "$g" --seq "$s" --heads 16:4 "${a[@]}" --json "$J" 2>&1 | tail -1 \
+            || status=1
+    }
+    # EJC_RING_ROWS=fwd: the forward rows alone (the backward's GPU checks are not clean yet).
+    {
+        if [ "${EJC_RING_ROWS:-}" = fwd ]; then
+            row "$N" 131072 --causal
+            row "$N" 131072 --causal --layout contiguous
+            row 2 131072 --causal
+            row "$N" 524288 --causal --reps 2
+        else
+            row "$N" 131072 --causal --backward
+            row "$N" 131072 --causal --backward --layout contiguous
+            row 2 131072 --causal --backward
+            row "$N" 131072 --backward
+            row "$N" 524288 --causal --backward --reps 2
+            row "$N" 1048576 --causal --reps 1
+        fi
+    } 2>&1 | tee "$OUT/ring_bench.log"
     exit $status
 fi
 if [ "${1:-}" = "--paged-bench" ]; then

@@ -116,6 +116,7 @@ fn run(c: &Case) {
         softmax_scale: host.scalars.get("softmax_scale").copied(),
         deterministic: false,
         threads: 1,
+        ..Default::default()
     };
     let (fk, bk) = kernels();
     let cache = temp(&format!("cache-{seed}"));

@@ -310,8 +310,7 @@ impl Chain {
             }
             // Why, candidate by candidate: a warning that only says "failed" sends the
             // user to a debugger.
-            let why: Vec<String> =
-                report.timings.iter().map(|t| format!("{}: {}", t.config_id, t.status)).collect();
+            let why: Vec<String> = report.timings.iter().map(|t| format!("{}: {}", t.config_id, t.status)).collect();
             self.emit(Event::Warning(format!(
                 "every candidate failed for {k} ({}); falling back to heuristics",
                 why.join("; ")

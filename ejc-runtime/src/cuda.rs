@@ -426,6 +426,35 @@ impl Cuda {
         })
     }
 
+    /// Copy `src` into `dst` on this GPU's stream (both contiguous, the same bytes).
+    pub fn copy(&self, src: &DeviceBuffer, dst: &DeviceBuffer) -> Result<(), CudaError> {
+        let bytes = |d: &DeviceBuffer| d.shape.iter().product::<usize>() * d.dtype.size_bytes();
+        for d in [src, dst] {
+            if d.strides != ejc_ir::tensor::HostTensor::contiguous_strides(&d.shape) {
+                return Err(CudaError::Invalid(format!("copy: a non-contiguous buffer {:?}", d.shape)));
+            }
+        }
+        if bytes(src) != bytes(dst) {
+            return Err(CudaError::Invalid(format!("copy: {} bytes into {}", bytes(src), bytes(dst))));
+        }
+        if bytes(src) == 0 {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(drv)?;
+        // Safety: both ranges lie inside live allocations (shape, contiguous strides).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(dst.address(), src.address(), bytes(src), self.stream.cu_stream())
+        }
+        .map_err(drv)
+    }
+
+    /// A new contiguous buffer holding a copy of `src`.
+    pub fn duplicate(&self, src: &DeviceBuffer) -> Result<DeviceBuffer, CudaError> {
+        let d = self.alloc(src.dtype, &src.shape)?;
+        self.copy(src, &d)?;
+        Ok(d)
+    }
+
     /// This GPU as the tuning cache names machines: name, compute capability, driver.
     pub fn fingerprint(&self) -> String {
         let mut v: std::ffi::c_int = 0;

@@ -42,6 +42,8 @@ pub mod key;
 pub mod manifest;
 pub mod registry;
 pub mod ring;
+#[cfg(feature = "cuda")]
+pub mod ring_cuda;
 pub mod tune;
 
 pub use flash::{flash_attention, FlashArgs, FlashOptions, FlashResult};

@@ -30,7 +30,7 @@
 //! # }
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
 
@@ -42,6 +42,7 @@ use ejc_ir::types::DType;
 use crate::api::{ApiError, CallOptions, PlatformChoice, Runtime, RuntimeOptions};
 use crate::call::{Call, Tensor};
 use crate::cpu::HostBuffer;
+use crate::registry::Config;
 
 fn err(m: impl Into<String>) -> ApiError {
     ApiError::Call(m.into())
@@ -61,6 +62,12 @@ pub struct RingOptions {
     pub deterministic: bool,
     /// CPU worker threads per rank (0 = all cores).
     pub threads: usize,
+    /// Explicit configurations of the blocks, by kind (`fwd:full`, `fwd:band`,
+    /// `bwd:full`, `bwd:band`) or by kind and size (`fwd:band:2048x2048`, which wins):
+    /// used as given, never tuned. Blocks without one are tuned by the
+    /// runtime (and cached) like any call. A long ring tunes once at a smaller size and
+    /// passes what it chose ([`RingForward::configs`]).
+    pub configs: BTreeMap<String, Config>,
 }
 
 impl Default for RingOptions {
@@ -73,6 +80,7 @@ impl Default for RingOptions {
             softmax_scale: None,
             deterministic: false,
             threads: 0,
+            configs: BTreeMap::new(),
         }
     }
 }
@@ -108,6 +116,9 @@ pub struct RingForward {
     pub lse: Tensor,
     /// Flash launches this rank ran.
     pub launches: usize,
+    /// The configuration each kind of block ran with, by kind (the last) and by kind
+    /// and size (`fwd:full`, `fwd:full:2048x4096`).
+    pub configs: BTreeMap<String, Config>,
 }
 
 /// A rank's gradients (`dsinks` summed over every rank).
@@ -117,6 +128,8 @@ pub struct RingGrads {
     pub dv: Tensor,
     pub dsinks: Option<Tensor>,
     pub launches: usize,
+    /// The configuration each kind of block ran with (`bwd:full`, `bwd:full:2048x4096`).
+    pub configs: BTreeMap<String, Config>,
 }
 
 /// Sends to the next rank and receives from the previous one. `start` begins moving
@@ -139,8 +152,14 @@ pub trait Glue {
     fn fill(&self, t: &mut Tensor, x: f32) -> Result<(), ApiError>;
     /// Merge a block's `o [B, Lb, H, D]` / `lse [B, H, Lb]` into `acc [B, L, H, D]` /
     /// `acc_lse [B, H, L]` at row `off`.
-    fn merge(&self, acc: &mut Tensor, acc_lse: &mut Tensor, o: &Tensor, lse: &Tensor, off: usize)
-        -> Result<(), ApiError>;
+    fn merge(
+        &self,
+        acc: &mut Tensor,
+        acc_lse: &mut Tensor,
+        o: &Tensor,
+        lse: &Tensor,
+        off: usize,
+    ) -> Result<(), ApiError>;
     /// `acc[:, off + i] += x[:, i]` (`acc` f32 `[B, L, H, D]`, `x` any float `[B, Lx, H, D]`).
     fn accumulate(&self, acc: &mut Tensor, x: &Tensor, off: usize) -> Result<(), ApiError>;
     /// `out = acc · exp(acc_lse − lse)`, `lse = logaddexp(acc_lse, logsumexp(sinks[h]))`.
@@ -172,8 +191,7 @@ fn block_call(
     segments: bool,
     head_dim: usize,
 ) -> (ejc_ir::op::Features, ejc_ir::op::Scalars) {
-    let wanted =
-        CallFeatures { window: band, softcap: o.logits_soft_cap, segment_ids: segments, ..Default::default() };
+    let wanted = CallFeatures { window: band, softcap: o.logits_soft_cap, segment_ids: segments, ..Default::default() };
     let features = Features {
         sliding_window: band.map(|_| Window::Runtime),
         logits_soft_cap: o.logits_soft_cap.map(|_| SoftCap::Runtime),
@@ -212,7 +230,10 @@ fn check_inputs(
         }
     }
     if k[0] != q[0] || k[1] != q[1] || k[3] != q[3] || v[..3] != k[..3] {
-        return Err(arg("k", format!("shapes q {q:?}, k {k:?}, v {v:?} disagree (every rank holds as many keys as queries)")));
+        return Err(arg(
+            "k",
+            format!("shapes q {q:?}, k {k:?}, v {v:?} disagree (every rank holds as many keys as queries)"),
+        ));
     }
     if k[2] == 0 || q[2] % k[2] != 0 {
         return Err(arg("k", format!("heads_q ({}) must be a multiple of heads_kv ({})", q[2], k[2])));
@@ -271,10 +292,20 @@ fn view_of(t: &Tensor) -> Tensor {
     }
 }
 
-fn call_opts(o: &RingOptions, on_device: bool) -> CallOptions {
+/// A block's kind (`fwd:band`) and its kind at its size (`fwd:band:64x128`): the keys of
+/// [`RingOptions::configs`].
+fn block_kind(pass: &str, band: Option<(i64, i64)>, lq: usize, lk: usize) -> (String, String) {
+    let kind = format!("{pass}:{}", if band.is_some() { "band" } else { "full" });
+    let sized = format!("{kind}:{lq}x{lk}");
+    (kind, sized)
+}
+
+/// The configuration for a block: the one given for its kind at its size, else for its
+/// kind, else none (the runtime tunes).
+fn call_opts(o: &RingOptions, on_device: bool, (kind, sized): &(String, String)) -> CallOptions {
     CallOptions {
         platform: if on_device { PlatformChoice::Cuda } else { PlatformChoice::Cpu },
-        config: None,
+        config: o.configs.get(sized).or_else(|| o.configs.get(kind)).cloned(),
         threads: o.threads,
         deterministic: o.deterministic,
     }
@@ -304,9 +335,13 @@ pub fn forward(
     if let Some(s) = a.kv_segment_ids {
         cur.push(view_of(s));
     }
-    let mut next: Vec<Tensor> =
-        cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    // Keys arrive in buffers of the ring's own, two used in turn: never in the caller's
+    // (a GPU view shares its memory: receiving there would overwrite the rank's own
+    // keys, which the backward reads again).
+    let mut next: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    let mut spare: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
     let mut launches = 0;
+    let mut configs = BTreeMap::new();
     for step in 0..n {
         let more = step + 1 < n;
         if more {
@@ -330,7 +365,10 @@ pub fn forward(
             if on_device {
                 call.cuda = Some(rt.cuda()?);
             }
-            rt.call("flash_attention_fwd", &features, &mut call, &call_opts(o, on_device))?;
+            let kind = block_kind("fwd", blk.band, blk.q.len(), blk.kv.len());
+            let r = rt.call("flash_attention_fwd", &features, &mut call, &call_opts(o, on_device, &kind))?;
+            configs.insert(kind.0, r.config.clone());
+            configs.insert(kind.1, r.config);
             let out = call.tensors.remove("out").ok_or_else(|| err("the call lost `out`"))?;
             let lse = call.tensors.remove("lse").ok_or_else(|| err("the call lost `lse`"))?;
             glue.merge(&mut acc, &mut acc_lse, &out, &lse, blk.q.start)?;
@@ -338,14 +376,16 @@ pub fn forward(
         }
         if more {
             comm.wait(0, &mut next.iter_mut().collect::<Vec<_>>())?;
-            std::mem::swap(&mut cur, &mut next);
+            // The keys just used go back to being spare only if they are ours.
+            let used = std::mem::replace(&mut cur, std::mem::take(&mut next));
+            next = if step == 0 { std::mem::take(&mut spare) } else { used };
         }
     }
     let mut out = glue.alloc(dtype, &[b, l, hq, dv])?;
     let mut lse = glue.alloc(DType::F32, &[b, hq, l])?;
     glue.finalize(&acc, &acc_lse, a.sinks, &mut out, &mut lse)?;
     let _ = hkv;
-    Ok(RingForward { out, lse, launches })
+    Ok(RingForward { out, lse, launches, configs })
 }
 
 /// The ring backward on one rank: gradients of its shard, from the forward's `out` and
@@ -376,9 +416,13 @@ pub fn backward(
     if let Some(s) = a.kv_segment_ids {
         cur.push(view_of(s));
     }
-    let mut next: Vec<Tensor> =
-        cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    // Keys arrive in buffers of the ring's own, two used in turn: never in the caller's
+    // (a GPU view shares its memory: receiving there would overwrite the rank's own
+    // keys, which the backward reads again).
+    let mut next: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    let mut spare: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
     let mut launches = 0;
+    let mut configs = BTreeMap::new();
     for step in 0..n {
         let more = step + 1 < n;
         if more {
@@ -410,8 +454,12 @@ pub fn backward(
             if on_device {
                 call.cuda = Some(rt.cuda()?);
             }
-            rt.call("flash_attention_bwd", &features, &mut call, &call_opts(o, on_device))?;
-            let take = |call: &mut Call, n: &str| call.tensors.remove(n).ok_or_else(|| err(format!("the call lost `{n}`")));
+            let kind = block_kind("bwd", blk.band, blk.q.len(), blk.kv.len());
+            let r = rt.call("flash_attention_bwd", &features, &mut call, &call_opts(o, on_device, &kind))?;
+            configs.insert(kind.0, r.config.clone());
+            configs.insert(kind.1, r.config);
+            let take =
+                |call: &mut Call, n: &str| call.tensors.remove(n).ok_or_else(|| err(format!("the call lost `{n}`")));
             glue.accumulate(&mut dq_acc, &take(&mut call, "dq")?, blk.q.start)?;
             glue.accumulate(&mut part[0], &take(&mut call, "dk")?, blk.kv.start)?;
             glue.accumulate(&mut part[1], &take(&mut call, "dv")?, blk.kv.start)?;
@@ -436,7 +484,9 @@ pub fn backward(
         }
         if more {
             comm.wait(0, &mut next.iter_mut().collect::<Vec<_>>())?;
-            std::mem::swap(&mut cur, &mut next);
+            // The keys just used go back to being spare only if they are ours.
+            let used = std::mem::replace(&mut cur, std::mem::take(&mut next));
+            next = if step == 0 { std::mem::take(&mut spare) } else { used };
         }
     }
     if n > 1 {
@@ -456,14 +506,14 @@ pub fn backward(
         }
         None => None,
     };
-    Ok(RingGrads { dq, dk, dv: dv_t, dsinks, launches })
+    Ok(RingGrads { dq, dk, dv: dv_t, dsinks, launches, configs })
 }
 
 // ---------------------------------------------------------------------------------
 // The host: glue in plain Rust, ranks as threads.
 
 /// f32 elements of a contiguous host buffer.
-fn f32s(t: &Tensor) -> Result<Vec<f32>, ApiError> {
+pub(crate) fn f32s(t: &Tensor) -> Result<Vec<f32>, ApiError> {
     match t {
         Tensor::Host(h) if h.dtype == DType::F32 => {
             Ok(h.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
@@ -474,7 +524,7 @@ fn f32s(t: &Tensor) -> Result<Vec<f32>, ApiError> {
     }
 }
 
-fn put_f32s(t: &mut Tensor, xs: &[f32]) -> Result<(), ApiError> {
+pub(crate) fn put_f32s(t: &mut Tensor, xs: &[f32]) -> Result<(), ApiError> {
     match t {
         Tensor::Host(h) if h.dtype == DType::F32 => {
             for (c, x) in h.bytes.chunks_exact_mut(4).zip(xs) {
@@ -675,20 +725,24 @@ impl Glue for HostGlue {
     }
 }
 
-type Message = (u8, Vec<Vec<u8>>);
+type Message = (u8, Vec<Tensor>);
 
-/// One rank of a ring of threads (host tensors): [`LocalRing::new`] makes all of them.
+/// One rank of a ring of threads in this process: [`LocalRing::new`] makes all of them.
+/// Host tensors travel as copies; GPU tensors (one GPU shared by every rank: the
+/// simulation of a multi-GPU ring on one device) as device-to-device copies.
 pub struct LocalRing {
     rank: usize,
     size: usize,
     to_next: Sender<Message>,
     from_prev: Receiver<Message>,
     /// Messages that arrived for another tag than the one waited for.
-    pending: HashMap<u8, VecDeque<Vec<Vec<u8>>>>,
+    pending: HashMap<u8, VecDeque<Vec<Tensor>>>,
+    #[cfg(feature = "cuda")]
+    cuda: Option<std::sync::Arc<crate::cuda::Cuda>>,
 }
 
 impl LocalRing {
-    /// The `n` ranks of a ring, to be moved one to a thread.
+    /// The `n` ranks of a ring of host tensors, to be moved one to a thread.
     pub fn new(n: usize) -> Vec<LocalRing> {
         let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| channel::<Message>()).unzip();
         // Rank r receives on channel r; rank r − 1 holds its sender.
@@ -702,26 +756,71 @@ impl LocalRing {
                 to_next: senders[(rank + 1) % n].take().unwrap_or_else(|| unreachable!("each sender taken once")),
                 from_prev,
                 pending: HashMap::new(),
+                #[cfg(feature = "cuda")]
+                cuda: None,
             })
             .collect()
     }
 
-    fn receive(&mut self, tag: u8) -> Result<Vec<Vec<u8>>, ApiError> {
+    /// The `n` ranks of a ring of tensors on one GPU.
+    #[cfg(feature = "cuda")]
+    pub fn on_gpu(n: usize, cuda: std::sync::Arc<crate::cuda::Cuda>) -> Vec<LocalRing> {
+        let mut v = Self::new(n);
+        for r in &mut v {
+            r.cuda = Some(cuda.clone());
+        }
+        v
+    }
+
+    fn receive(&mut self, tag: u8) -> Result<Vec<Tensor>, ApiError> {
         if let Some(m) = self.pending.get_mut(&tag).and_then(|q| q.pop_front()) {
             return Ok(m);
         }
         loop {
-            let (t, m) = self.from_prev.recv().map_err(|_| err(format!("rank {}: the previous rank hung up", self.rank)))?;
+            let (t, m) =
+                self.from_prev.recv().map_err(|_| err(format!("rank {}: the previous rank hung up", self.rank)))?;
             if t == tag {
                 return Ok(m);
             }
             self.pending.entry(t).or_default().push_back(m);
         }
     }
-}
 
-fn host_bytes(t: &Tensor) -> Result<Vec<u8>, ApiError> {
-    Ok(t.host().ok_or_else(|| err("a local ring moves host tensors"))?.bytes.clone())
+    /// A copy that stays valid while the sender reuses its buffer.
+    fn snapshot(&self, t: &Tensor) -> Result<Tensor, ApiError> {
+        match t {
+            Tensor::Host(h) => Ok(Tensor::Host(h.clone())),
+            #[cfg(feature = "cuda")]
+            Tensor::Cuda(d) => {
+                let cuda = self.cuda.as_ref().ok_or_else(|| err("a local ring of GPU tensors needs its GPU"))?;
+                cuda.duplicate(d).map(Tensor::Cuda).map_err(|e| err(e.to_string()))
+            }
+        }
+    }
+
+    fn deliver(&self, from: Tensor, to: &mut Tensor) -> Result<(), ApiError> {
+        match (from, to) {
+            (Tensor::Host(f), Tensor::Host(t)) => {
+                if f.bytes.len() != t.bytes.len() {
+                    return Err(err(format!(
+                        "rank {}: a buffer of {} bytes arrived for {}",
+                        self.rank,
+                        f.bytes.len(),
+                        t.bytes.len()
+                    )));
+                }
+                t.bytes = f.bytes;
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            (Tensor::Cuda(f), Tensor::Cuda(t)) => {
+                let cuda = self.cuda.as_ref().ok_or_else(|| err("a local ring of GPU tensors needs its GPU"))?;
+                cuda.copy(&f, t).map_err(|e| err(e.to_string()))
+            }
+            #[cfg(feature = "cuda")]
+            _ => Err(err("a local ring moves host to host or GPU to GPU")),
+        }
+    }
 }
 
 impl Communicator for LocalRing {
@@ -732,7 +831,7 @@ impl Communicator for LocalRing {
         self.size
     }
     fn start(&mut self, tag: u8, send: &[&Tensor], _recv: &[&Tensor]) -> Result<(), ApiError> {
-        let m = send.iter().map(|t| host_bytes(t)).collect::<Result<_, _>>()?;
+        let m = send.iter().map(|t| self.snapshot(t)).collect::<Result<_, _>>()?;
         self.to_next.send((tag, m)).map_err(|_| err(format!("rank {}: the next rank hung up", self.rank)))
     }
     fn wait(&mut self, tag: u8, recv: &mut [&mut Tensor]) -> Result<(), ApiError> {
@@ -740,52 +839,94 @@ impl Communicator for LocalRing {
         if m.len() != recv.len() {
             return Err(err(format!("rank {}: {} buffers arrived, {} expected", self.rank, m.len(), recv.len())));
         }
-        for (t, bytes) in recv.iter_mut().zip(m) {
-            let h = t.host_mut().ok_or_else(|| err("a local ring moves host tensors"))?;
-            if h.bytes.len() != bytes.len() {
-                return Err(err(format!("rank {}: a buffer of {} bytes arrived for {}", self.rank, bytes.len(), h.bytes.len())));
-            }
-            h.bytes = bytes;
+        for (t, from) in recv.iter_mut().zip(m) {
+            self.deliver(from, t)?;
         }
         Ok(())
     }
     fn all_reduce_sum(&mut self, t: &mut Tensor) -> Result<(), ApiError> {
-        // Pass every rank's tensor around once, then sum in rank order: every rank
-        // gets the same bits.
-        let mine = f32s(t)?;
-        let mut all: Vec<Option<Vec<f32>>> = vec![None; self.size];
-        all[self.rank] = Some(mine.clone());
-        let mut carry = mine;
+        // Pass every rank's tensor around once, then sum in rank order on the host:
+        // every rank gets the same bits, and the NCCL ring's all-reduce the same again.
+        let mine = self.snapshot(t)?;
+        let mut all: Vec<Option<Tensor>> = (0..self.size).map(|_| None).collect();
+        let mut carry = self.snapshot(&mine)?;
+        all[self.rank] = Some(mine);
         for k in 1..self.size {
-            let bytes: Vec<u8> = carry.iter().flat_map(|x| x.to_le_bytes()).collect();
-            self.to_next.send((2, vec![bytes])).map_err(|_| err("the next rank hung up"))?;
-            let m = self.receive(2)?;
-            carry = m[0].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            all[(self.rank + self.size - k) % self.size] = Some(carry.clone());
+            self.to_next.send((2, vec![carry])).map_err(|_| err("the next rank hung up"))?;
+            let mut m = self.receive(2)?;
+            let got = m.pop().ok_or_else(|| err("an empty all-reduce message"))?;
+            carry = self.snapshot(&got)?;
+            all[(self.rank + self.size - k) % self.size] = Some(got);
         }
-        let mut sum = vec![0f32; carry.len()];
-        for v in all.into_iter().flatten() {
-            for (s, x) in sum.iter_mut().zip(v) {
-                *s += x;
-            }
-        }
-        put_f32s(t, &sum)
+        let host: Vec<Vec<f32>> = all
+            .into_iter()
+            .map(|x| x.ok_or_else(|| err("an all-reduce part is missing")).and_then(|x| self.host_f32s(&x)))
+            .collect::<Result<_, _>>()?;
+        let sum = sum_in_rank_order(&host);
+        self.put_host_f32s(t, &sum)
     }
 }
 
-/// Global tensors, dealt to the ranks or gathered from them (host tensors, axis 1 the
-/// sequence).
-fn shard(g: &HostBuffer, layout: RingLayout, n: usize, rank: usize) -> Result<Tensor, ApiError> {
+/// Element-wise sum of every rank's values, rank 0 first (f32, from 0).
+pub fn sum_in_rank_order(parts: &[Vec<f32>]) -> Vec<f32> {
+    let mut sum = vec![0f32; parts.first().map_or(0, |p| p.len())];
+    for p in parts {
+        for (s, x) in sum.iter_mut().zip(p) {
+            *s += x;
+        }
+    }
+    sum
+}
+
+impl LocalRing {
+    fn host_f32s(&self, t: &Tensor) -> Result<Vec<f32>, ApiError> {
+        match t {
+            Tensor::Host(_) => f32s(t),
+            #[cfg(feature = "cuda")]
+            Tensor::Cuda(d) => {
+                let cuda = self.cuda.as_ref().ok_or_else(|| err("a local ring of GPU tensors needs its GPU"))?;
+                f32s(&Tensor::Host(cuda.download(d).map_err(|e| err(e.to_string()))?))
+            }
+        }
+    }
+
+    fn put_host_f32s(&self, t: &mut Tensor, xs: &[f32]) -> Result<(), ApiError> {
+        match t {
+            Tensor::Host(_) => put_f32s(t, xs),
+            #[cfg(feature = "cuda")]
+            Tensor::Cuda(d) => {
+                let cuda = self.cuda.as_ref().ok_or_else(|| err("a local ring of GPU tensors needs its GPU"))?;
+                let mut h = Tensor::Host(HostBuffer::try_zeros(DType::F32, &d.shape).map_err(err)?);
+                put_f32s(&mut h, xs)?;
+                let up = cuda.upload(h.host().expect("host")).map_err(|e| err(e.to_string()))?;
+                cuda.copy(&up, d).map_err(|e| err(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Rank `rank`'s rows (axis 1, the sequence) of a global host tensor `[B, n·L, …]`, in
+/// its local order ([`ejc_ir::flash::ring::pieces`]).
+pub fn deal(g: &HostBuffer, layout: RingLayout, n: usize, rank: usize) -> Result<HostBuffer, ApiError> {
     let l = g.shape[1] / n;
     let mut parts = Vec::new();
     for p in ring::pieces(layout, n, l, rank) {
         parts.push(HostGlue.rows(&Tensor::Host(g.clone()), 1, p.global..p.global + p.len)?);
     }
-    concat(&parts, 1)
+    host(concat(&parts, 1)?)
+}
+
+fn host(t: Tensor) -> Result<HostBuffer, ApiError> {
+    match t {
+        Tensor::Host(h) => Ok(h),
+        #[cfg(feature = "cuda")]
+        Tensor::Cuda(_) => Err(err("expected a host tensor")),
+    }
 }
 
 fn concat(parts: &[Tensor], axis: usize) -> Result<Tensor, ApiError> {
-    let hs: Vec<&HostBuffer> = parts.iter().map(|t| t.host().ok_or_else(|| err("host tensors only"))).collect::<Result<_, _>>()?;
+    let hs: Vec<&HostBuffer> =
+        parts.iter().map(|t| t.host().ok_or_else(|| err("host tensors only"))).collect::<Result<_, _>>()?;
     let mut shape = hs[0].shape.clone();
     shape[axis] = hs.iter().map(|h| h.shape[axis]).sum();
     let outer: usize = shape[..axis].iter().product();
@@ -802,39 +943,139 @@ fn concat(parts: &[Tensor], axis: usize) -> Result<Tensor, ApiError> {
     Ok(Tensor::Host(out))
 }
 
-/// Put each rank's rows (axis `axis`) back in global order.
-fn gather(shards: &[Tensor], layout: RingLayout, axis: usize) -> Result<HostBuffer, ApiError> {
+/// Every rank's rows (axis `axis`: 1 for `[B, L, …]`, 2 for the LSE's `[B, H, L]`) back
+/// in global order: the inverse of [`deal`].
+pub fn gather(shards: &[HostBuffer], layout: RingLayout, axis: usize) -> Result<HostBuffer, ApiError> {
     let n = shards.len();
-    let l = info(&shards[0]).1[axis];
+    let l = shards[0].shape[axis];
     let mut parts: Vec<(usize, Tensor)> = Vec::new();
     for (rank, s) in shards.iter().enumerate() {
         for p in ring::pieces(layout, n, l, rank) {
-            parts.push((p.global, HostGlue.rows(s, axis, p.local..p.local + p.len)?));
+            parts.push((p.global, HostGlue.rows(&Tensor::Host(s.clone()), axis, p.local..p.local + p.len)?));
         }
     }
     parts.sort_by_key(|p| p.0);
     let ts: Vec<Tensor> = parts.into_iter().map(|p| p.1).collect();
-    match concat(&ts, axis)? {
-        Tensor::Host(h) => Ok(h),
-        #[cfg(feature = "cuda")]
-        _ => unreachable!("concat makes host tensors"),
-    }
+    host(concat(&ts, axis)?)
 }
 
-/// Results of a simulated ring, gathered in global order: `out`, `lse` and, with a
-/// gradient, `dq`, `dk`, `dv`, `dsinks`.
+/// Results of a ring, gathered in global order: `out`, `lse` and, with a gradient,
+/// `dq`, `dk`, `dv`, `dsinks`.
 pub struct Simulated {
     pub out: HostBuffer,
     pub lse: HostBuffer,
     pub grads: Option<(HostBuffer, HostBuffer, HostBuffer, Option<HostBuffer>)>,
     /// Flash launches of each rank, forward (and backward).
     pub launches: Vec<(usize, usize)>,
+    /// What the blocks ran with (rank 0's), forward and backward.
+    pub configs: BTreeMap<String, Config>,
+}
+
+/// One rank's results, in host memory.
+pub struct RankResult {
+    pub out: HostBuffer,
+    pub lse: HostBuffer,
+    pub grads: Option<(HostBuffer, HostBuffer, HostBuffer, Option<HostBuffer>)>,
+    pub launches: (usize, usize),
+    pub configs: BTreeMap<String, Config>,
+}
+
+/// Where a rank's tensors live: the host, or (feature `cuda`) a GPU.
+pub trait RankDevice: Sync {
+    fn glue(&self) -> Result<Box<dyn Glue + '_>, ApiError>;
+    fn upload(&self, h: &HostBuffer) -> Result<Tensor, ApiError>;
+    fn download(&self, t: &Tensor) -> Result<HostBuffer, ApiError>;
+    /// Point a rank's runtime at this device.
+    fn attach(&self, rt: &mut Runtime) -> Result<(), ApiError>;
+}
+
+/// The CPU.
+pub struct HostDevice;
+
+impl RankDevice for HostDevice {
+    fn glue(&self) -> Result<Box<dyn Glue + '_>, ApiError> {
+        Ok(Box::new(HostGlue))
+    }
+    fn upload(&self, h: &HostBuffer) -> Result<Tensor, ApiError> {
+        Ok(Tensor::Host(h.clone()))
+    }
+    fn download(&self, t: &Tensor) -> Result<HostBuffer, ApiError> {
+        t.host().cloned().ok_or_else(|| err("a host rank was given a GPU tensor"))
+    }
+    fn attach(&self, _rt: &mut Runtime) -> Result<(), ApiError> {
+        Ok(())
+    }
+}
+
+/// Run one rank: deal its shard of the global host tensors, run [`forward`] (and
+/// [`backward`] with `dout`) through `comm`, and bring the results back to the host.
+pub fn run_rank(
+    rt: &mut Runtime,
+    comm: &mut dyn Communicator,
+    device: &dyn RankDevice,
+    a: &RingInputs<HostBuffer>,
+    opts: &RingOptions,
+    dout: Option<&HostBuffer>,
+) -> Result<RankResult, ApiError> {
+    let (n, rank) = (comm.size(), comm.rank());
+    let glue = device.glue()?;
+    let deal_up = |t: &HostBuffer| -> Result<Tensor, ApiError> { device.upload(&deal(t, opts.layout, n, rank)?) };
+    let q = deal_up(a.q)?;
+    let k = deal_up(a.k)?;
+    let v = deal_up(a.v)?;
+    let qs = a.q_segment_ids.map(deal_up).transpose()?;
+    let ks = a.kv_segment_ids.map(deal_up).transpose()?;
+    let sinks = a.sinks.map(|t| device.upload(t)).transpose()?;
+    let inputs = RingInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        q_segment_ids: qs.as_ref(),
+        kv_segment_ids: ks.as_ref(),
+        sinks: sinks.as_ref(),
+    };
+    let f = forward(rt, comm, glue.as_ref(), &inputs, opts)?;
+    let mut configs = f.configs.clone();
+    let (grads, nb) = match dout {
+        Some(d) => {
+            let d = deal_up(d)?;
+            let g = backward(rt, comm, glue.as_ref(), &inputs, (&f.out, &f.lse, &d), opts)?;
+            configs.extend(g.configs.clone());
+            let ds = g.dsinks.as_ref().map(|t| device.download(t)).transpose()?;
+            (Some((device.download(&g.dq)?, device.download(&g.dk)?, device.download(&g.dv)?, ds)), g.launches)
+        }
+        None => (None, 0),
+    };
+    Ok(RankResult {
+        out: device.download(&f.out)?,
+        lse: device.download(&f.lse)?,
+        grads,
+        launches: (f.launches, nb),
+        configs,
+    })
+}
+
+/// Put every rank's results back in global order.
+pub fn gather_results(ranks: Vec<RankResult>, layout: RingLayout) -> Result<Simulated, ApiError> {
+    let out = gather(&ranks.iter().map(|r| r.out.clone()).collect::<Vec<_>>(), layout, 1)?;
+    let lse = gather(&ranks.iter().map(|r| r.lse.clone()).collect::<Vec<_>>(), layout, 2)?;
+    let launches = ranks.iter().map(|r| r.launches).collect();
+    let configs = ranks.first().map(|r| r.configs.clone()).unwrap_or_default();
+    let grads = if ranks.iter().all(|r| r.grads.is_some()) && !ranks.is_empty() {
+        let gs: Vec<_> = ranks.into_iter().filter_map(|r| r.grads).collect();
+        let col = |i: usize| -> Vec<HostBuffer> { gs.iter().map(|g| [&g.0, &g.1, &g.2][i].clone()).collect() };
+        let (dq, dk, dv) = (gather(&col(0), layout, 1)?, gather(&col(1), layout, 1)?, gather(&col(2), layout, 1)?);
+        Some((dq, dk, dv, gs[0].3.clone()))
+    } else {
+        None
+    };
+    Ok(Simulated { out, lse, grads, launches, configs })
 }
 
 /// Run a ring of `n` ranks as threads of this process on the CPU: the global host
 /// tensors (`[B, n·L, …]`) are dealt out by `opts.layout`, every rank runs
 /// [`forward`] (and [`backward`] with `dout`), and the results are gathered. Each rank
-/// has its own [`Runtime`] from `runtime` (default: the environment's).
+/// has its own runtime from the environment's options.
 pub fn simulate(
     n: usize,
     a: &RingInputs<HostBuffer>,
@@ -844,7 +1085,7 @@ pub fn simulate(
     simulate_with(n, a, opts, dout, &RuntimeOptions::default())
 }
 
-/// [`simulate`] with the runtime options each rank's runtime is made from.
+/// [`simulate`] with the options each rank's runtime is made from.
 pub fn simulate_with(
     n: usize,
     a: &RingInputs<HostBuffer>,
@@ -852,6 +1093,39 @@ pub fn simulate_with(
     dout: Option<&HostBuffer>,
     runtime: &RuntimeOptions,
 ) -> Result<Simulated, ApiError> {
+    simulate_on(&HostDevice, LocalRing::new(n), a, opts, dout, runtime)
+}
+
+/// The simulation on any device, with the ranks `comms` (one thread each).
+pub fn simulate_on(
+    device: &dyn RankDevice,
+    comms: Vec<LocalRing>,
+    a: &RingInputs<HostBuffer>,
+    opts: &RingOptions,
+    dout: Option<&HostBuffer>,
+    runtime: &RuntimeOptions,
+) -> Result<Simulated, ApiError> {
+    let n = comms.len();
+    check_global(n, a, opts)?;
+    let results: Vec<Result<RankResult, ApiError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                let runtime = runtime.clone();
+                scope.spawn(move || -> Result<RankResult, ApiError> {
+                    let mut rt = Runtime::new(runtime)?;
+                    device.attach(&mut rt)?;
+                    run_rank(&mut rt, &mut comm, device, a, opts, dout)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(err("a rank's thread panicked")))).collect()
+    });
+    gather_results(results.into_iter().collect::<Result<Vec<_>, _>>()?, opts.layout)
+}
+
+/// The global sequence splits over `n` ranks in `opts.layout`.
+pub fn check_global(n: usize, a: &RingInputs<HostBuffer>, opts: &RingOptions) -> Result<(), ApiError> {
     if n == 0 {
         return Err(err("a ring needs at least one rank"));
     }
@@ -862,68 +1136,25 @@ pub fn simulate_with(
             message: format!("a sequence of {s} tokens does not split over {n} ranks (pad it to a multiple)"),
         });
     }
-    ring::check(opts.layout, n, s / n, opts.mask()).map_err(|m| ApiError::Argument { arg: "q", message: m })?;
-    let layout = opts.layout;
-    let deal = |t: &HostBuffer, r: usize| shard(t, layout, n, r);
-    let comms = LocalRing::new(n);
-    let results: Vec<Result<(RingForward, Option<RingGrads>), ApiError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, mut comm)| {
-                let runtime = runtime.clone();
-                scope.spawn(move || -> Result<(RingForward, Option<RingGrads>), ApiError> {
-                    let mut rt = Runtime::new(runtime)?;
-                    let q = deal(a.q, rank)?;
-                    let k = deal(a.k, rank)?;
-                    let v = deal(a.v, rank)?;
-                    let qs = a.q_segment_ids.map(|t| deal(t, rank)).transpose()?;
-                    let ks = a.kv_segment_ids.map(|t| deal(t, rank)).transpose()?;
-                    let sinks = a.sinks.map(|t| Tensor::Host(t.clone()));
-                    let inputs = RingInputs {
-                        q: &q,
-                        k: &k,
-                        v: &v,
-                        q_segment_ids: qs.as_ref(),
-                        kv_segment_ids: ks.as_ref(),
-                        sinks: sinks.as_ref(),
-                    };
-                    let f = forward(&mut rt, &mut comm, &HostGlue, &inputs, opts)?;
-                    let g = match dout {
-                        Some(d) => {
-                            let d = deal(d, rank)?;
-                            Some(backward(&mut rt, &mut comm, &HostGlue, &inputs, (&f.out, &f.lse, &d), opts)?)
-                        }
-                        None => None,
-                    };
-                    Ok((f, g))
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(err("a rank's thread panicked")))).collect()
-    });
-    let mut fwd = Vec::new();
-    let mut grads = Vec::new();
-    for r in results {
-        let (f, g) = r?;
-        fwd.push(f);
-        grads.push(g);
-    }
-    let outs: Vec<Tensor> = fwd.iter().map(|f| view_of(&f.out)).collect();
-    let lses: Vec<Tensor> = fwd.iter().map(|f| view_of(&f.lse)).collect();
-    let out = gather(&outs, layout, 1)?;
-    let lse = gather(&lses, layout, 2)?;
-    let launches = fwd.iter().zip(&grads).map(|(f, g)| (f.launches, g.as_ref().map_or(0, |g| g.launches))).collect();
-    let grads = if grads.iter().all(Option::is_some) && dout.is_some() {
-        let gs: Vec<RingGrads> = grads.into_iter().flatten().collect();
-        let col = |f: &dyn Fn(&RingGrads) -> &Tensor| gs.iter().map(|g| view_of(f(g))).collect::<Vec<_>>();
-        let dq = gather(&col(&|g| &g.dq), layout, 1)?;
-        let dk = gather(&col(&|g| &g.dk), layout, 1)?;
-        let dv = gather(&col(&|g| &g.dv), layout, 1)?;
-        let dsinks = gs[0].dsinks.as_ref().and_then(|t| t.host().cloned());
-        Some((dq, dk, dv, dsinks))
-    } else {
-        None
-    };
-    Ok(Simulated { out, lse, grads, launches })
+    ring::check(opts.layout, n, s / n, opts.mask()).map_err(|m| ApiError::Argument { arg: "q", message: m })
+}
+
+/// Visible (query, key) pairs of one head of a sequence of `s` tokens under `mask`:
+/// the work a ring of any size does, for FLOP counts (O(s)).
+pub fn visible_pairs(mask: RingMask, s: usize) -> u64 {
+    let s = s as i64;
+    (0..s)
+        .map(|i| {
+            let mut lo = 0i64;
+            let mut hi = s - 1;
+            if mask.causal {
+                hi = hi.min(i);
+            }
+            if let Some((l, r)) = mask.window {
+                lo = lo.max(i - l);
+                hi = hi.min(i + r);
+            }
+            (hi - lo + 1).max(0) as u64
+        })
+        .sum()
 }

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! ejc-gpu info
-//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned]
+//! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned] [--scalars NAME=V,...]
 //! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--json FILE]
 //! ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]
 //! ejc-gpu tune  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR] [--force]
@@ -47,7 +47,7 @@ use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned]\n  ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]\n  ejc-gpu bench DIR --variant V \
+        "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned] [--scalars NAME=V,...]\n  ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]\n  ejc-gpu bench DIR --variant V \
          --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--json FILE]\n  ejc-gpu tune DIR --variant V \
          --dtype D (--size ... | --shape ...) [--cache-dir DIR] [--force]\n  ejc-gpu call DIR --variant V --dtype D (--size ... | \
          --shape ...) [--cache-dir DIR]"
@@ -210,7 +210,9 @@ fn check_candidates<'r>(fam: &Family<'r>) -> Vec<Candidate<'r>> {
 type Case = std::rc::Rc<(HostCall, Sizes, std::collections::BTreeMap<String, ejc_ir::tensor::HostTensor>)>;
 
 fn check(args: &[String]) -> ExitCode {
-    if let Err(e) = check_args("check", args, &["--filter", "--seed", "--shard", "--size", "--shape", "--entry"], &[]) {
+    if let Err(e) =
+        check_args("check", args, &["--filter", "--seed", "--shard", "--size", "--shape", "--entry", "--scalars"], &[])
+    {
         return bad_input(e);
     }
     // --entry general|aligned: only that entry of each candidate (a case past 2^31
@@ -239,6 +241,19 @@ fn check(args: &[String]) -> ExitCode {
         Ok(s) => s,
         Err(e) => return bad_input(e),
     };
+    // --scalars NAME=V,...: these run-time scalars instead of the random ones (a window
+    // with negative sides, as ring attention's blocks have; a given soft cap).
+    let mut scalars = ejc_ir::op::Scalars::new();
+    if let Some(list) = flag(args, "--scalars") {
+        for kv in list.split(',') {
+            match kv.split_once('=').map(|(k, v)| (k, v.parse::<f64>())) {
+                Some((k, Ok(v))) => {
+                    scalars.insert(k.to_string(), v);
+                }
+                _ => return bad_input(format!("--scalars: `{kv}` is not NAME=NUMBER")),
+            }
+        }
+    }
     // Everything given is checked before the driver is looked for.
     let (op, reg) = match open(dir) {
         Ok(x) => x,
@@ -320,8 +335,9 @@ fn check(args: &[String]) -> ExitCode {
             let case = match cases.get(&key) {
                 Some(c) => c.clone(),
                 None => {
-                    let made =
-                        op.random_call(&fam.features, dtype, dims, seed.wrapping_add(i as u64)).and_then(|call| {
+                    let made = op
+                        .random_call_with(&fam.features, dtype, dims, seed.wrapping_add(i as u64), &scalars)
+                        .and_then(|call| {
                             let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, &call)?;
                             let want = op.reference(&fam.features, &call)?;
                             Ok((call, sizes, want))
