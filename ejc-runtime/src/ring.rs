@@ -311,6 +311,51 @@ fn call_opts(o: &RingOptions, on_device: bool, (kind, sized): &(String, String))
     }
 }
 
+/// The keys (and values, and key segment ids) a rank holds, passed around the ring:
+/// tag 0 of the communicator. They arrive only in buffers of the ring's own, two used in
+/// turn, never in the caller's: a GPU view shares its memory, and receiving there would
+/// overwrite the rank's own keys, which the backward reads again.
+struct KeyRing {
+    /// The keys held now (the caller's at step 0).
+    cur: Vec<Tensor>,
+    /// Where the next ones arrive.
+    next: Vec<Tensor>,
+    /// The second buffer, until step 1 needs it.
+    spare: Vec<Tensor>,
+}
+
+impl KeyRing {
+    fn new(glue: &dyn Glue, a: &RingInputs<Tensor>) -> Result<KeyRing, ApiError> {
+        let mut cur: Vec<Tensor> = vec![view_of(a.k), view_of(a.v)];
+        if let Some(s) = a.kv_segment_ids {
+            cur.push(view_of(s));
+        }
+        let own = || cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<Vec<_>, _>>();
+        let (next, spare) = (own()?, own()?);
+        Ok(KeyRing { cur, next, spare })
+    }
+
+    /// Send the keys held to the next rank, receive the previous rank's (not after the
+    /// last step).
+    fn start(&mut self, comm: &mut dyn Communicator, step: usize) -> Result<(), ApiError> {
+        if step + 1 < comm.size() {
+            comm.start(0, &self.cur.iter().collect::<Vec<_>>(), &self.next.iter().collect::<Vec<_>>())?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the keys of the next step and hold them.
+    fn finish(&mut self, comm: &mut dyn Communicator, step: usize) -> Result<(), ApiError> {
+        if step + 1 < comm.size() {
+            comm.wait(0, &mut self.next.iter_mut().collect::<Vec<_>>())?;
+            let used = std::mem::replace(&mut self.cur, std::mem::take(&mut self.next));
+            // The keys just used are ours to receive into again, except the caller's.
+            self.next = if step == 0 { std::mem::take(&mut self.spare) } else { used };
+        }
+        Ok(())
+    }
+}
+
 /// The ring forward on one rank: its shard's output and log-sum-exp.
 pub fn forward(
     rt: &mut Runtime,
@@ -330,32 +375,20 @@ pub fn forward(
     glue.fill(&mut acc_lse, f32::NEG_INFINITY)?;
     let o_block = glue.alloc(dtype, &[b, l, hq, dv])?;
     let lse_block = glue.alloc(DType::F32, &[b, hq, l])?;
-    // The keys held now, and the buffers the next ones arrive in.
-    let mut cur: Vec<Tensor> = vec![view_of(a.k), view_of(a.v)];
-    if let Some(s) = a.kv_segment_ids {
-        cur.push(view_of(s));
-    }
-    // Keys arrive in buffers of the ring's own, two used in turn: never in the caller's
-    // (a GPU view shares its memory: receiving there would overwrite the rank's own
-    // keys, which the backward reads again).
-    let mut next: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
-    let mut spare: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    let mut keys = KeyRing::new(glue, a)?;
     let mut launches = 0;
     let mut configs = BTreeMap::new();
     for step in 0..n {
-        let more = step + 1 < n;
-        if more {
-            comm.start(0, &cur.iter().collect::<Vec<_>>(), &next.iter().collect::<Vec<_>>())?;
-        }
+        keys.start(comm, step)?;
         let src = ring::source(n, rank, step);
         for blk in ring::launches(o.layout, n, l, rank, src, o.mask()).map_err(err)? {
             let lq = blk.q.len();
             let (features, scalars) = block_call(o, blk.band, segments, d);
             let mut call = Call { scalars, ..Call::default() };
             call.tensors.insert("q".into(), glue.rows(a.q, 1, blk.q.clone())?);
-            call.tensors.insert("k".into(), glue.rows(&cur[0], 1, blk.kv.clone())?);
-            call.tensors.insert("v".into(), glue.rows(&cur[1], 1, blk.kv.clone())?);
-            if let (Some(qs), Some(ks)) = (a.q_segment_ids, cur.get(2)) {
+            call.tensors.insert("k".into(), glue.rows(&keys.cur[0], 1, blk.kv.clone())?);
+            call.tensors.insert("v".into(), glue.rows(&keys.cur[1], 1, blk.kv.clone())?);
+            if let (Some(qs), Some(ks)) = (a.q_segment_ids, keys.cur.get(2)) {
                 call.tensors.insert("q_segment_ids".into(), glue.rows(qs, 1, blk.q.clone())?);
                 call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
             }
@@ -374,12 +407,7 @@ pub fn forward(
             glue.merge(&mut acc, &mut acc_lse, &out, &lse, blk.q.start)?;
             launches += 1;
         }
-        if more {
-            comm.wait(0, &mut next.iter_mut().collect::<Vec<_>>())?;
-            // The keys just used go back to being spare only if they are ours.
-            let used = std::mem::replace(&mut cur, std::mem::take(&mut next));
-            next = if step == 0 { std::mem::take(&mut spare) } else { used };
-        }
+        keys.finish(comm, step)?;
     }
     let mut out = glue.alloc(dtype, &[b, l, hq, dv])?;
     let mut lse = glue.alloc(DType::F32, &[b, hq, l])?;
@@ -412,22 +440,11 @@ pub fn backward(
     let blk_dq = glue.alloc(dtype, &[b, l, hq, d])?;
     let blk_dk = glue.alloc(dtype, &[b, l, hkv, d])?;
     let blk_dv = glue.alloc(dtype, &[b, l, hkv, dv])?;
-    let mut cur: Vec<Tensor> = vec![view_of(a.k), view_of(a.v)];
-    if let Some(s) = a.kv_segment_ids {
-        cur.push(view_of(s));
-    }
-    // Keys arrive in buffers of the ring's own, two used in turn: never in the caller's
-    // (a GPU view shares its memory: receiving there would overwrite the rank's own
-    // keys, which the backward reads again).
-    let mut next: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
-    let mut spare: Vec<Tensor> = cur.iter().map(|t| glue.alloc(info(t).0, &info(t).1)).collect::<Result<_, _>>()?;
+    let mut keys = KeyRing::new(glue, a)?;
     let mut launches = 0;
     let mut configs = BTreeMap::new();
     for step in 0..n {
-        let more = step + 1 < n;
-        if more {
-            comm.start(0, &cur.iter().collect::<Vec<_>>(), &next.iter().collect::<Vec<_>>())?;
-        }
+        keys.start(comm, step)?;
         for p in part.iter_mut() {
             glue.fill(p, 0.0)?;
         }
@@ -438,12 +455,12 @@ pub fn backward(
             let mut call = Call { scalars, ..Call::default() };
             let q_rows = |t: &Tensor| glue.rows(t, 1, blk.q.clone());
             call.tensors.insert("q".into(), q_rows(a.q)?);
-            call.tensors.insert("k".into(), glue.rows(&cur[0], 1, blk.kv.clone())?);
-            call.tensors.insert("v".into(), glue.rows(&cur[1], 1, blk.kv.clone())?);
+            call.tensors.insert("k".into(), glue.rows(&keys.cur[0], 1, blk.kv.clone())?);
+            call.tensors.insert("v".into(), glue.rows(&keys.cur[1], 1, blk.kv.clone())?);
             call.tensors.insert("out".into(), q_rows(out)?);
             call.tensors.insert("dout".into(), q_rows(dout)?);
             call.tensors.insert("lse".into(), glue.rows(lse, 2, blk.q.clone())?);
-            if let (Some(qs), Some(ks)) = (a.q_segment_ids, cur.get(2)) {
+            if let (Some(qs), Some(ks)) = (a.q_segment_ids, keys.cur.get(2)) {
                 call.tensors.insert("q_segment_ids".into(), q_rows(qs)?);
                 call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
             }
@@ -482,12 +499,7 @@ pub fn backward(
             std::mem::swap(&mut acc_in, &mut acc_out);
             comm.start(1, &acc_out.iter().collect::<Vec<_>>(), &acc_in.iter().collect::<Vec<_>>())?;
         }
-        if more {
-            comm.wait(0, &mut next.iter_mut().collect::<Vec<_>>())?;
-            // The keys just used go back to being spare only if they are ours.
-            let used = std::mem::replace(&mut cur, std::mem::take(&mut next));
-            next = if step == 0 { std::mem::take(&mut spare) } else { used };
-        }
+        keys.finish(comm, step)?;
     }
     if n > 1 {
         comm.wait(1, &mut acc_in.iter_mut().collect::<Vec<_>>())?;
