@@ -350,6 +350,19 @@ pub trait Operation: Sync {
         }
         Ok(call)
     }
+    /// Inputs for timing alone: [`Operation::random_call_with`] unless an operation
+    /// makes some inputs from a reference that would take long at the timed size (the
+    /// flash backward's `out` and `lse`); a kernel's speed does not depend on values.
+    fn timing_call(
+        &self,
+        f: &Features,
+        dtype: DType,
+        dims: &Sizes,
+        seed: u64,
+        scalars: &Scalars,
+    ) -> Result<HostCall, String> {
+        self.random_call_with(f, dtype, dims, seed, scalars)
+    }
     /// How many elements the tensors of [`Operation::random_call`]'s call hold in all
     /// (inputs and outputs, an upper bound), counted with checked arithmetic so that a
     /// size whose count overflows 64 bits is an error: what `ejc run/bench/tune` judge

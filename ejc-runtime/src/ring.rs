@@ -119,6 +119,23 @@ pub struct RingForward {
     /// The configuration each kind of block ran with, by kind (the last) and by kind
     /// and size (`fwd:full`, `fwd:full:2048x4096`).
     pub configs: BTreeMap<String, Config>,
+    /// Host seconds of each step: see [`StepTime`].
+    pub steps: Vec<StepTime>,
+}
+
+/// Where a step's time went, on the host: `blocks_s` from the step's start to its last
+/// block's end (each call waits for its kernel), `wait_s` from there to its transfers'
+/// end. The transfers are waited for on the GPU, so `wait_s` is measured only where
+/// `EJC_RING_TRACE=1` makes the host wait for them too (else 0).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTime {
+    pub blocks_s: f64,
+    pub wait_s: f64,
+}
+
+/// Whether `EJC_RING_TRACE` asks for the transfers' wait on the host ([`StepTime`]).
+fn tracing() -> bool {
+    std::env::var("EJC_RING_TRACE").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 /// A rank's gradients (`dsinks` summed over every rank).
@@ -177,6 +194,11 @@ pub trait Glue {
     fn dsinks(&self, sinks: &Tensor, lse: &Tensor, out: &Tensor, dout: &Tensor) -> Result<Tensor, ApiError>;
     /// Rows `r` of axis `axis`: a view where the platform has them (the GPU), else a copy.
     fn rows(&self, t: &Tensor, axis: usize, r: Range<usize>) -> Result<Tensor, ApiError>;
+    /// Wait on the host for the work queued so far (the step trace's; the host glue's
+    /// work is done when it returns).
+    fn sync(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
 }
 
 fn info(t: &Tensor) -> (DType, Vec<usize>) {
@@ -365,10 +387,59 @@ pub fn forward(
     o: &RingOptions,
 ) -> Result<RingForward, ApiError> {
     let (n, rank) = (comm.size(), comm.rank());
-    let (b, l, hq, hkv, d, dv) = check_inputs(a, o, n)?;
+    let (b, l, hq, _, d, dv) = check_inputs(a, o, n)?;
     let dtype = info(a.q).0;
     let on_device = !matches!(a.q, Tensor::Host(_));
     let segments = a.q_segment_ids.is_some();
+    let mut launches = 0;
+    let mut configs = BTreeMap::new();
+    // Which rows a block reads, and the flash call that runs it into `out` / `lse`.
+    let mut run = |rt: &mut Runtime,
+                   cur: &[&Tensor],
+                   blk: &ring::RingLaunch,
+                   out: Tensor,
+                   lse: Tensor|
+     -> Result<(Tensor, Tensor), ApiError> {
+        let (features, scalars) = block_call(o, blk.band, segments, d);
+        let mut call = Call { scalars, ..Call::default() };
+        call.tensors.insert("q".into(), glue.rows(a.q, 1, blk.q.clone())?);
+        call.tensors.insert("k".into(), glue.rows(cur[0], 1, blk.kv.clone())?);
+        call.tensors.insert("v".into(), glue.rows(cur[1], 1, blk.kv.clone())?);
+        if let (Some(qs), Some(ks)) = (a.q_segment_ids, cur.get(2)) {
+            call.tensors.insert("q_segment_ids".into(), glue.rows(qs, 1, blk.q.clone())?);
+            call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
+        }
+        call.tensors.insert("out".into(), out);
+        call.tensors.insert("lse".into(), lse);
+        #[cfg(feature = "cuda")]
+        if on_device {
+            call.cuda = Some(rt.cuda()?);
+        }
+        let kind = block_kind("fwd", blk.band, blk.q.len(), blk.kv.len());
+        let r = rt.call("flash_attention_fwd", &features, &mut call, &call_opts(o, on_device, &kind))?;
+        configs.insert(kind.0, r.config.clone());
+        configs.insert(kind.1, r.config);
+        launches += 1;
+        let out = call.tensors.remove("out").ok_or_else(|| err("the call lost `out`"))?;
+        let lse = call.tensors.remove("lse").ok_or_else(|| err("the call lost `lse`"))?;
+        Ok((out, lse))
+    };
+    // A ring of one whose mask is one launch (and no sinks to join): that launch alone,
+    // straight into the outputs (the same bits as through the merge, which would copy it).
+    if n == 1 && a.sinks.is_none() {
+        let blks = ring::launches(o.layout, n, l, rank, rank, o.mask()).map_err(err)?;
+        if let [blk] = &blks[..] {
+            if blk.q == (0..l) {
+                let out = glue.alloc(dtype, &[b, l, hq, dv])?;
+                let lse = glue.alloc(DType::F32, &[b, hq, l])?;
+                let cur: Vec<&Tensor> = [a.k, a.v].into_iter().chain(a.kv_segment_ids).collect();
+                let t = std::time::Instant::now();
+                let (out, lse) = run(rt, &cur, blk, out, lse)?;
+                let steps = vec![StepTime { blocks_s: t.elapsed().as_secs_f64(), wait_s: 0.0 }];
+                return Ok(RingForward { out, lse, launches, configs, steps });
+            }
+        }
+    }
     let mut acc = glue.alloc(DType::F32, &[b, l, hq, dv])?;
     glue.fill(&mut acc, 0.0)?;
     let mut acc_lse = glue.alloc(DType::F32, &[b, hq, l])?;
@@ -376,44 +447,36 @@ pub fn forward(
     let o_block = glue.alloc(dtype, &[b, l, hq, dv])?;
     let lse_block = glue.alloc(DType::F32, &[b, hq, l])?;
     let mut keys = KeyRing::new(glue, a)?;
-    let mut launches = 0;
-    let mut configs = BTreeMap::new();
+    let (trace, mut steps) = (tracing(), Vec::with_capacity(n));
     for step in 0..n {
+        let t0 = std::time::Instant::now();
         keys.start(comm, step)?;
         let src = ring::source(n, rank, step);
         for blk in ring::launches(o.layout, n, l, rank, src, o.mask()).map_err(err)? {
             let lq = blk.q.len();
-            let (features, scalars) = block_call(o, blk.band, segments, d);
-            let mut call = Call { scalars, ..Call::default() };
-            call.tensors.insert("q".into(), glue.rows(a.q, 1, blk.q.clone())?);
-            call.tensors.insert("k".into(), glue.rows(&keys.cur[0], 1, blk.kv.clone())?);
-            call.tensors.insert("v".into(), glue.rows(&keys.cur[1], 1, blk.kv.clone())?);
-            if let (Some(qs), Some(ks)) = (a.q_segment_ids, keys.cur.get(2)) {
-                call.tensors.insert("q_segment_ids".into(), glue.rows(qs, 1, blk.q.clone())?);
-                call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
-            }
-            call.tensors.insert("out".into(), scratch_view(glue, &o_block, &[b, lq, hq, dv], 1)?);
-            call.tensors.insert("lse".into(), scratch_view(glue, &lse_block, &[b, hq, lq], 2)?);
-            #[cfg(feature = "cuda")]
-            if on_device {
-                call.cuda = Some(rt.cuda()?);
-            }
-            let kind = block_kind("fwd", blk.band, blk.q.len(), blk.kv.len());
-            let r = rt.call("flash_attention_fwd", &features, &mut call, &call_opts(o, on_device, &kind))?;
-            configs.insert(kind.0, r.config.clone());
-            configs.insert(kind.1, r.config);
-            let out = call.tensors.remove("out").ok_or_else(|| err("the call lost `out`"))?;
-            let lse = call.tensors.remove("lse").ok_or_else(|| err("the call lost `lse`"))?;
+            let (out, lse) = run(
+                rt,
+                &keys.cur.iter().collect::<Vec<_>>(),
+                &blk,
+                scratch_view(glue, &o_block, &[b, lq, hq, dv], 1)?,
+                scratch_view(glue, &lse_block, &[b, hq, lq], 2)?,
+            )?;
             glue.merge(&mut acc, &mut acc_lse, &out, &lse, blk.q.start)?;
-            launches += 1;
         }
+        let t1 = std::time::Instant::now();
         keys.finish(comm, step)?;
+        if trace {
+            glue.sync()?;
+        }
+        steps.push(StepTime {
+            blocks_s: (t1 - t0).as_secs_f64(),
+            wait_s: if trace { t1.elapsed().as_secs_f64() } else { 0.0 },
+        });
     }
     let mut out = glue.alloc(dtype, &[b, l, hq, dv])?;
     let mut lse = glue.alloc(DType::F32, &[b, hq, l])?;
     glue.finalize(&acc, &acc_lse, a.sinks, &mut out, &mut lse)?;
-    let _ = hkv;
-    Ok(RingForward { out, lse, launches, configs })
+    Ok(RingForward { out, lse, launches, configs, steps })
 }
 
 /// The ring backward on one rank: gradients of its shard, from the forward's `out` and

@@ -52,11 +52,13 @@ extern "C" __global__ void fill_f32(float* p, i64 n, float x) {
     if (i < n) p[i] = x;
 }
 
-// One thread per (b, i, h) row of a block: acc[b, off+i, h, :], acc_lse[b, h, off+i].
+// One warp per (b, i, h) row of a block, its lanes along D (coalesced):
+// acc[b, off+i, h, :], acc_lse[b, h, off+i].
 #define MERGE(T) \
 extern "C" __global__ void merge_##T(float* acc, float* acc_lse, const void* o, const float* lse, \
                                      i64 B, i64 Lb, i64 H, i64 D, i64 L, i64 off) { \
-    i64 r = blockIdx.x * (i64)blockDim.x + threadIdx.x; \
+    i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; \
+    int lane = threadIdx.x & 31; \
     if (r >= B * Lb * H) return; \
     i64 h = r % H, i = (r / H) % Lb, b = r / (H * Lb); \
     float l2 = lse[(b * H + h) * Lb + i]; \
@@ -66,26 +68,29 @@ extern "C" __global__ void merge_##T(float* acc, float* acc_lse, const void* o, 
     if (m == NEG_INF) return; \
     float w1 = expf(l1 - m), w2 = expf(l2 - m), s = w1 + w2; \
     float a1 = w1 / s, a2 = w2 / s; \
-    acc_lse[ia] = m + logf(s); \
     float* ap = acc + ((b * L + off + i) * H + h) * D; \
     i64 po = ((b * Lb + i) * H + h) * D; \
-    for (i64 d = 0; d < D; d++) ap[d] = a1 * ap[d] + a2 * ld_##T(o, po + d); \
+    for (i64 d = lane; d < D; d += 32) ap[d] = a1 * ap[d] + a2 * ld_##T(o, po + d); \
+    __syncwarp(); \
+    if (lane == 0) acc_lse[ia] = m + logf(s); \
 }
 
-// acc[b, off+i, :] += x[b, i, :] over `inner` = H * D elements a row.
+// acc[b, off+i, :] += x[b, i, :] over `inner` = H * D elements a row: blockIdx.x is the
+// row (b, i), blockIdx.y * blockDim.x + threadIdx.x the element.
 #define ACCUMULATE(T) \
 extern "C" __global__ void accumulate_##T(float* acc, const void* x, i64 B, i64 Lx, i64 inner, i64 L, i64 off) { \
-    i64 e = blockIdx.x * (i64)blockDim.x + threadIdx.x; \
-    if (e >= B * Lx * inner) return; \
-    i64 c = e % inner, i = (e / inner) % Lx, b = e / (inner * Lx); \
-    acc[(b * L + off + i) * inner + c] += ld_##T(x, e); \
+    i64 row = blockIdx.x, c = blockIdx.y * (i64)blockDim.x + threadIdx.x; \
+    if (c >= inner) return; \
+    i64 i = row % Lx, b = row / Lx; \
+    acc[(b * L + off + i) * inner + c] += ld_##T(x, row * inner + c); \
 }
 
-// One thread per (b, i, h) row: the sinks join once, the output is rounded.
+// One warp per (b, i, h) row: the sinks join once, the output is rounded.
 #define FINALIZE(T) \
 extern "C" __global__ void finalize_##T(const float* acc, const float* acc_lse, const float* sinks, i64 n_sinks, \
                                         void* out, float* lse, i64 B, i64 L, i64 H, i64 D) { \
-    i64 r = blockIdx.x * (i64)blockDim.x + threadIdx.x; \
+    i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; \
+    int lane = threadIdx.x & 31; \
     if (r >= B * L * H) return; \
     i64 h = r % H, i = (r / H) % L, b = r / (H * L); \
     float l2 = NEG_INF; \
@@ -102,9 +107,9 @@ extern "C" __global__ void finalize_##T(const float* acc, const float* acc_lse, 
     float l1 = acc_lse[il]; \
     float m = fmaxf(l1, l2), lf = m, scale = 0.f; \
     if (m != NEG_INF) { lf = m + logf(expf(l1 - m) + expf(l2 - m)); scale = expf(l1 - lf); } \
-    lse[il] = lf; \
+    if (lane == 0) lse[il] = lf; \
     i64 p = ((b * L + i) * H + h) * D; \
-    for (i64 d = 0; d < D; d++) st_##T(out, p + d, acc[p + d] * scale); \
+    for (i64 d = lane; d < D; d += 32) st_##T(out, p + d, acc[p + d] * scale); \
 }
 
 #define CONVERT(T) \
@@ -220,6 +225,11 @@ impl CudaGlue {
         LaunchConfig { grid_dim: ((n.max(1) as u32).div_ceil(256), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
     }
 
+    /// One warp per row, 8 rows a block.
+    fn warps(rows: i64) -> LaunchConfig {
+        LaunchConfig { grid_dim: ((rows.max(1) as u32).div_ceil(8), 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+    }
+
     fn stream(&self) -> &Arc<CudaStream> {
         self.cuda.stream()
     }
@@ -308,7 +318,7 @@ impl Glue for CudaGlue {
             (s[0] as i64, od.shape[1] as i64, s[2] as i64, s[3] as i64, s[1] as i64, off as i64);
         let mut k = self.stream().launch_builder(self.f(&name)?);
         k.arg(&pa).arg(&pl).arg(&po).arg(&ps).arg(&b).arg(&lb).arg(&h).arg(&d).arg(&l).arg(&off);
-        unsafe { k.launch(Self::cfg(b * lb * h)) }.map_err(launch_err(&name))?;
+        unsafe { k.launch(Self::warps(b * lb * h)) }.map_err(launch_err(&name))?;
         Ok(())
     }
 
@@ -320,7 +330,12 @@ impl Glue for CudaGlue {
         let (b, lx, inner, l, off) = (s[0] as i64, xd.shape[1] as i64, (s[2] * s[3]) as i64, s[1] as i64, off as i64);
         let mut k = self.stream().launch_builder(self.f(&name)?);
         k.arg(&pa).arg(&px).arg(&b).arg(&lx).arg(&inner).arg(&l).arg(&off);
-        unsafe { k.launch(Self::cfg(b * lx * inner)) }.map_err(launch_err(&name))?;
+        let cfg = LaunchConfig {
+            grid_dim: ((b * lx).max(1) as u32, (inner.max(1) as u32).div_ceil(256), 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { k.launch(cfg) }.map_err(launch_err(&name))?;
         Ok(())
     }
 
@@ -347,7 +362,7 @@ impl Glue for CudaGlue {
         let (b, l, h, d) = (s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64);
         let mut k = self.stream().launch_builder(self.f(&name)?);
         k.arg(&pa).arg(&pl).arg(&psk).arg(&n_sinks).arg(&po).arg(&ps).arg(&b).arg(&l).arg(&h).arg(&d);
-        unsafe { k.launch(Self::cfg(b * l * h)) }.map_err(launch_err(&name))?;
+        unsafe { k.launch(Self::warps(b * l * h)) }.map_err(launch_err(&name))?;
         Ok(())
     }
 
@@ -376,6 +391,10 @@ impl Glue for CudaGlue {
             LaunchConfig { grid_dim: ((h * n_sinks).max(1) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         unsafe { k.launch(cfg) }.map_err(launch_err(&name))?;
         Ok(ds)
+    }
+
+    fn sync(&self) -> Result<(), ApiError> {
+        self.stream().synchronize().map_err(|e| err(format!("{e:?}")))
     }
 
     fn rows(&self, t: &Tensor, axis: usize, r: Range<usize>) -> Result<Tensor, ApiError> {
@@ -419,7 +438,18 @@ impl NcclComm {
             *d = *s as _;
         }
         cuda.context().bind_to_thread().map_err(|e| err(format!("{e:?}")))?;
-        let stream = cuda.context().new_stream().map_err(|e| err(format!("a stream for NCCL: {e:?}")))?;
+        // The transfers' stream has the highest priority: NCCL's kernel then takes the
+        // first SM a flash block frees, instead of queueing behind every block of the
+        // step's launch (which left the transfer to the step's end, where ranks waited on
+        // each other). EJC_RING_COMM_PRIORITY=normal turns this off, for comparison.
+        let stream = if std::env::var("EJC_RING_COMM_PRIORITY").is_ok_and(|v| v == "normal") {
+            cuda.context().new_stream()
+        } else {
+            let (_, greatest) = cudarc::driver::result::stream::get_priority_range()
+                .map_err(|e| err(format!("cuCtxGetStreamPriorityRange: {e:?}")))?;
+            cuda.context().new_stream_with_priority(greatest)
+        }
+        .map_err(|e| err(format!("a stream for NCCL: {e:?}")))?;
         let mut comm = std::mem::MaybeUninit::uninit();
         unsafe { cudarc::nccl::result::comm_init_rank(comm.as_mut_ptr(), size as i32, uid, rank as i32) }
             .map_err(|e| err(format!("ncclCommInitRank (rank {rank} of {size}): {e:?}")))?;

@@ -139,8 +139,13 @@ impl<'r, 'a> Tuner<'r, 'a> {
     }
 
     /// A random call of `dims` with the call's scalars where it has them.
-    fn sample(&self, dims: &Sizes, seed: u64) -> Result<(HostCall, Sizes), String> {
-        let call = self.op.random_call_with(&self.features, self.dtype, dims, seed, &self.scalars)?;
+    /// For timing (`timing`), the operation may make reference-derived inputs cheaply.
+    fn sample(&self, dims: &Sizes, seed: u64, timing: bool) -> Result<(HostCall, Sizes), String> {
+        let call = if timing {
+            self.op.timing_call(&self.features, self.dtype, dims, seed, &self.scalars)?
+        } else {
+            self.op.random_call_with(&self.features, self.dtype, dims, seed, &self.scalars)?
+        };
         let sizes = self.op.validate(&self.features, self.dtype, &self.keys, &call)?;
         Ok((call, sizes))
     }
@@ -175,7 +180,7 @@ impl<'r, 'a> Tuner<'r, 'a> {
     /// Check one candidate on a small case against the reference.
     fn verify(&self, cand: &Candidate) -> Result<(), String> {
         let small = self.op.small_dims(&self.sizes);
-        let (call, sizes) = self.sample(&small, self.seed ^ 0x5eed)?;
+        let (call, sizes) = self.sample(&small, self.seed ^ 0x5eed, false)?;
         let want = self.op.reference(&self.features, &call).map_err(|e| format!("reference: {e}"))?;
         let got = self.run_once(cand, &call, &sizes).map_err(|e| format!("failed to run: {e}"))?;
         let tol = tolerance(self.dtype);
@@ -261,7 +266,7 @@ impl Tunable for Tuner<'_, '_> {
         // One set of fresh random inputs for the timing runs, shared by all candidates
         // so that they are compared on the same data.
         let dims = self.op.dims_of(&self.sizes);
-        let sample = self.sample(&dims, self.seed);
+        let sample = self.sample(&dims, self.seed, true);
         let mut timings = Vec::new();
         let mut best: Option<(f64, Config)> = None;
         for c in candidates {

@@ -67,7 +67,7 @@ pub fn run(req: &Request) -> Outcome {
     let threads =
         if req.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { req.threads };
     let seed = rand::random::<u64>() >> 11;
-    let (host, sizes) = match p.call(v, seed) {
+    let (host, sizes) = match p.timing_call(v, seed) {
         Ok(c) => c,
         Err(o) => return o,
     };

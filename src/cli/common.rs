@@ -281,8 +281,22 @@ impl Problem {
     /// A random call of the problem's sizes for a variant, with the explicit scalars
     /// (the variant's own where it has no such parameter are left alone).
     pub fn call(&self, v: &Variant, seed: u64) -> Result<(HostCall, Sizes), Outcome> {
+        self.call_for(v, seed, false)
+    }
+
+    /// [`Problem::call`] for timing alone: inputs an operation derives from its reference
+    /// (the flash backward's `out` and `lse`) may be cheap stand-ins at large sizes.
+    pub fn timing_call(&self, v: &Variant, seed: u64) -> Result<(HostCall, Sizes), Outcome> {
+        self.call_for(v, seed, true)
+    }
+
+    fn call_for(&self, v: &Variant, seed: u64, timing: bool) -> Result<(HostCall, Sizes), Outcome> {
         let e = |m: String| Outcome::Error(format!("error: variant `{}`: {m}", v.name));
-        let mut call = self.op.random_call(&v.features, self.dtype, &self.dims, seed).map_err(e)?;
+        let mut call = if timing {
+            self.op.timing_call(&v.features, self.dtype, &self.dims, seed, &self.scalars).map_err(e)?
+        } else {
+            self.op.random_call(&v.features, self.dtype, &self.dims, seed).map_err(e)?
+        };
         for (k, x) in &self.scalars {
             if let Some(slot) = call.scalars.get_mut(k) {
                 *slot = *x;

@@ -323,7 +323,7 @@ pub fn bench(p: &Problem, v: &Variant, warmup: usize, reps: usize, json_out: boo
         Err(o) => return o,
     };
     let seed = rand::random::<u64>() >> 11;
-    let (host, sizes) = match p.call(v, seed) {
+    let (host, sizes) = match p.timing_call(v, seed) {
         Ok(c) => c,
         Err(o) => return o,
     };

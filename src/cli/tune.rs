@@ -93,7 +93,7 @@ pub fn run(req: &Request) -> Outcome {
         Err(e) => return Outcome::Error(format!("error: {e}")),
     };
     let seed = rand::random::<u64>() >> 11;
-    let (host, _) = match p.call(v, seed) {
+    let (host, _) = match p.timing_call(v, seed) {
         Ok(c) => c,
         Err(o) => return o,
     };
@@ -150,7 +150,7 @@ pub fn run(req: &Request) -> Outcome {
         if r.source == Source::Persistent {
             println!("(cached: tuned before; --force tunes again)");
         }
-        let (sizes_ok, work) = match p.call(v, seed) {
+        let (sizes_ok, work) = match p.timing_call(v, seed) {
             Ok((_, sizes)) => (true, p.op.work(&v.features, p.dtype, &sizes)),
             Err(_) => (false, Default::default()),
         };

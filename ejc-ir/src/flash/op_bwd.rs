@@ -50,6 +50,66 @@ const DSINKS_WARPS: u32 = 4;
 
 const FWD: FlashAttentionFwd = FlashAttentionFwd;
 
+/// Above this many multiply-adds (`b · hq · sq · sk · d`) a timing call skips the f64
+/// reference forward.
+pub const REFERENCE_FOR_TIMING: u64 = 1 << 28;
+
+impl FlashAttentionBwd {
+    /// A random backward call: the forward's inputs, `dout`, and the forward's `out` and
+    /// `lse` from the reference (`exact`, or while the reference is cheap) or stand-ins.
+    fn call_of(
+        &self,
+        f: &op::Features,
+        dtype: DType,
+        dims: &Sizes,
+        seed: u64,
+        scalars: &op::Scalars,
+        exact: bool,
+    ) -> Result<HostCall, String> {
+        let ff = features(f)?;
+        let mut call = FWD.random_call_with(f, dtype, dims, seed, scalars)?;
+        let inputs = inputs_of(&call)?;
+        let round = |t: &HostTensor, d: DType| {
+            HostTensor::from_vec(d, &t.shape, t.to_vec().into_iter().map(|x| d.round(x)).collect())
+        };
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_d007_u64.rotate_left(17));
+        let [b, sq, hq, d] = [0, 1, 2, 3].map(|i| inputs.q.shape[i] as u64);
+        let sk = inputs.k.shape[1];
+        let work = b.saturating_mul(hq).saturating_mul(sq).saturating_mul(sk as u64).saturating_mul(d);
+        let (out, lse) = if exact || work <= REFERENCE_FOR_TIMING {
+            // The forward's out and lse, from the reference (rounded as a kernel stores them).
+            let rt = runtime_of(&call.scalars, inputs.q.shape[3]);
+            let y = super::reference::reference(&ff, &rt, &inputs)?;
+            (round(&y.out, dtype), round(&y.lse, DType::F32))
+        } else {
+            let dv = inputs.v.shape[3];
+            let shape = [inputs.q.shape[0], inputs.q.shape[1], inputs.q.shape[2], dv];
+            let n: usize = shape.iter().product();
+            let out =
+                HostTensor::from_vec(dtype, &shape, (0..n).map(|_| dtype.round(rng.random_range(-1.0..1.0))).collect());
+            let lse_shape = [inputs.q.shape[0], inputs.q.shape[2], inputs.q.shape[1]];
+            (out, HostTensor::full(DType::F32, &lse_shape, DType::F32.round((sk.max(1) as f64).ln())))
+        };
+        let n = out.numel();
+        let dout =
+            HostTensor::from_vec(dtype, &out.shape, (0..n).map(|_| dtype.round(rng.random_range(-1.0..1.0))).collect());
+        let nan = |t: &HostTensor| HostTensor::full(t.dtype, &t.shape, f64::NAN);
+        call.tensors.insert("out".into(), out);
+        call.tensors.insert("lse".into(), lse);
+        call.tensors.insert("dout".into(), dout);
+        call.tensors.insert("dq".into(), nan(&inputs.q));
+        call.tensors.insert("dk".into(), nan(&inputs.k));
+        call.tensors.insert("dv".into(), nan(&inputs.v));
+        if let Some(s) = &inputs.sinks {
+            call.tensors.insert("dsinks".into(), HostTensor::full(DType::F32, &s.shape, f64::NAN));
+        }
+        if let (true, Some(bias)) = (ff.bias_grad, &inputs.bias) {
+            call.tensors.insert("dbias".into(), HostTensor::full(dtype, &bias.shape, f64::NAN));
+        }
+        Ok(call)
+    }
+}
+
 impl Operation for FlashAttentionBwd {
     fn name(&self) -> &'static str {
         "flash_attention_bwd"
@@ -284,36 +344,22 @@ impl Operation for FlashAttentionBwd {
         seed: u64,
         scalars: &op::Scalars,
     ) -> Result<HostCall, String> {
-        let ff = features(f)?;
-        let mut call = FWD.random_call_with(f, dtype, dims, seed, scalars)?;
-        // The forward's out and lse, from the reference (rounded as a kernel stores them).
-        let inputs = inputs_of(&call)?;
-        let rt = runtime_of(&call.scalars, inputs.q.shape[3]);
-        let y = super::reference::reference(&ff, &rt, &inputs)?;
-        let round = |t: &HostTensor, d: DType| {
-            HostTensor::from_vec(d, &t.shape, t.to_vec().into_iter().map(|x| d.round(x)).collect())
-        };
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed_d007_u64.rotate_left(17));
-        let n = y.out.numel();
-        let dout = HostTensor::from_vec(
-            dtype,
-            &y.out.shape,
-            (0..n).map(|_| dtype.round(rng.random_range(-1.0..1.0))).collect(),
-        );
-        let nan = |t: &HostTensor| HostTensor::full(t.dtype, &t.shape, f64::NAN);
-        call.tensors.insert("out".into(), round(&y.out, dtype));
-        call.tensors.insert("lse".into(), round(&y.lse, DType::F32));
-        call.tensors.insert("dout".into(), dout);
-        call.tensors.insert("dq".into(), nan(&inputs.q));
-        call.tensors.insert("dk".into(), nan(&inputs.k));
-        call.tensors.insert("dv".into(), nan(&inputs.v));
-        if let Some(s) = &inputs.sinks {
-            call.tensors.insert("dsinks".into(), HostTensor::full(DType::F32, &s.shape, f64::NAN));
-        }
-        if let (true, Some(bias)) = (ff.bias_grad, &inputs.bias) {
-            call.tensors.insert("dbias".into(), HostTensor::full(dtype, &bias.shape, f64::NAN));
-        }
-        Ok(call)
+        self.call_of(f, dtype, dims, seed, scalars, true)
+    }
+
+    /// For timing alone, above [`REFERENCE_FOR_TIMING`] products the forward's `out` and
+    /// `lse` are stand-ins (random `out` in [-1, 1), `lse = ln sk`): the f64 reference of
+    /// a 16k-token call takes the better part of an hour on one core, and a kernel's
+    /// speed does not depend on the values.
+    fn timing_call(
+        &self,
+        f: &op::Features,
+        dtype: DType,
+        dims: &Sizes,
+        seed: u64,
+        scalars: &op::Scalars,
+    ) -> Result<HostCall, String> {
+        self.call_of(f, dtype, dims, seed, scalars, false)
     }
 
     fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
@@ -373,5 +419,40 @@ impl Operation for FlashAttentionBwd {
 
     fn heuristic(&self, configs: &[Config]) -> Option<usize> {
         FWD.heuristic(configs)
+    }
+}
+
+#[cfg(test)]
+mod timing_tests {
+    use super::*;
+
+    fn dims(s: i64, h: i64, d: i64) -> Sizes {
+        [("batch", 1), ("seq_q", s), ("seq_k", s), ("heads_q", h), ("heads_kv", 1), ("head_dim", d)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    #[test]
+    fn timing_calls_skip_the_reference_only_where_it_is_slow() {
+        let f = op::Features::new();
+        let none = op::Scalars::new();
+        // Small: the same call as the checked one (out and lse from the reference).
+        let small = dims(37, 2, 16);
+        let a = FlashAttentionBwd.random_call_with(&f, DType::F32, &small, 5, &none).unwrap();
+        let b = FlashAttentionBwd.timing_call(&f, DType::F32, &small, 5, &none).unwrap();
+        for n in ["q", "k", "v", "out", "lse", "dout"] {
+            assert_eq!(a.tensors[n].to_vec(), b.tensors[n].to_vec(), "{n}");
+        }
+        // Large (a reference of minutes): stand-ins, at once; lse = ln sk on every row.
+        let large = dims(4096, 4, 64);
+        let t = std::time::Instant::now();
+        let c = FlashAttentionBwd.timing_call(&f, DType::BF16, &large, 5, &none).unwrap();
+        assert!(t.elapsed().as_secs() < 60, "{:?}", t.elapsed());
+        let lse = c.tensors["lse"].to_vec();
+        assert_eq!(c.tensors["lse"].shape, vec![1, 4, 4096]);
+        assert!(lse.iter().all(|x| (*x - (4096f64).ln()).abs() < 1e-6), "{:?}", &lse[..4]);
+        assert_eq!(c.tensors["out"].shape, vec![1, 4096, 4, 64]);
+        assert!(c.tensors["out"].to_vec().iter().all(|x| x.abs() <= 1.0));
     }
 }

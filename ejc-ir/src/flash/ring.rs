@@ -148,7 +148,14 @@ pub fn source(n: usize, rank: usize, step: usize) -> usize {
 /// `None` when it hides every pair, else the block's kernel band (`None` inside: no
 /// mask needed).
 fn block_band(mask: RingMask, (qg, lq): (usize, usize), (kg, lk): (usize, usize)) -> Option<Option<(i64, i64)>> {
-    // Visible pairs (local i, j): lo ≤ j − i ≤ hi, with Δ = qg − kg.
+    let (lo, hi) = interval(mask, qg, kg);
+    band_of(lo, hi, lq, lk)
+}
+
+/// The visible pairs of a block with queries at global `qg` and keys at `kg`, as the
+/// interval `lo ≤ j − i ≤ hi` of its local indices (`i64::MIN` / `MAX`: open), before
+/// the block's own size clips it.
+fn interval(mask: RingMask, qg: usize, kg: usize) -> (i64, i64) {
     let delta = qg as i64 - kg as i64;
     let (mut lo, mut hi) = (i64::MIN, i64::MAX);
     if mask.causal {
@@ -158,6 +165,12 @@ fn block_band(mask: RingMask, (qg, lq): (usize, usize), (kg, lk): (usize, usize)
         lo = lo.max(delta - l);
         hi = hi.min(delta + r);
     }
+    (lo, hi)
+}
+
+/// The interval `lo ≤ j − i ≤ hi` clipped to an `lq × lk` block: `None` when it shows no
+/// pair, else the kernel band (`None` inside: every pair shows).
+fn band_of(lo: i64, hi: i64, lq: usize, lk: usize) -> Option<Option<(i64, i64)>> {
     let (lq, lk) = (lq as i64, lk as i64);
     let (min_d, max_d) = (-(lq - 1), lk - 1);
     if lo > hi || hi < min_d || lo > max_d {
@@ -173,6 +186,39 @@ fn block_band(mask: RingMask, (qg, lq): (usize, usize), (kg, lk): (usize, usize)
     let left = if lo <= min_d { span } else { d - lo };
     let right = if hi >= max_d { span } else { hi - d };
     Some(Some((left, right)))
+}
+
+/// One launch over all of a rank's rows, when the mask seen through the layout's pieces
+/// is a single band in local coordinates (zig-zag's causal diagonal step: the two
+/// chunks' causal blocks and the whole block between them are the local causal mask).
+/// The kernels skip the tiles a band hides, so one launch does the same work as the
+/// pieces' launches without their merges.
+fn whole_block(qp: &[Piece], kp: &[Piece], mask: RingMask) -> Option<RingLaunch> {
+    let (lq, lk) = (qp.iter().map(|p| p.len).sum::<usize>(), kp.iter().map(|p| p.len).sum::<usize>());
+    let shift = |q: &Piece, k: &Piece| k.local as i64 - q.local as i64;
+    // The visibility of a piece pair in its own coordinates: empty, or the clipped interval.
+    let seen = |lo: i64, hi: i64, q: &Piece, k: &Piece| {
+        let (min_d, max_d) = (-(q.len as i64 - 1), k.len as i64 - 1);
+        let (lo, hi) = (lo.max(min_d), hi.min(max_d));
+        (lo <= hi).then_some((lo, hi))
+    };
+    let pairs: Vec<(&Piece, &Piece)> = qp.iter().flat_map(|q| kp.iter().map(move |k| (q, k))).collect();
+    // Candidates: each pair's interval moved into the whole block's coordinates
+    // (local j − i = piece j' − i' + shift).
+    for &(cq, ck) in &pairs {
+        let (lo, hi) = interval(mask, cq.global, ck.global);
+        let s = shift(cq, ck);
+        let (lo, hi) = (lo.saturating_add(s), hi.saturating_add(s));
+        let same = pairs.iter().all(|&(q, k)| {
+            let (plo, phi) = interval(mask, q.global, k.global);
+            let s = shift(q, k);
+            seen(plo, phi, q, k) == seen(lo.saturating_sub(s), hi.saturating_sub(s), q, k)
+        });
+        if same {
+            return band_of(lo, hi, lq, lk).map(|band| RingLaunch { q: 0..lq, kv: 0..lk, band });
+        }
+    }
+    None
 }
 
 /// The launches of rank `rank` at the step where it holds rank `src`'s keys, after the
@@ -191,6 +237,11 @@ pub fn launches(
     }
     let qp = pieces(layout, n, local, rank);
     let kp = pieces(layout, n, local, src);
+    if qp.len() > 1 {
+        if let Some(one) = whole_block(&qp, &kp, mask) {
+            return Ok(vec![one]);
+        }
+    }
     // Per query piece: the key pieces it sees, each with its band.
     let mut out: Vec<RingLaunch> = Vec::new();
     for q in &qp {
@@ -346,6 +397,24 @@ mod tests {
         let c: Vec<u64> = (0..4).map(|r| rank_pairs(RingLayout::Contiguous, 4, 16, r, m).unwrap()).collect();
         assert_eq!(c[0], 16 * 17 / 2);
         assert_eq!(c[3], 3 * 256 + 16 * 17 / 2);
+    }
+
+    #[test]
+    fn one_launch_where_the_pieces_make_one_band() {
+        let causal = RingMask { causal: true, window: None };
+        // Zig-zag's diagonal step: the local causal mask, one launch on every rank.
+        for rank in 0..4 {
+            let ls = launches(RingLayout::ZigZag, 4, 16, rank, rank, causal).unwrap();
+            assert_eq!(ls, vec![RingLaunch { q: 0..16, kv: 0..16, band: Some((32, 0)) }], "rank {rank}");
+        }
+        // Off the diagonal the pieces are no band: whole blocks, merged.
+        let ls = launches(RingLayout::ZigZag, 4, 16, 3, 1, causal).unwrap();
+        assert_eq!(ls, vec![RingLaunch { q: 0..16, kv: 0..8, band: None }]);
+        let ls = launches(RingLayout::ZigZag, 4, 16, 1, 3, causal).unwrap();
+        assert_eq!(ls, vec![RingLaunch { q: 8..16, kv: 0..16, band: None }]);
+        // A window cuts the diagonal step into pieces that are not one band.
+        let w = RingMask { causal: true, window: Some((3, 0)) };
+        assert!(launches(RingLayout::ZigZag, 2, 16, 0, 0, w).unwrap().len() > 1);
     }
 
     #[test]

@@ -489,7 +489,7 @@ fn bench(args: &[String]) -> ExitCode {
         Ok(t) => t,
         Err(e) => return bad_input(e),
     };
-    let host = match op.random_call(&t.fam.features, t.dtype, &t.dims, 7) {
+    let host = match op.timing_call(&t.fam.features, t.dtype, &t.dims, 7, &Default::default()) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
@@ -589,7 +589,7 @@ fn through_runtime(args: &[String], tune: bool) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
-    let host = match op.random_call(&t.fam.features, t.dtype, &t.dims, 11) {
+    let host = match op.timing_call(&t.fam.features, t.dtype, &t.dims, 11, &Default::default()) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };

@@ -581,7 +581,15 @@ fn bench_rank(
         Ok(())
     })?;
     let mut none = NoTransfers { rank: r, size: n };
-    let t_fwd_compute = time(&cuda, reps, &mut || fwd(rt, &mut none).map(|_| ()))?;
+    let mut keep_c = None;
+    let t_fwd_compute = time(&cuda, reps, &mut || {
+        keep_c = Some(fwd(rt, &mut none)?);
+        Ok(())
+    })?;
+    // The last run's steps (host ms: the blocks, the wait for the transfers).
+    let steps = |f: &Option<ring::RingForward>| -> Vec<[f64; 2]> {
+        f.iter().flat_map(|f| f.steps.iter().map(|s| [s.blocks_s * 1e3, s.wait_s * 1e3])).collect()
+    };
     // The transfers alone: n − 1 exchanges of a shard's keys and values.
     let next: Vec<Tensor> = [&s.k, &s.v]
         .iter()
@@ -598,6 +606,7 @@ fn bench_rank(
     let mut row = serde_json::json!({
         "rank": r, "world": n, "local": l,
         "fwd_s": t_fwd, "fwd_compute_s": t_fwd_compute, "kv_comm_s": t_comm,
+        "fwd_steps_ms": steps(&keep), "fwd_compute_steps_ms": steps(&keep_c),
     });
     if p.backward {
         let f = keep.ok_or("no forward result")?;
