@@ -488,11 +488,16 @@ fn rank(args: &[String]) -> Result<ExitCode, String> {
     }
 }
 
-/// A communicator that moves nothing: the ring's blocks alone (wrong results, the
-/// compute's time).
+/// A communicator that moves nothing between GPUs: the ring's blocks alone (wrong
+/// results, the compute's time). With `copy`, a step's "received" buffers get a local
+/// device copy of what would be sent, so the blocks read real keys: the ring's own
+/// buffers start as zeros, and blocks on zero keys run faster than on real ones (the
+/// first compute column of docs/perf.md's ring table read zeros and beat the one-GPU
+/// kernel on the same GPU). The copies are counted in the compute time.
 struct NoTransfers {
     rank: usize,
     size: usize,
+    copy: Option<Arc<Cuda>>,
 }
 
 impl Communicator for NoTransfers {
@@ -502,7 +507,14 @@ impl Communicator for NoTransfers {
     fn size(&self) -> usize {
         self.size
     }
-    fn start(&mut self, _: u8, _: &[&Tensor], _: &[&Tensor]) -> Result<(), ApiError> {
+    fn start(&mut self, _: u8, send: &[&Tensor], recv: &[&Tensor]) -> Result<(), ApiError> {
+        if let Some(cuda) = &self.copy {
+            for (a, b) in send.iter().zip(recv) {
+                if let (Tensor::Cuda(a), Tensor::Cuda(b)) = (a, b) {
+                    cuda.copy(a, b).map_err(|e| ApiError::Unsupported(e.to_string()))?;
+                }
+            }
+        }
         Ok(())
     }
     fn wait(&mut self, _: u8, _: &mut [&mut Tensor]) -> Result<(), ApiError> {
@@ -580,7 +592,7 @@ fn bench_rank(
         keep = Some(fwd(rt, comm)?);
         Ok(())
     })?;
-    let mut none = NoTransfers { rank: r, size: n };
+    let mut none = NoTransfers { rank: r, size: n, copy: Some(cuda.clone()) };
     let mut keep_c = None;
     let t_fwd_compute = time(&cuda, reps, &mut || {
         keep_c = Some(fwd(rt, &mut none)?);
@@ -613,7 +625,7 @@ fn bench_rank(
         let t_bwd = time(&cuda, reps, &mut || {
             ring::backward(rt, comm, &glue, &a, (&f.out, &f.lse, &s.dout), opts).map(|_| ()).map_err(|e| e.to_string())
         })?;
-        let mut none = NoTransfers { rank: r, size: n };
+        let mut none = NoTransfers { rank: r, size: n, copy: Some(cuda.clone()) };
         let t_bwd_compute = time(&cuda, reps, &mut || {
             ring::backward(rt, &mut none, &glue, &a, (&f.out, &f.lse, &s.dout), opts)
                 .map(|_| ())
@@ -658,7 +670,7 @@ fn bench(args: &[String]) -> Result<ExitCode, String> {
         kv_segment_ids: None,
         sinks: ts.sinks.as_ref(),
     };
-    let mut one = NoTransfers { rank: 0, size: 1 };
+    let mut one = NoTransfers { rank: 0, size: 1, copy: None };
     // A band block too: tune with the causal/window mask of one rank's diagonal.
     let f = ring::forward(&mut rt, &mut one, &device.glue, &ta, &p.opts).map_err(|e| e.to_string())?;
     let mut configs: BTreeMap<String, Config> = f.configs.clone();
