@@ -530,9 +530,10 @@ fn backward_returns_dbias_on_both_plans_and_names_a_missing_dbias() {
         } else {
             ("block_m", &["dkdv_dq.block_m", "dkdv_dq.block_n", "dq_convert.block_m"])
         };
+        // The CPU's tiling (specs/flash_bwd.yaml's override): 32 query rows, 128 keys.
         let config: Config = std::iter::once(first)
             .chain(rest.iter().copied())
-            .map(|k| (k.to_string(), 64))
+            .map(|k| (k.to_string(), if k.ends_with("block_n") { 128 } else { 32 }))
             // The first plan's configurations carry no marker.
             .chain((plan != "two_pass").then(|| (plan_marker(plan), 1)))
             .collect();
@@ -584,11 +585,18 @@ fn backward_calls_tune_over_both_plans_and_deterministic_calls_get_two_pass() {
     }
     // The atomic plan by hand: right, and refused to a deterministic call.
     // Every role's tiling is part of a configuration (the first role's unprefixed).
-    let atomic: Config = ["block_m", "dkdv_dq.block_m", "dkdv_dq.block_n", "dq_convert.block_m", "dsinks.block_m"]
-        .into_iter()
-        .map(|k| (k.to_string(), 64))
-        .chain([(plan_marker("atomic"), 1)])
-        .collect();
+    // The CPU's tiling (32 x 128; the dsinks role keeps its own 64 rows).
+    let atomic: Config = [
+        ("block_m", 32),
+        ("dkdv_dq.block_m", 32),
+        ("dkdv_dq.block_n", 128),
+        ("dq_convert.block_m", 32),
+        ("dsinks.block_m", 64),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .chain([(plan_marker("atomic"), 1)])
+    .collect();
     let mut call = Call::from_host(&host);
     let opts = CallOptions { config: Some(atomic.clone()), threads: 2, ..Default::default() };
     let r = rt.call("flash_attention_bwd", &f, &mut call, &opts).unwrap();

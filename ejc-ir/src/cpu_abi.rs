@@ -132,14 +132,16 @@ impl Isa {
     }
 
     /// The level ejc builds for on this machine by default: the best one it runs,
-    /// except that AVX512_BF16 without AMX is used only when asked for
-    /// (`cpu:avx512bf16`). On the Intel Xeon (Emerald Rapids) that ejc is measured on,
-    /// `vdpbf16ps` issues at half the rate of two FMA pipes, so bf16 kernels run faster
-    /// converted to f32 unless AMX tiles take the products (docs/perf.md has the
-    /// figures).
+    /// except that AVX512_BF16 without AMX is used only where `vdpbf16ps` is measured
+    /// faster than converting to f32 (else only when asked for, `cpu:avx512bf16`). On
+    /// the Intel Xeon (Emerald Rapids) that ejc is measured on, `vdpbf16ps` issues at
+    /// half the rate of two FMA pipes, so bf16 kernels run faster converted to f32
+    /// unless AMX tiles take the products; on an AMD Zen 5 (family 1Ah) the same bf16
+    /// kernels ran 1.7–1.9× faster with it, forward and backward (docs/perf.md has the
+    /// figures). Zen 4 is not measured and keeps the conversion.
     pub fn host() -> Isa {
         match Isa::host_max() {
-            Isa::Avx512Bf16 => Isa::Avx512,
+            Isa::Avx512Bf16 if !bf16_dot_pays() => Isa::Avx512,
             other => other,
         }
     }
@@ -230,6 +232,22 @@ impl FromStr for Isa {
 
 /// Whether the CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22).
 /// `std::is_x86_feature_detected!` does not know them on stable Rust yet.
+/// Whether `vdpbf16ps` beats converting bf16 to f32 for the products, by measurement:
+/// AMD family 1Ah (Zen 5) and later.
+fn bf16_dot_pays() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let v = std::arch::x86_64::__cpuid(0);
+        let amd = [v.ebx, v.edx, v.ecx] == [0x6874_7541, 0x6974_6e65, 0x444d_4163]; // "AuthenticAMD"
+        let eax = std::arch::x86_64::__cpuid(1).eax;
+        let base = (eax >> 8) & 0xf;
+        let family = if base == 0xf { base + ((eax >> 20) & 0xff) } else { base };
+        amd && family >= 0x1a
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 fn cpuid_amx() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
