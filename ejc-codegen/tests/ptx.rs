@@ -628,6 +628,8 @@ fn backward_kernels_compile_with_a_candidate_that_does_not_spill() {
     let kernels: Vec<_> = ejc_ir::op::instances(&spec)
         .into_iter()
         .filter(|k| k.dtype == DType::BF16 && k.keys["head_dim"] == 64)
+        // The PTX targets' tiling (64 rows; the CPU's override adds 32 x 128 tiles).
+        .filter(|k| k.tile.get("block_m").is_none_or(|m| *m == 64))
         .map(|k| {
             let ir = op.build(&spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
             ejc_ir::passes::run_pipeline(&ir, &ejc_ir::passes::default_pipeline()).unwrap()
