@@ -378,6 +378,52 @@ impl KeyRing {
     }
 }
 
+/// One flash launch of a ring step: the block's query rows of `a` and key rows of the
+/// keys held (`cur`: k, v, and the key segment ids where there are some), plus the
+/// pass's own tensors (`extra`: outputs, and the backward's out/dout/lse rows), run
+/// through `Runtime::call` with the configuration for its kind; the call comes back with
+/// its outputs, and the kind's configuration is recorded.
+#[allow(clippy::too_many_arguments)]
+fn run_block(
+    rt: &mut Runtime,
+    glue: &dyn Glue,
+    a: &RingInputs<Tensor>,
+    cur: &[&Tensor],
+    blk: &ring::RingLaunch,
+    o: &RingOptions,
+    pass: &str,
+    extra: Vec<(&str, Tensor)>,
+    configs: &mut BTreeMap<String, Config>,
+) -> Result<Call, ApiError> {
+    let on_device = !matches!(a.q, Tensor::Host(_));
+    let (features, scalars) = block_call(o, blk.band, a.q_segment_ids.is_some(), info(a.q).1[3]);
+    let mut call = Call { scalars, ..Call::default() };
+    call.tensors.insert("q".into(), glue.rows(a.q, 1, blk.q.clone())?);
+    call.tensors.insert("k".into(), glue.rows(cur[0], 1, blk.kv.clone())?);
+    call.tensors.insert("v".into(), glue.rows(cur[1], 1, blk.kv.clone())?);
+    if let (Some(qs), Some(ks)) = (a.q_segment_ids, cur.get(2)) {
+        call.tensors.insert("q_segment_ids".into(), glue.rows(qs, 1, blk.q.clone())?);
+        call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
+    }
+    for (name, t) in extra {
+        call.tensors.insert(name.into(), t);
+    }
+    #[cfg(feature = "cuda")]
+    if on_device {
+        call.cuda = Some(rt.cuda()?);
+    }
+    let kind = block_kind(pass, blk.band, blk.q.len(), blk.kv.len());
+    let r = rt.call(&format!("flash_attention_{pass}"), &features, &mut call, &call_opts(o, on_device, &kind))?;
+    configs.insert(kind.0, r.config.clone());
+    configs.insert(kind.1, r.config);
+    Ok(call)
+}
+
+/// An output the call filled, taken out of it.
+fn take(call: &mut Call, n: &str) -> Result<Tensor, ApiError> {
+    call.tensors.remove(n).ok_or_else(|| err(format!("the call lost `{n}`")))
+}
+
 /// The ring forward on one rank: its shard's output and log-sum-exp.
 pub fn forward(
     rt: &mut Runtime,
@@ -387,42 +433,19 @@ pub fn forward(
     o: &RingOptions,
 ) -> Result<RingForward, ApiError> {
     let (n, rank) = (comm.size(), comm.rank());
-    let (b, l, hq, _, d, dv) = check_inputs(a, o, n)?;
+    let (b, l, hq, _, _, dv) = check_inputs(a, o, n)?;
     let dtype = info(a.q).0;
-    let on_device = !matches!(a.q, Tensor::Host(_));
-    let segments = a.q_segment_ids.is_some();
     let mut launches = 0;
     let mut configs = BTreeMap::new();
-    // Which rows a block reads, and the flash call that runs it into `out` / `lse`.
     let mut run = |rt: &mut Runtime,
                    cur: &[&Tensor],
                    blk: &ring::RingLaunch,
                    out: Tensor,
                    lse: Tensor|
      -> Result<(Tensor, Tensor), ApiError> {
-        let (features, scalars) = block_call(o, blk.band, segments, d);
-        let mut call = Call { scalars, ..Call::default() };
-        call.tensors.insert("q".into(), glue.rows(a.q, 1, blk.q.clone())?);
-        call.tensors.insert("k".into(), glue.rows(cur[0], 1, blk.kv.clone())?);
-        call.tensors.insert("v".into(), glue.rows(cur[1], 1, blk.kv.clone())?);
-        if let (Some(qs), Some(ks)) = (a.q_segment_ids, cur.get(2)) {
-            call.tensors.insert("q_segment_ids".into(), glue.rows(qs, 1, blk.q.clone())?);
-            call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
-        }
-        call.tensors.insert("out".into(), out);
-        call.tensors.insert("lse".into(), lse);
-        #[cfg(feature = "cuda")]
-        if on_device {
-            call.cuda = Some(rt.cuda()?);
-        }
-        let kind = block_kind("fwd", blk.band, blk.q.len(), blk.kv.len());
-        let r = rt.call("flash_attention_fwd", &features, &mut call, &call_opts(o, on_device, &kind))?;
-        configs.insert(kind.0, r.config.clone());
-        configs.insert(kind.1, r.config);
+        let mut call = run_block(rt, glue, a, cur, blk, o, "fwd", vec![("out", out), ("lse", lse)], &mut configs)?;
         launches += 1;
-        let out = call.tensors.remove("out").ok_or_else(|| err("the call lost `out`"))?;
-        let lse = call.tensors.remove("lse").ok_or_else(|| err("the call lost `lse`"))?;
-        Ok((out, lse))
+        Ok((take(&mut call, "out")?, take(&mut call, "lse")?))
     };
     // A ring of one whose mask is one launch (and no sinks to join): that launch alone,
     // straight into the outputs (the same bits as through the merge, which would copy it).
@@ -492,8 +515,6 @@ pub fn backward(
     let (n, rank) = (comm.size(), comm.rank());
     let (b, l, hq, hkv, d, dv) = check_inputs(a, o, n)?;
     let dtype = info(a.q).0;
-    let on_device = !matches!(a.q, Tensor::Host(_));
-    let segments = a.q_segment_ids.is_some();
     let mut dq_acc = glue.alloc(DType::F32, &[b, l, hq, d])?;
     glue.fill(&mut dq_acc, 0.0)?;
     // This step's dK/dV contributions (f32), and the accumulators that travel.
@@ -514,32 +535,17 @@ pub fn backward(
         let src = ring::source(n, rank, step);
         for blk in ring::launches(o.layout, n, l, rank, src, o.mask()).map_err(err)? {
             let (lq, lk) = (blk.q.len(), blk.kv.len());
-            let (features, scalars) = block_call(o, blk.band, segments, d);
-            let mut call = Call { scalars, ..Call::default() };
             let q_rows = |t: &Tensor| glue.rows(t, 1, blk.q.clone());
-            call.tensors.insert("q".into(), q_rows(a.q)?);
-            call.tensors.insert("k".into(), glue.rows(&keys.cur[0], 1, blk.kv.clone())?);
-            call.tensors.insert("v".into(), glue.rows(&keys.cur[1], 1, blk.kv.clone())?);
-            call.tensors.insert("out".into(), q_rows(out)?);
-            call.tensors.insert("dout".into(), q_rows(dout)?);
-            call.tensors.insert("lse".into(), glue.rows(lse, 2, blk.q.clone())?);
-            if let (Some(qs), Some(ks)) = (a.q_segment_ids, keys.cur.get(2)) {
-                call.tensors.insert("q_segment_ids".into(), q_rows(qs)?);
-                call.tensors.insert("kv_segment_ids".into(), glue.rows(ks, 1, blk.kv.clone())?);
-            }
-            call.tensors.insert("dq".into(), scratch_view(glue, &blk_dq, &[b, lq, hq, d], 1)?);
-            call.tensors.insert("dk".into(), scratch_view(glue, &blk_dk, &[b, lk, hkv, d], 1)?);
-            call.tensors.insert("dv".into(), scratch_view(glue, &blk_dv, &[b, lk, hkv, dv], 1)?);
-            #[cfg(feature = "cuda")]
-            if on_device {
-                call.cuda = Some(rt.cuda()?);
-            }
-            let kind = block_kind("bwd", blk.band, blk.q.len(), blk.kv.len());
-            let r = rt.call("flash_attention_bwd", &features, &mut call, &call_opts(o, on_device, &kind))?;
-            configs.insert(kind.0, r.config.clone());
-            configs.insert(kind.1, r.config);
-            let take =
-                |call: &mut Call, n: &str| call.tensors.remove(n).ok_or_else(|| err(format!("the call lost `{n}`")));
+            let extra = vec![
+                ("out", q_rows(out)?),
+                ("dout", q_rows(dout)?),
+                ("lse", glue.rows(lse, 2, blk.q.clone())?),
+                ("dq", scratch_view(glue, &blk_dq, &[b, lq, hq, d], 1)?),
+                ("dk", scratch_view(glue, &blk_dk, &[b, lk, hkv, d], 1)?),
+                ("dv", scratch_view(glue, &blk_dv, &[b, lk, hkv, dv], 1)?),
+            ];
+            let cur: Vec<&Tensor> = keys.cur.iter().collect();
+            let mut call = run_block(rt, glue, a, &cur, &blk, o, "bwd", extra, &mut configs)?;
             glue.accumulate(&mut dq_acc, &take(&mut call, "dq")?, blk.q.start)?;
             glue.accumulate(&mut part[0], &take(&mut call, "dk")?, blk.kv.start)?;
             glue.accumulate(&mut part[1], &take(&mut call, "dv")?, blk.kv.start)?;
