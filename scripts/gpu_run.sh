@@ -385,14 +385,15 @@ if [ "${1:-}" = "--ring" ]; then
     {
         # Small sequences: each check tunes its blocks (in every simulated rank) and runs the f64
         # reference of the whole sequence on the CPU, forward and backward.
+        # (The zig-zag d64 check first: the slowest to tune, and the one a 600 s call most needs to reach.)
+        timeout 240 $R check --gpus "$N" --seq 1600 --heads 4:2 --dim 64 --causal --window 500,0 --softcap 30 \
+            --sinks 2 --backward $C || status=1
         timeout 200 $R check --gpus 2 --seq 1024 --heads 8:2 --dim 128 --causal --sinks 2 --backward $C || status=1
+        timeout 120 $R check --gpus "$N" --seq 4096 --heads 16:4 --dim 128 --causal $C || status=1
         timeout 200 $R check --gpus "$N" --seq 1200 --heads 4:1 --dim 128 --layout contiguous --causal --backward $C \
             || status=1
         timeout 200 $R check --gpus 3 --seq 1200 --heads 4:1 --dim 128 --layout contiguous --window 300,200 \
             --segments --backward $C || status=1
-        timeout 200 $R check --gpus "$N" --seq 1600 --heads 4:2 --dim 64 --causal --window 500,0 --softcap 30 \
-            --sinks 2 --backward $C || status=1
-        timeout 120 $R check --gpus "$N" --seq 4096 --heads 16:4 --dim 128 --causal $C || status=1
     } 2>&1 | tee "$OUT/ring_check.log"
     exit $status
 fi
@@ -432,9 +433,22 @@ if [ "${1:-}" = "--ring-bench" ]; then
         timeout 200 python3 bench/ring_gpu.py --gpus "$g" --seq "$s" --heads 16:4 "${a[@]}" --json "$J" 2>&1 | tail -1 \
             || status=1
     }
-    # EJC_RING_ROWS=fwd: the forward rows alone; EJC_RING_NO_ANCHOR=1: without torch's runs.
+    # EJC_RING_ROWS=fwd: the forward rows alone; =pool: the memory pool's A/B at 32k a rank; EJC_RING_NO_ANCHOR=1: without torch's runs.
     {
-        if [ "${EJC_RING_ROWS:-}" = fwd ]; then
+        if [ "${EJC_RING_ROWS:-}" = pool ]; then
+            # The forward at 32k tokens a rank, A/B in one run: the driver's default memory pool
+            # (trimmed at every sync) against ejc's (kept), then NCCL held to 4 channels.
+            for pool in trim keep; do
+                echo "== EJC_CUDA_POOL=$pool"
+                EJC_CUDA_POOL=$pool row "$N" 131072 --causal
+                EJC_CUDA_POOL=$pool row "$N" 131072
+            done
+            echo "== NCCL_MAX_NCHANNELS=4"
+            NCCL_MAX_NCHANNELS=4 row "$N" 131072 --causal
+            NCCL_MAX_NCHANNELS=4 row "$N" 131072
+            echo "== 2 GPUs"
+            row 2 131072 --causal
+        elif [ "${EJC_RING_ROWS:-}" = fwd ]; then
             row "$N" 131072 --causal
             row "$N" 131072 --causal --layout contiguous
             row 2 131072 --causal

@@ -570,11 +570,12 @@ pub fn backward(
         }
         keys.finish(comm, step)?;
     }
+    // dQ is this rank's alone: rounded while the accumulators' last hop home is in flight.
+    let mut dq = glue.alloc(dtype, &[b, l, hq, d])?;
+    glue.convert(&dq_acc, &mut dq)?;
     if n > 1 {
         comm.wait(1, &mut acc_in.iter_mut().collect::<Vec<_>>())?;
     }
-    let mut dq = glue.alloc(dtype, &[b, l, hq, d])?;
-    glue.convert(&dq_acc, &mut dq)?;
     let mut dk = glue.alloc(dtype, &[b, l, hkv, d])?;
     glue.convert(&acc_in[0], &mut dk)?;
     let mut dv_t = glue.alloc(dtype, &[b, l, hkv, dv])?;
