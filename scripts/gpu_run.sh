@@ -385,6 +385,11 @@ if [ "${1:-}" = "--ring" ]; then
     {
         # Small sequences: each check tunes its blocks (in every simulated rank) and runs the f64
         # reference of the whole sequence on the CPU, forward and backward.
+        if [ "${EJC_RING_CHECKS:-}" = quick ]; then
+            # One backward check with every rank busy on every step (after a change to the transfers).
+            timeout 200 $R check --gpus "$N" --seq 1200 --heads 4:1 --dim 128 --causal --backward $C
+            exit
+        fi
         # (The zig-zag d64 check first: the slowest to tune, and the one a 600 s call most needs to reach.)
         timeout 240 $R check --gpus "$N" --seq 1600 --heads 4:2 --dim 64 --causal --window 500,0 --softcap 30 \
             --sinks 2 --backward $C || status=1
@@ -394,7 +399,9 @@ if [ "${1:-}" = "--ring" ]; then
             || status=1
         timeout 200 $R check --gpus 3 --seq 1200 --heads 4:1 --dim 128 --layout contiguous --window 300,200 \
             --segments --backward $C || status=1
+        exit $status
     } 2>&1 | tee "$OUT/ring_check.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     exit $status
 fi
 if [ "${1:-}" = "--ring-debug" ]; then
@@ -433,9 +440,12 @@ if [ "${1:-}" = "--ring-bench" ]; then
         timeout 200 python3 bench/ring_gpu.py --gpus "$g" --seq "$s" --heads 16:4 "${a[@]}" --json "$J" 2>&1 | tail -1 \
             || status=1
     }
-    # EJC_RING_ROWS=fwd: the forward rows alone; =pool: the memory pool's A/B at 32k a rank; EJC_RING_NO_ANCHOR=1: without torch's runs.
+    # EJC_RING_ROWS=fwd: the forward rows alone; =bwd: the 128k backward rows; =pool: the memory pool's A/B at 32k a rank; EJC_RING_NO_ANCHOR=1: without torch's runs.
     {
-        if [ "${EJC_RING_ROWS:-}" = pool ]; then
+        if [ "${EJC_RING_ROWS:-}" = bwd ]; then
+            row "$N" 131072 --causal --backward
+            row "$N" 131072 --backward
+        elif [ "${EJC_RING_ROWS:-}" = pool ]; then
             # The forward at 32k tokens a rank, A/B in one run: the driver's default memory pool
             # (trimmed at every sync) against ejc's (kept), then NCCL held to 4 channels.
             for pool in trim keep; do
@@ -461,7 +471,9 @@ if [ "${1:-}" = "--ring-bench" ]; then
             row "$N" 524288 --causal --backward --reps 2
             row "$N" 1048576 --causal --reps 1
         fi
+        exit $status
     } 2>&1 | tee "$OUT/ring_bench.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     exit $status
 fi
 if [ "${1:-}" = "--paged-bench" ]; then

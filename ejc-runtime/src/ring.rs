@@ -563,23 +563,36 @@ pub fn backward(
         for (acc, p) in acc_in.iter_mut().zip(&part) {
             glue.accumulate(acc, p, 0)?;
         }
-        if n > 1 {
-            // On to the next rank (after the last step: home to the keys' owner).
+        if n > 1 && step + 1 < n {
+            // On to the next rank.
             std::mem::swap(&mut acc_in, &mut acc_out);
             comm.start(1, &acc_out.iter().collect::<Vec<_>>(), &acc_in.iter().collect::<Vec<_>>())?;
         }
         keys.finish(comm, step)?;
     }
-    // dQ is this rank's alone: rounded while the accumulators' last hop home is in flight.
+    let mut dk = glue.alloc(dtype, &[b, l, hkv, d])?;
+    let mut dv_t = glue.alloc(dtype, &[b, l, hkv, dv])?;
+    // What goes home: alive until the wait below (the transfer reads it on its own stream).
+    let mut home = Vec::new();
+    if n > 1 {
+        // After the last step the sums are complete: rounded here and sent home in the
+        // output dtype (the same bits as rounding at home, half the bytes of f32 on the
+        // one transfer nothing is left to hide), while dQ is rounded.
+        home = vec![glue.alloc(dtype, &[b, l, hkv, d])?, glue.alloc(dtype, &[b, l, hkv, dv])?];
+        for (acc, h) in acc_in.iter().zip(home.iter_mut()) {
+            glue.convert(acc, h)?;
+        }
+        comm.start(1, &home.iter().collect::<Vec<_>>(), &[&dk, &dv_t])?;
+    } else {
+        glue.convert(&acc_in[0], &mut dk)?;
+        glue.convert(&acc_in[1], &mut dv_t)?;
+    }
     let mut dq = glue.alloc(dtype, &[b, l, hq, d])?;
     glue.convert(&dq_acc, &mut dq)?;
     if n > 1 {
-        comm.wait(1, &mut acc_in.iter_mut().collect::<Vec<_>>())?;
+        comm.wait(1, &mut [&mut dk, &mut dv_t])?;
     }
-    let mut dk = glue.alloc(dtype, &[b, l, hkv, d])?;
-    glue.convert(&acc_in[0], &mut dk)?;
-    let mut dv_t = glue.alloc(dtype, &[b, l, hkv, dv])?;
-    glue.convert(&acc_in[1], &mut dv_t)?;
+    drop(home);
     let dsinks = match a.sinks {
         Some(s) => {
             let mut t = glue.dsinks(s, lse, out, dout)?;
