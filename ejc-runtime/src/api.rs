@@ -88,6 +88,12 @@ pub struct CallOptions {
     /// never its `atomic`, whose dQ is summed by atomic adds in no fixed order). The
     /// choice is cached apart from an unrestricted call's.
     pub deterministic: bool,
+    /// On a GPU, with every tensor of the call already in GPU memory: return once the
+    /// launches are queued on the runtime's stream instead of waiting for them, so the
+    /// host prepares the next call while this one runs (ring attention's steps). Work queued
+    /// later on the same stream sees the outputs; a kernel's failure surfaces at the next
+    /// synchronisation. A call that copies host tensors to the GPU always waits.
+    pub asynchronous: bool,
 }
 
 /// What ran.
@@ -402,7 +408,11 @@ impl Runtime {
             })?;
             let plan = crate::cuda::CudaPlan::for_candidate(&cuda, cand, dev_call, &sizes).map_err(err)?;
             plan.launch(&cuda).map_err(err)?;
-            cuda.synchronize().map_err(err)?;
+            // The plan's temporaries are freed in stream order when it drops, so only the
+            // caller's need to read the outputs on the host asks for the wait.
+            if !(o.asynchronous && uploaded.is_none()) {
+                cuda.synchronize().map_err(err)?;
+            }
             Ok(CallResult {
                 instance: fam.instance.clone(),
                 backend: fam.backend.clone(),

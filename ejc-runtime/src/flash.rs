@@ -285,8 +285,13 @@ impl Runtime {
             seed: o.dropout_seed,
         };
         call.scalars = scalars_of(&features, &rt);
-        let opts =
-            CallOptions { platform: o.platform, config: o.config.clone(), threads: o.threads, deterministic: false };
+        let opts = CallOptions {
+            platform: o.platform,
+            config: o.config.clone(),
+            threads: o.threads,
+            deterministic: false,
+            asynchronous: false,
+        };
         let r = self.call("flash_attention_fwd", &wanted.to_json(), &mut call, &opts)?;
         let out = call.tensors.remove("out").ok_or_else(|| ApiError::Call("the call lost `out`".into()))?;
         let lse = call.tensors.remove("lse").ok_or_else(|| ApiError::Call("the call lost `lse`".into()))?;

@@ -124,13 +124,20 @@ pub struct RingForward {
 }
 
 /// Where a step's time went, on the host: `blocks_s` from the step's start to its last
-/// block's end (each call waits for its kernel), `wait_s` from there to its transfers'
-/// end. The transfers are waited for on the GPU, so `wait_s` is measured only where
-/// `EJC_RING_TRACE=1` makes the host wait for them too (else 0).
+/// block's end (each call waits for its kernel; with `EJC_RING_ASYNC=1`, only until it is
+/// queued), `wait_s` from there to its transfers' end. The transfers are waited for on the
+/// GPU, so `wait_s` is measured only where `EJC_RING_TRACE=1` makes the host wait for the
+/// blocks and then the transfers (else 0; a probe that serialises the ring, not a timing).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StepTime {
     pub blocks_s: f64,
     pub wait_s: f64,
+}
+
+/// Whether `EJC_RING_ASYNC=1` asks for calls that return once queued on a GPU
+/// (`CallOptions::asynchronous`; not yet measured on GPUs, so off by default).
+fn async_calls() -> bool {
+    std::env::var("EJC_RING_ASYNC").is_ok_and(|v| v == "1")
 }
 
 /// Whether `EJC_RING_TRACE` asks for the transfers' wait on the host ([`StepTime`]).
@@ -330,6 +337,9 @@ fn call_opts(o: &RingOptions, on_device: bool, (kind, sized): &(String, String))
         config: o.configs.get(sized).or_else(|| o.configs.get(kind)).cloned(),
         threads: o.threads,
         deterministic: o.deterministic,
+        // A step's launches, merges and transfers are ordered on the GPU's streams, so the
+        // host could queue the next block while this one runs; opt-in until measured on GPUs.
+        asynchronous: on_device && async_calls(),
     }
 }
 
@@ -485,6 +495,9 @@ pub fn forward(
                 scratch_view(glue, &lse_block, &[b, hq, lq], 2)?,
             )?;
             glue.merge(&mut acc, &mut acc_lse, &out, &lse, blk.q.start)?;
+        }
+        if trace {
+            glue.sync()?;
         }
         let t1 = std::time::Instant::now();
         keys.finish(comm, step)?;

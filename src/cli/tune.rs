@@ -99,7 +99,13 @@ pub fn run(req: &Request) -> Outcome {
     };
     let wanted = p.op.wanted(&v.features, &host);
     let mut call = Call::from_host(&host);
-    let o = CallOptions { platform, config: None, threads: req.threads, deterministic: req.deterministic };
+    let o = CallOptions {
+        platform,
+        config: None,
+        threads: req.threads,
+        deterministic: req.deterministic,
+        asynchronous: false,
+    };
     // `--force`: this call's entry goes first (the key is known only once the call is
     // checked, so a first call finds it and a second one tunes).
     let mut r = match rt.call(p.op.name(), &wanted, &mut call, &o) {
