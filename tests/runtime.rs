@@ -376,8 +376,10 @@ fn any_operation_runs_through_the_generic_call() {
 
 /// The decode operations through the runtime's generic call on the CPU: paged attention
 /// (a page size of 24 that no key block divides, an empty and a one-key sequence) and
-/// ragged decode attention (gpt-oss's window and sinks). The tuner times both plans (one
-/// kernel; split-K at every split count), whatever it keeps matches the reference, a
+/// ragged decode attention (gpt-oss's window and sinks), and ragged paged attention (a
+/// mixed batch, gpt-oss's window and sinks: its one plan of pack, main and unpack through
+/// temporaries). The tuner times the plans (one kernel; split-K at every split count;
+/// the packed plan's tilings), whatever it keeps matches the reference, a
 /// second runtime finds the choice in the persistent cache, and a block table pointing
 /// outside the cache is refused before any kernel runs.
 #[test]
@@ -389,7 +391,7 @@ fn decode_operations_run_through_the_generic_call() {
     use ejc_runtime::chain::Source;
     // (operation, spec file, variant, sizes)
     type Case = (&'static str, &'static str, &'static str, &'static [(&'static str, i64)]);
-    let cases: [Case; 2] = [
+    let cases: [Case; 3] = [
         (
             "page_attention",
             "page_attention.yaml",
@@ -408,6 +410,20 @@ fn decode_operations_run_through_the_generic_call() {
             "ragged_decode.yaml",
             "gpt_oss",
             &[("batch", 5), ("seq", 150), ("heads_q", 8), ("heads_kv", 2), ("head_dim", 64)],
+        ),
+        (
+            "ragged_page_attention",
+            "ragged_paged.yaml",
+            "gpt_oss",
+            &[
+                ("num_seqs", 6),
+                ("heads_q", 8),
+                ("heads_kv", 2),
+                ("head_dim", 64),
+                ("page_size", 7),
+                ("max_context", 150),
+                ("max_q_len", 45),
+            ],
         ),
     ];
     for (name, file, variant, dims) in cases {

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention"]);
+//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention", "ragged_page_attention"]);
 //! ```
 
 use crate::op::Operation;
@@ -11,6 +11,7 @@ use crate::op::Operation;
 pub mod mean_pooling;
 pub mod page_attention;
 pub mod ragged_decode;
+pub mod ragged_paged;
 
 /// Every operation, in the order `ejc` lists them.
 pub fn all() -> &'static [&'static dyn Operation] {
@@ -20,6 +21,7 @@ pub fn all() -> &'static [&'static dyn Operation] {
         &mean_pooling::op::MeanPooling,
         &page_attention::op::PageAttention,
         &ragged_decode::op::RaggedDecode,
+        &ragged_paged::op::RaggedPaged,
     ]
 }
 

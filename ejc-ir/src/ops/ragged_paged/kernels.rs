@@ -1,0 +1,368 @@
+//! The tile programs of ragged paged attention: `pack`, `main` and `unpack`.
+//!
+//! ```
+//! use ejc_ir::ops::ragged_paged::kernels::{build, RpaKernel, Role};
+//! use ejc_ir::types::DType;
+//!
+//! let k = RpaKernel { role: Role::Main, soft_cap: true, window: true, sinks: false,
+//!                     dtype: DType::BF16, head_dim: 64, block_m: 64, block_n: 32 };
+//! let kernel = build("rpa_main", &k).unwrap();
+//! let names: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
+//! assert_eq!(
+//!     names,
+//!     ["q_packed", "kv_pages", "context_lens", "block_tables", "query_start_loc", "o_packed",
+//!      "softmax_scale", "group", "logits_soft_cap", "sliding_window"]
+//! );
+//! assert_eq!(kernel.grid[0].to_string(), "cdiv(max_q_rows, 64)");
+//! ```
+//!
+//! # GQA packing
+//!
+//! Every query head of one KV head is served from one pass over that KV head's pages,
+//! for prefill and decode tokens alike: the programs' rows are (token, head of the
+//! group) pairs. Those rows are not a strided range of `queries [T, QH, D]` (a token's
+//! group is `G = QH / KVH` consecutive heads, the next token's `QH` further on), so a
+//! `pack` launch copies the queries into `q_packed [KVH, T · G, D]`, where KV head `h`'s
+//! row `t · G + g` is token `t`'s head `h · G + g`: a sequence's rows are then one range,
+//! `[qsl[s] · G, qsl[s + 1] · G)`. `main` writes `o_packed` in the same order and
+//! `unpack` copies it back to `out [T, QH, D]`, joining the sinks there: `main` keeps
+//! each row's log-sum-exp over its keys, and the sinks' logits rescale the row by
+//! `1 / (1 + Σ e^(sink − lse))`. Pack and unpack move the queries and
+//! outputs once more (`2 · T · QH · D` elements each way), small next to the pages a
+//! long context reads.
+//!
+//! # The main program
+//!
+//! Program `(m, s, h)` takes rows `[qsl[s] · G + m · block_m, +block_m)` of sequence `s`
+//! (cut at `qsl[s + 1] · G`) for KV head `h`. Row `r` is token `t = r / G` at position
+//! `p = ctx − q_len + (t − qsl[s])` (queries aligned to the end of the context); it sees
+//! key `j ≤ p`, and with a window `w` also `j > p − w`. The program walks the key blocks
+//! from the window's edge of its first token to its last token's position, in blocks of
+//! `block_n` that never cross a page (as paged decode: `cdiv(P, block_n)` blocks a page),
+//! masks each score by that rule (and by the page's rows that hold keys), and keeps the
+//! online softmax in f32. A program past its sequence's rows walks no block and stores
+//! nothing.
+
+use std::f64::consts::LOG2_E;
+
+use crate::builder::{Axis, KernelBuilder};
+use crate::ir::{CmpPred, GridExpr, Kernel, UnOp, Value};
+use crate::types::{DType, Type};
+use crate::verify::VerifyError;
+
+/// Query heads a `pack` / `unpack` program copies (a group is `cdiv(G, 16)` programs).
+pub const BLOCK_G: usize = 16;
+
+/// Which launch of the plan a kernel is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `queries [T, QH, D]` → `q_packed [KVH, T · G, D]`.
+    Pack,
+    /// The attention, packed rows in, packed rows out.
+    Main,
+    /// `o_packed [KVH, T · G, D]` (f32) → `out [T, QH, D]`, the sinks joined.
+    Unpack,
+}
+
+/// One ragged-paged-attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RpaKernel {
+    pub role: Role,
+    /// A run-time soft cap `logits_soft_cap`.
+    pub soft_cap: bool,
+    /// A run-time `sliding_window` (keys `j > p − w`).
+    pub window: bool,
+    /// Attention sinks `sinks [QH, num_sinks]`.
+    pub sinks: bool,
+    pub dtype: DType,
+    pub head_dim: usize,
+    /// Packed rows per program (main).
+    pub block_m: usize,
+    /// Keys per block (main).
+    pub block_n: usize,
+}
+
+/// One line per parameter name (the manifest's `meaning`).
+pub fn param_docs() -> &'static [(&'static str, &'static str)] {
+    &[
+        ("queries", "input: every sequence's new tokens, one after another [T, QH, D]"),
+        (
+            "kv_pages",
+            "input: the paged cache [num_pages, page_size, 2 * KVH, D], KV head h's key at head 2h, value at 2h + 1",
+        ),
+        ("context_lens", "input: keys per sequence, new tokens included [S], i32"),
+        (
+            "block_tables",
+            "input: each sequence's pages in order [S, pages_per_seq], i32; the first ceil(ctx / page_size) are read",
+        ),
+        ("query_start_loc", "input: sequence s's tokens are rows [qsl[s], qsl[s + 1]) of queries [S + 1], i32"),
+        ("sinks", "input: attention-sink logits per query head [QH, num_sinks], f32"),
+        ("out", "output: the attention output [T, QH, D], queries' dtype; rows past qsl[S] are 0"),
+        (
+            "q_packed",
+            "temporary: the queries, a KV head's group of heads per token in consecutive rows [KVH, T * G, D], f32",
+        ),
+        ("o_packed", "temporary: the output in the packed order [KVH, T * G, D], f32"),
+        ("lse_packed", "temporary: each packed row's log-sum-exp over its keys [KVH, T * G], f32 (with sinks)"),
+        ("softmax_scale", "scalar: multiplies q.k (1 / sqrt(D) by default)"),
+        ("logits_soft_cap", "scalar: c in c * tanh(x / c) (> 0)"),
+        ("sliding_window", "scalar: w >= 1, the w most recent positions (the query's own included) are seen"),
+        ("group", "scalar: query heads per KV head, QH / KVH (bound from the call's sizes)"),
+    ]
+}
+
+/// The tile IR of one kernel (verified), named `name`.
+pub fn build(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
+    match k.role {
+        Role::Pack | Role::Unpack => build_copy(name, k),
+        Role::Main => build_main(name, k),
+    }
+}
+
+/// `ceil(a / d)` for i32 `a >= 0`, `d > 0`.
+fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
+    let t = b.add(a, d);
+    let t = b.sub(t, c1);
+    b.div(t, d)
+}
+
+/// Pack or unpack: program `(t, h, c)` copies heads `[c · 16, +16)` (cut at `G`) of
+/// token `t`'s group for KV head `h`.
+fn build_copy(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
+    let d = k.head_dim;
+    let mut b = KernelBuilder::new(name);
+    let unpack = k.role == Role::Unpack;
+    let (src, dst) = match k.role {
+        Role::Pack => {
+            let q = b.param("queries", Type::Tensor(k.dtype, 3));
+            (q, b.param("q_packed", Type::Tensor(DType::F32, 3)))
+        }
+        _ => {
+            let o = b.param("o_packed", Type::Tensor(DType::F32, 3));
+            (o, b.param("out", Type::Tensor(k.dtype, 3)))
+        }
+    };
+    let sinks = (unpack && k.sinks).then(|| {
+        let lse = b.param("lse_packed", Type::Tensor(DType::F32, 2));
+        (lse, b.param("sinks", Type::Tensor(DType::F32, 2)))
+    });
+    let group = b.param("group", Type::Scalar(DType::I32));
+    b.set_grid([
+        GridExpr::sym("total_tokens"),
+        GridExpr::sym("heads_kv"),
+        GridExpr::cdiv(GridExpr::sym("group"), BLOCK_G as i64),
+    ]);
+    let c0 = b.const_i32(0);
+    let t = b.program_id(0);
+    let h = b.program_id(1);
+    let c = b.program_id(2);
+    let bg = b.const_i32(BLOCK_G as i64);
+    let g0 = b.mul(c, bg);
+    // The token's heads in `[T, QH, D]`: h·G + g; its rows in the packed slab: t·G + g.
+    let head_base = b.mul(h, group);
+    let head0 = b.add(head_base, g0);
+    let head_end = b.add(head_base, group);
+    let row_base = b.mul(t, group);
+    let row0 = b.add(row_base, g0);
+    let row_end = b.add(row_base, group);
+    let cols = Axis::Range { start: c0, size: d, limit: None };
+    let flat = [Axis::Index(t), Axis::Range { start: head0, size: BLOCK_G, limit: Some(head_end) }, cols];
+    let packed = [Axis::Index(h), Axis::Range { start: row0, size: BLOCK_G, limit: Some(row_end) }, cols];
+    let (from, to) = match k.role {
+        Role::Pack => (flat, packed),
+        _ => (packed, flat),
+    };
+    let mut x = b.load(src, from.to_vec(), 0.0);
+    if let Some((lse_packed, sinks)) = sinks {
+        // The sinks join each row's denominator: o · e^lse / (e^lse + Σ e^sink)
+        // = o / (1 + Σ e^(sink − lse)); a row that saw no key (o = 0, lse = −∞) stays 0.
+        let heads = Axis::Range { start: head0, size: BLOCK_G, limit: Some(head_end) };
+        let lse = b.load(
+            lse_packed,
+            vec![Axis::Index(h), Axis::Range { start: row0, size: BLOCK_G, limit: Some(row_end) }],
+            0.0,
+        );
+        let n_sinks = b.dim(sinks, 1);
+        let c1 = b.const_i32(1);
+        let zero = b.full(0.0, DType::F32, &[BLOCK_G]);
+        let sum = b.for_loop(c0, n_sinks, c1, &[zero], |b, n, carried| {
+            let sink = b.load(sinks, vec![heads, Axis::Index(n)], 0.0);
+            let e = b.sub(sink, lse);
+            let e = b.unary(UnOp::Exp, e);
+            vec![b.add(carried[0], e)]
+        });
+        let one = b.const_f32(1.0);
+        let den = b.add(sum[0], one);
+        let den = b.expand_dims(den, 1);
+        x = b.div(x, den);
+    }
+    let x = b.cast(x, if unpack { k.dtype } else { DType::F32 });
+    b.store(dst, to.to_vec(), x);
+    b.finish()
+}
+
+fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
+    let (bm, bn, d) = (k.block_m, k.block_n, k.head_dim);
+    let mut b = KernelBuilder::new(name);
+    let tensor = |b: &mut KernelBuilder, n: &str, dt: DType, rank: usize| b.param(n, Type::Tensor(dt, rank));
+    let q_packed = tensor(&mut b, "q_packed", DType::F32, 3);
+    let kv_pages = tensor(&mut b, "kv_pages", k.dtype, 4);
+    let lens = tensor(&mut b, "context_lens", DType::I32, 1);
+    let tables = tensor(&mut b, "block_tables", DType::I32, 2);
+    let qsl = tensor(&mut b, "query_start_loc", DType::I32, 1);
+    let o_packed = tensor(&mut b, "o_packed", DType::F32, 3);
+    let lse_packed = k.sinks.then(|| tensor(&mut b, "lse_packed", DType::F32, 2));
+    let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
+    let group = b.param("group", Type::Scalar(DType::I32));
+    let cap = k.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
+    let window = k.window.then(|| b.param("sliding_window", Type::Scalar(DType::I32)));
+    b.set_grid([
+        GridExpr::cdiv(GridExpr::sym("max_q_rows"), bm as i64),
+        GridExpr::sym("num_seqs"),
+        GridExpr::sym("heads_kv"),
+    ]);
+
+    // ---- program coordinates: row block, sequence, KV head ----
+    let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
+    let mb = b.program_id(0);
+    let seq = b.program_id(1);
+    let kvh = b.program_id(2);
+    let seq1 = b.add(seq, c1);
+    let q_start = b.load(qsl, vec![Axis::Index(seq)], 0.0);
+    let q_end = b.load(qsl, vec![Axis::Index(seq1)], 0.0);
+    let ctx = b.load(lens, vec![Axis::Index(seq)], 0.0);
+    let q_len = b.sub(q_end, q_start);
+    // Position of token t: base + t (base = ctx − q_len − qsl[s]).
+    let ctx_first = b.sub(ctx, q_len);
+    let base = b.sub(ctx_first, q_start);
+    let bm_c = b.const_i32(bm as i64);
+    let seq_rows = b.mul(q_start, group);
+    let step = b.mul(mb, bm_c);
+    let row0 = b.add(seq_rows, step);
+    let row_end = b.mul(q_end, group);
+    let cols = Axis::Range { start: c0, size: d, limit: None };
+    let rows = Axis::Range { start: row0, size: bm, limit: Some(row_end) };
+    let q = b.load(q_packed, vec![Axis::Index(kvh), rows, cols], 0.0);
+    let q = b.cast(q, k.dtype);
+
+    // ---- the key positions this block of rows may see: [kv_lo, kv_hi) ----
+    let last_row = {
+        let e = b.add(row0, bm_c);
+        let e = b.min(e, row_end);
+        b.sub(e, c1)
+    };
+    let live = b.cmp(CmpPred::Lt, row0, row_end);
+    let t_first = b.div(row0, group);
+    let t_last = b.div(last_row, group);
+    let p_last = b.add(base, t_last);
+    let hi = b.add(p_last, c1);
+    let kv_hi = b.select(live, hi, c0);
+    let kv_lo = match window {
+        Some(w) => {
+            // First token's edge: p − w + 1, at least 0.
+            let p_first = b.add(base, t_first);
+            let e = b.sub(p_first, w);
+            let e = b.add(e, c1);
+            let e = b.max(e, c0);
+            b.min(e, kv_hi)
+        }
+        None => c0,
+    };
+    let page = b.dim(kv_pages, 1);
+    let bn_c = b.const_i32(bn as i64);
+    let per_page = cdiv(&mut b, page, bn_c, c1);
+    // Key block of position x: (x / P) · bpp + (x mod P) / block_n.
+    let block_of = |b: &mut KernelBuilder, x: Value| {
+        let p = b.div(x, page);
+        let first = b.mul(p, page);
+        let within = b.sub(x, first);
+        let inner = b.div(within, bn_c);
+        let outer = b.mul(p, per_page);
+        b.add(outer, inner)
+    };
+    let t_lo = block_of(&mut b, kv_lo);
+    let t_hi = {
+        let last_key = b.sub(kv_hi, c1);
+        let last_key = b.max(last_key, c0);
+        let t = block_of(&mut b, last_key);
+        let t = b.add(t, c1);
+        let any = b.cmp(CmpPred::Lt, kv_lo, kv_hi);
+        let t = b.select(any, t, t_lo);
+        b.max(t, t_lo)
+    };
+
+    // ---- each row's position (for the mask), as a [block_m, 1] column ----
+    let r = b.arange(bm);
+    let r = b.add(r, row0);
+    let tok = b.div(r, group);
+    let pos = b.add(tok, base);
+    let pos = b.expand_dims(pos, 1);
+    let low = window.map(|w| b.sub(pos, w));
+
+    // ---- online softmax over the key blocks ----
+    let m_i = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
+    let l_i = b.full(0.0, DType::F32, &[bm]);
+    let acc = b.full(0.0, DType::F32, &[bm, d]);
+    let zero_s = b.full(0.0, DType::F32, &[bm, bn]);
+    let log2e = b.const_f32(LOG2_E);
+    let ninf = b.const_f32(f64::NEG_INFINITY);
+    let (qk_scale, cap_out) = match cap {
+        None => (b.mul(scale, log2e), None),
+        Some(c) => {
+            let s = b.div(scale, c);
+            (s, Some(b.mul(c, log2e)))
+        }
+    };
+    let k_head = {
+        let two = b.const_i32(2);
+        b.mul(kvh, two)
+    };
+    let v_head = b.add(k_head, c1);
+    let finals = b.for_loop(t_lo, t_hi, c1, &[acc, m_i, l_i], |b, t, carried| {
+        let (acc, m_i, l_i) = (carried[0], carried[1], carried[2]);
+        let p_idx = b.div(t, per_page);
+        let first = b.mul(p_idx, per_page);
+        let in_page = b.sub(t, first);
+        let off = b.mul(in_page, bn_c);
+        let phys = b.load(tables, vec![Axis::Index(seq), Axis::Index(p_idx)], 0.0);
+        let page_start = b.mul(p_idx, page);
+        let left = b.sub(ctx, page_start);
+        let limit = b.min(page, left);
+        let krows = Axis::Range { start: off, size: bn, limit: Some(limit) };
+        let kt = b.load(kv_pages, vec![Axis::Index(phys), krows, Axis::Index(k_head), cols], 0.0);
+        let s = b.dot(q, kt, zero_s, false, true);
+        let mut s = b.mul(s, qk_scale);
+        if let Some(out) = cap_out {
+            let th = b.unary(UnOp::Tanh, s);
+            s = b.mul(th, out);
+        }
+        // Key positions of the block's columns, and the rows of the page that hold keys.
+        let c = b.arange(bn);
+        let j0 = b.add(page_start, off);
+        let j = b.add(c, j0);
+        let j = b.expand_dims(j, 0);
+        let page_end = b.add(page_start, limit);
+        let held = b.cmp(CmpPred::Lt, j, page_end);
+        let causal = b.cmp(CmpPred::Le, j, pos);
+        let mut ok = b.and(held, causal);
+        if let Some(low) = low {
+            let inside = b.cmp(CmpPred::Gt, j, low);
+            ok = b.and(ok, inside);
+        }
+        let s = b.select(ok, s, ninf);
+        let (p, alpha, m_new, l_new) = b.softmax_update(s, m_i, l_i);
+        let acc = b.softmax_rescale(acc, alpha);
+        let p = b.cast(p, k.dtype);
+        let vrows = Axis::Range { start: off, size: bn, limit: Some(limit) };
+        let vt = b.load(kv_pages, vec![Axis::Index(phys), vrows, Axis::Index(v_head), cols], 0.0);
+        let acc = b.dot(p, vt, acc, false, false);
+        vec![acc, m_new, l_new]
+    });
+    let (o, lse) = b.softmax_finalize(finals[0], finals[1], finals[2]);
+    b.store(o_packed, vec![Axis::Index(kvh), rows, cols], o);
+    if let Some(lse_packed) = lse_packed {
+        b.store(lse_packed, vec![Axis::Index(kvh), rows], lse);
+    }
+    b.finish()
+}

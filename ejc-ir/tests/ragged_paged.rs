@@ -1,0 +1,119 @@
+//! Ragged paged attention (`specs/ragged_paged.yaml`): the `packed` plan (pack, main,
+//! unpack) on the interpreter, after the pass pipeline, against the f64 reference —
+//! every variant, f32 and bf16, row blocks of 16, 64 and 128 and key blocks of 16, 32
+//! and 64, on the operation's awkward batches (a prefill chunk, decode tokens, a one-token
+//! sequence, an empty one and random mixes; contexts off the page size; GQA 4:1 and 5:1,
+//! MHA, shared pages; padding rows). Then the operation's refusals.
+//!
+//! Inputs are fresh random numbers; the seed is printed (`EJC_TEST_SEED` replays).
+//! Outputs start as NaN, so an element no program writes fails.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::seed;
+use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, KernelInstance, Operation};
+use ejc_ir::passes::{default_pipeline, run_pipeline};
+use ejc_ir::spec::{self, Spec};
+use ejc_ir::types::DType;
+use rayon::prelude::*;
+
+fn spec() -> Spec {
+    let path = format!("{}/../specs/ragged_paged.yaml", env!("CARGO_MANIFEST_DIR"));
+    spec::load_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn op() -> &'static dyn Operation {
+    ejc_ir::ops::get("ragged_page_attention").unwrap()
+}
+
+#[test]
+fn the_packed_plan_matches_the_reference_on_awkward_batches() {
+    let (spec, op, seed) = (spec(), op(), seed());
+    let keys = BTreeMap::from([("head_dim".to_string(), 64u32)]);
+    let mut cases = Vec::new();
+    for variant in &spec.variants {
+        for dtype in [DType::F32, DType::BF16] {
+            for (bm, bn) in [(16, 16), (64, 32), (128, 64)] {
+                for (i, dims) in op.check_dims(&keys).into_iter().enumerate() {
+                    cases.push((variant, dtype, (bm, bn), i, dims));
+                }
+            }
+        }
+    }
+    let failures: Vec<String> = cases
+        .par_iter()
+        .filter_map(|(variant, dtype, (bm, bn), i, dims)| {
+            let plan = op.plans(&spec, &variant.features).remove(0);
+            let tile = Config::from([("block_m".to_string(), *bm), ("block_n".to_string(), *bn)]);
+            let mut kernels = BTreeMap::new();
+            for role in &plan.roles {
+                let mut t = tile.clone();
+                t.extend(role.fixed.clone());
+                let mut k = KernelInstance {
+                    id: String::new(),
+                    variant,
+                    dtype: *dtype,
+                    keys: keys.clone(),
+                    role: role.name,
+                    tile: t,
+                };
+                k.id = op.kernel_id(&spec.name, &k);
+                let built = op.build(&spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
+                kernels.insert(role.name.to_string(), run_pipeline(&built, &default_pipeline()).unwrap());
+            }
+            let case_seed = seed ^ (*i as u64 * 7919) ^ ((*bm as u64) << 20);
+            let mut call = op.random_call(&variant.features, *dtype, dims, case_seed).unwrap();
+            let sizes = op.validate(&variant.features, *dtype, &keys, &call).unwrap();
+            let want = op.reference(&variant.features, &call).unwrap();
+            let what = format!("{} {dtype} m{bm} n{bn} case {i} {dims:?}", variant.name);
+            if let Err(e) = run_plan_interp(&plan, &kernels, &mut call, &sizes, &Config::new()) {
+                return Some(format!("{what}: {e}"));
+            }
+            let tol = op::tolerance(*dtype);
+            compare_outputs(op, &variant.features, &call, &want)
+                .into_iter()
+                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
+                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+#[test]
+fn bad_calls_are_refused_with_the_argument_named() {
+    let (spec, op) = (spec(), op());
+    let v = spec.variants.iter().find(|v| v.name == "gpt_oss").unwrap();
+    let f = &v.features;
+    let keys = BTreeMap::from([("head_dim".to_string(), 64u32)]);
+    let dims = op.check_dims(&keys)[0].clone();
+    let good = op.random_call(f, DType::F32, &dims, 1).unwrap();
+    assert!(op.validate(f, DType::F32, &keys, &good).is_ok());
+    let refused = |edit: &dyn Fn(&mut ejc_ir::op::HostCall), needle: &str| {
+        let mut bad = good.clone();
+        edit(&mut bad);
+        let e = op.validate(f, DType::F32, &keys, &bad).unwrap_err();
+        assert!(e.contains(needle), "wanted `{needle}` in: {e}");
+    };
+    refused(
+        &|c| c.tensors.get_mut("block_tables").unwrap().set(&[0, 0], 1e6),
+        "block_tables[0, 0] = 1000000 is not a page",
+    );
+    refused(&|c| c.tensors.get_mut("context_lens").unwrap().set(&[1], 1e6), "context_lens[1] = 1000000 is outside");
+    // Sequence 0's prefill chunk is longer than a context of 1.
+    refused(&|c| c.tensors.get_mut("context_lens").unwrap().set(&[0], 1.0), "sequence 0 has");
+    refused(&|c| c.tensors.get_mut("query_start_loc").unwrap().set(&[0], 1.0), "query_start_loc[0] must be 0");
+    refused(&|c| c.tensors.get_mut("query_start_loc").unwrap().set(&[1], 1e6), "non-decreasing");
+    refused(
+        &|c| {
+            c.scalars.insert("sliding_window".into(), 0.0);
+        },
+        "sliding_window",
+    );
+    refused(&|c| drop(c.tensors.remove("sinks")), "argument `sinks`");
+    refused(
+        &|c| drop(c.tensors.insert("kv_pages".into(), ejc_ir::tensor::HostTensor::zeros(DType::F32, &[4, 16, 3, 64]))),
+        "kv_pages",
+    );
+}
