@@ -145,9 +145,13 @@ if [ "${1:-}" = "--paged" ]; then
     $EJC build specs/ragged_paged.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
         -o .gpu/rpa --report > .gpu/rpa_ptxas.txt
     $EJC build specs/ragged_paged.yaml -q --target mlir:gpu --dtype bf16 --head-dim 128 -o .gpu/rpa_mlir
+    # v3 (its cache write, then v2's launches): bf16/f16 on both archs.
+    $EJC build specs/ragged_paged_v3.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
+        -o .gpu/rpa3 --report > .gpu/rpa3_ptxas.txt
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz paged paged_mlir paged_bench ragged ragged_mlir ragged_bench \
-        rpa rpa_mlir
-    rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench .gpu/rpa .gpu/rpa_mlir
+        rpa rpa_mlir rpa3
+    rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench .gpu/rpa .gpu/rpa_mlir \
+        .gpu/rpa3
     du -sh .gpu/*
     exit 0
 fi

@@ -331,6 +331,7 @@ if [ "${1:-}" = "--paged" ]; then
     check_set ragged_mlir || status=1
     check_set rpa || status=1
     check_set rpa_mlir || status=1
+    check_set rpa3 || status=1
     memcheck rpa "gpt_oss_bf16_d128_m64_n32@ptx:sm_90a/w4_s2_wgmma" || status=1
     memcheck ragged "gpt_oss_bf16_d128_h16_n64_split@ptx:sm_90a/w1_s2" || status=1
     memcheck ragged "softcap_f16_d64_h16_n32@ptx:sm_80/w1_s3" || status=1

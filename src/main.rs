@@ -27,8 +27,8 @@ Examples:
 Sizes: every operation names its sizes (flash: batch, seq_q, seq_k, heads_q, heads_kv, head_dim and, where v's
 head dim differs from q's, head_dim_v; mean_pooling: batch, seq, heads, head_dim, chunk_size; page_attention:
 num_seqs, heads_q, heads_kv, head_dim, page_size, max_context[, min_context, num_pages]; ragged_decode_attention:
-batch, seq, heads_q, heads_kv, head_dim[, min_len]; ragged_page_attention: num_seqs, heads_q, heads_kv, head_dim,
-page_size, max_context, max_q_len[, num_pages]). Give them as
+batch, seq, heads_q, heads_kv, head_dim[, min_len]; ragged_page_attention (and _v3): num_seqs, heads_q, heads_kv,
+head_dim, page_size, max_context, max_q_len[, num_pages]). Give them as
 --size NAME=N,... (any subset: the rest keep their defaults) or positionally, in that order, as --shape N,N,...
 (the shorthand).
 

@@ -886,46 +886,52 @@ fn ragged_decode_through_the_command_line() {
     );
 }
 
-/// Ragged paged attention (mixed prefill and decode, K/V interleaved pages): every variant
-/// on the interpreter, CPU and MLIR with a page size of 5 that no key block divides, GQA
-/// 10:2, a prefill chunk of 41 tokens past a block of rows; PTX of the gpt-oss variant
-/// through ptxas: pack, unpack and 2 tilings of main per arch (sm_90a's also with wgmma),
-/// none spilling.
+/// Ragged paged attention (mixed prefill and decode, K/V interleaved pages), v2 and v3:
+/// every variant on the interpreter, CPU and MLIR with a page size of 5 that no key block
+/// divides, GQA 10:2, a prefill chunk of 41 tokens past a block of rows (v3: its cache
+/// writes compared too); PTX through ptxas of one variant, none spilling: pack, unpack and
+/// 2 tilings of main per arch (sm_90a's also with wgmma), and v3's write.
 #[test]
 fn ragged_page_attention_through_the_command_line() {
-    let spec = format!("{}/specs/ragged_paged.yaml", env!("CARGO_MANIFEST_DIR"));
-    let sizes = "num_seqs=6,heads_q=10,heads_kv=2,page_size=5,max_context=133,max_q_len=41";
-    for backend in ["interp", "cpu", "mlir"] {
-        for dtype in ["f32", "bf16"] {
-            let o = ejc(&["run", &spec, "--backend", backend, "--dtype", dtype, "--size", sizes]);
-            let out = text(&o.stdout);
-            assert_eq!(code(&o), 0, "{backend} {dtype}: {out}{}", text(&o.stderr));
-            assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 4, "{backend}: {out}");
-            assert!(out.contains("plan=packed"), "{out}");
+    for (file, variants, variant, per_arch) in
+        [("ragged_paged.yaml", 4, "gpt_oss", 4 + 6), ("ragged_paged_v3.yaml", 3, "sliding_window", 5 + 7)]
+    {
+        let spec = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
+        let sizes = "num_seqs=6,heads_q=10,heads_kv=2,page_size=5,max_context=133,max_q_len=41";
+        for backend in ["interp", "cpu", "mlir"] {
+            for dtype in ["f32", "bf16"] {
+                let o = ejc(&["run", &spec, "--backend", backend, "--dtype", dtype, "--size", sizes]);
+                let out = text(&o.stdout);
+                assert_eq!(code(&o), 0, "{file} {backend} {dtype}: {out}{}", text(&o.stderr));
+                assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), variants, "{backend}: {out}");
+                assert!(out.contains("plan=packed"), "{out}");
+                if file.ends_with("v3.yaml") {
+                    assert!(out.contains("kv_pages_rel_err=0.000e0"), "the cache writes are exact: {out}");
+                }
+            }
         }
+        let out = temp_dir(&format!("{file}-build"));
+        let mut args =
+            vec!["build", &spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
+        args.extend(["--dtype", "bf16", "--head-dim", "128", "--variant", variant, "-q"]);
+        let have_ptxas = ejc_codegen::ptx::find_ptxas().is_some();
+        if have_ptxas {
+            args.extend(["--report", "--drop-spilling"]);
+        } else {
+            eprintln!("skipped the ptxas report: no ptxas (run scripts/setup.sh); PTX is still generated");
+        }
+        let o = ejc(&args);
+        assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+        if have_ptxas {
+            assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
+        }
+        let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+        assert_eq!(m.plans.len(), 1, "packed");
+        let ids: Vec<&String> = m.artifacts.iter().map(|a| &a.artifact_id).collect();
+        assert_eq!(m.artifacts.len(), per_arch, "{ids:?}");
+        assert!(m.artifacts.iter().any(|a| a.grid[0] == "cdiv(max_q_rows, 64)"), "main's grid: {ids:?}");
+        let _ = std::fs::remove_dir_all(&out);
     }
-    let out = temp_dir("ragged_paged-build");
-    let mut args = vec!["build", &spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
-    args.extend(["--dtype", "bf16", "--head-dim", "128", "--variant", "gpt_oss", "-q"]);
-    let have_ptxas = ejc_codegen::ptx::find_ptxas().is_some();
-    if have_ptxas {
-        args.extend(["--report", "--drop-spilling"]);
-    } else {
-        eprintln!("skipped the ptxas report: no ptxas (run scripts/setup.sh); PTX is still generated");
-    }
-    let o = ejc(&args);
-    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
-    if have_ptxas {
-        assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
-    }
-    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-    assert_eq!(m.spec.op, "ragged_page_attention");
-    assert_eq!(m.plans.len(), 1, "packed");
-    let ids: Vec<&String> = m.artifacts.iter().map(|a| &a.artifact_id).collect();
-    // sm_80: pack, unpack, main at block_n 32 and 64; sm_90a: main's tilings with and without wgmma.
-    assert_eq!(m.artifacts.len(), 4 + 6, "{ids:?}");
-    assert!(m.artifacts.iter().any(|a| a.grid[0] == "cdiv(max_q_rows, 64)"), "main's grid: {ids:?}");
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// `ejc build` with its compiled-code cache in `cache`; stdout's last line.

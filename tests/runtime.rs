@@ -379,7 +379,8 @@ fn any_operation_runs_through_the_generic_call() {
 /// ragged decode attention (gpt-oss's window and sinks), and ragged paged attention (a
 /// mixed batch, gpt-oss's window and sinks: its one plan of pack, main and unpack through
 /// temporaries). The tuner times the plans (one kernel; split-K at every split count;
-/// the packed plan's tilings), whatever it keeps matches the reference, a
+/// the packed plan's tilings), and v3 (its cache writes first, checked byte for byte);
+/// whatever the tuner keeps matches the reference, a
 /// second runtime finds the choice in the persistent cache, and a block table pointing
 /// outside the cache is refused before any kernel runs.
 #[test]
@@ -391,7 +392,7 @@ fn decode_operations_run_through_the_generic_call() {
     use ejc_runtime::chain::Source;
     // (operation, spec file, variant, sizes)
     type Case = (&'static str, &'static str, &'static str, &'static [(&'static str, i64)]);
-    let cases: [Case; 3] = [
+    let cases: [Case; 4] = [
         (
             "page_attention",
             "page_attention.yaml",
@@ -417,6 +418,20 @@ fn decode_operations_run_through_the_generic_call() {
             "gpt_oss",
             &[
                 ("num_seqs", 6),
+                ("heads_q", 8),
+                ("heads_kv", 2),
+                ("head_dim", 64),
+                ("page_size", 7),
+                ("max_context", 150),
+                ("max_q_len", 45),
+            ],
+        ),
+        (
+            "ragged_page_attention_v3",
+            "ragged_paged_v3.yaml",
+            "sliding_window",
+            &[
+                ("num_seqs", 8),
                 ("heads_q", 8),
                 ("heads_kv", 2),
                 ("head_dim", 64),
@@ -452,7 +467,13 @@ fn decode_operations_run_through_the_generic_call() {
         let r = open().call(name, &f, &mut call, &two).unwrap();
         assert_eq!(r.source, Source::Autotune, "{name}: {r:?}");
         let mut got = host.clone();
-        got.tensors.insert("out".into(), call.host_tensor("out").unwrap());
+        for name in op.outputs(&f) {
+            got.tensors.insert(name.into(), call.host_tensor(name).unwrap());
+        }
+        if name == "ragged_page_attention_v3" {
+            // The cache the call updated in place, byte for byte.
+            assert_eq!(got.tensors["kv_pages"].to_vec(), want["kv_pages"].to_vec(), "{name}: the cache writes");
+        }
         for (out, rel, _) in compare_outputs(op, &f, &got, &want) {
             assert!(rel <= 1e-5, "{name} ({}): {out} rel_err {rel:e}", r.plan);
         }

@@ -3,7 +3,8 @@
 //! every variant, f32 and bf16, row blocks of 16, 64 and 128 and key blocks of 16, 32
 //! and 64, on the operation's awkward batches (a prefill chunk, decode tokens, a one-token
 //! sequence, an empty one and random mixes; contexts off the page size; GQA 4:1 and 5:1,
-//! MHA, shared pages; padding rows). Then the operation's refusals.
+//! MHA, shared pages; padding rows). v3 the same way, its cache writes compared byte for
+//! byte. Then the operations' refusals.
 //!
 //! Inputs are fresh random numbers; the seed is printed (`EJC_TEST_SEED` replays).
 //! Outputs start as NaN, so an element no program writes fails.
@@ -19,9 +20,13 @@ use ejc_ir::spec::{self, Spec};
 use ejc_ir::types::DType;
 use rayon::prelude::*;
 
-fn spec() -> Spec {
-    let path = format!("{}/../specs/ragged_paged.yaml", env!("CARGO_MANIFEST_DIR"));
+fn load(file: &str) -> Spec {
+    let path = format!("{}/../specs/{file}", env!("CARGO_MANIFEST_DIR"));
     spec::load_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn spec() -> Spec {
+    load("ragged_paged.yaml")
 }
 
 fn op() -> &'static dyn Operation {
@@ -30,7 +35,18 @@ fn op() -> &'static dyn Operation {
 
 #[test]
 fn the_packed_plan_matches_the_reference_on_awkward_batches() {
-    let (spec, op, seed) = (spec(), op(), seed());
+    packed_plan_matches(spec(), op(), false);
+}
+
+/// v3: the cache writes, then the same attention; the updated cache is compared byte for
+/// byte with the reference's, the output within the dtype's tolerance.
+#[test]
+fn v3_writes_the_cache_byte_for_byte_and_matches_the_reference() {
+    packed_plan_matches(load("ragged_paged_v3.yaml"), ejc_ir::ops::get("ragged_page_attention_v3").unwrap(), true);
+}
+
+fn packed_plan_matches(spec: Spec, op: &'static dyn Operation, exact_cache: bool) {
+    let seed = seed();
     let keys = BTreeMap::from([("head_dim".to_string(), 64u32)]);
     let mut cases = Vec::new();
     for variant in &spec.variants {
@@ -70,6 +86,12 @@ fn the_packed_plan_matches_the_reference_on_awkward_batches() {
             let what = format!("{} {dtype} m{bm} n{bn} case {i} {dims:?}", variant.name);
             if let Err(e) = run_plan_interp(&plan, &kernels, &mut call, &sizes, &Config::new()) {
                 return Some(format!("{what}: {e}"));
+            }
+            if exact_cache {
+                let (got, want) = (call.tensors["kv_pages"].to_vec(), want["kv_pages"].to_vec());
+                if got.len() != want.len() || got.iter().zip(&want).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                    return Some(format!("{what}: the updated cache differs from the reference's"));
+                }
             }
             let tol = op::tolerance(*dtype);
             compare_outputs(op, &variant.features, &call, &want)
@@ -115,5 +137,43 @@ fn bad_calls_are_refused_with_the_argument_named() {
     refused(
         &|c| drop(c.tensors.insert("kv_pages".into(), ejc_ir::tensor::HostTensor::zeros(DType::F32, &[4, 16, 3, 64]))),
         "kv_pages",
+    );
+}
+
+#[test]
+fn v3_refuses_colliding_writes_quantised_caches_and_bad_distributions() {
+    let spec = load("ragged_paged_v3.yaml");
+    let op = ejc_ir::ops::get("ragged_page_attention_v3").unwrap();
+    let f = &spec.variants[0].features;
+    let keys = BTreeMap::from([("head_dim".to_string(), 64u32)]);
+    let dims = op.check_dims(&keys)[0].clone();
+    let good = op.random_call(f, DType::F32, &dims, 3).unwrap();
+    let sizes = op.validate(f, DType::F32, &keys, &good).unwrap();
+    assert_eq!(sizes["num_seqs"], 5, "the last of 6 slots is inactive");
+    let refused = |edit: &dyn Fn(&mut ejc_ir::op::HostCall), needle: &str| {
+        let mut bad = good.clone();
+        edit(&mut bad);
+        let e = op.validate(f, DType::F32, &keys, &bad).unwrap_err();
+        assert!(e.contains(needle), "wanted `{needle}` in: {e}");
+    };
+    refused(
+        &|c| {
+            c.scalars.insert("k_scale".into(), 0.5);
+        },
+        "no fp8 type",
+    );
+    refused(&|c| c.tensors.get_mut("distribution").unwrap().set(&[2], 9.0), "d2 <=");
+    // Distribution (1, 2, 5): making sequence 1 (a 70-token prefill) decode-only breaks the promise.
+    refused(&|c| c.tensors.get_mut("distribution").unwrap().set(&[0], 2.0), "decode-only");
+    // Sequence 0's (a decode) last page is sequence 1's first, which its prefill fills.
+    refused(
+        &|c| {
+            let page = c.tensors["kv_pages"].shape[1];
+            let last = (c.tensors["kv_lens"].get(&[0]) as usize - 1) / page;
+            let t = c.tensors.get_mut("block_tables").unwrap();
+            let shared = t.get(&[1, 0]);
+            t.set(&[0, last], shared);
+        },
+        "which another new token writes too",
     );
 }

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention", "ragged_page_attention"]);
+//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention", "ragged_page_attention", "ragged_page_attention_v3"]);
 //! ```
 
 use crate::op::Operation;
@@ -22,6 +22,7 @@ pub fn all() -> &'static [&'static dyn Operation] {
         &page_attention::op::PageAttention,
         &ragged_decode::op::RaggedDecode,
         &ragged_paged::op::RaggedPaged,
+        &ragged_paged::op_v3::RaggedPagedV3,
     ]
 }
 

@@ -62,6 +62,9 @@ pub enum Role {
     Main,
     /// `o_packed [KVH, T · G, D]` (f32) → `out [T, QH, D]`, the sinks joined.
     Unpack,
+    /// v3: the new tokens' `keys` / `values [T, KVH, D]` written into their rows of
+    /// `kv_pages` (program `(i, s, h)`: sequence `s`'s token `i`, KV head `h`).
+    Write,
 }
 
 /// One ragged-paged-attention kernel.
@@ -108,6 +111,10 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ("logits_soft_cap", "scalar: c in c * tanh(x / c) (> 0)"),
         ("sliding_window", "scalar: w >= 1, the w most recent positions (the query's own included) are seen"),
         ("group", "scalar: query heads per KV head, QH / KVH (bound from the call's sizes)"),
+        ("keys", "input (v3): the new tokens' keys [T, KVH, D], written into the cache before the attention"),
+        ("values", "input (v3): the new tokens' values [T, KVH, D]"),
+        ("kv_lens", "input (v3): keys per sequence after the new tokens are written [S], i32"),
+        ("distribution", "input (v3): i32 [3], the ends of the decode-only, prefill-only and mixed sequences; the last is the live count"),
     ]
 }
 
@@ -116,7 +123,63 @@ pub fn build(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     match k.role {
         Role::Pack | Role::Unpack => build_copy(name, k),
         Role::Main => build_main(name, k),
+        Role::Write => build_write(name, k),
     }
+}
+
+/// v3's cache write: program `(i, s, h)` copies sequence `s`'s new token `i` (at position
+/// `p = ctx − q_len + i`) for KV head `h` into row `p mod P` of page
+/// `block_tables[s, p / P]`, key at head `2h`, value at `2h + 1`. A program past the
+/// sequence's new tokens reads and writes nothing (its ranges are empty).
+fn build_write(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
+    let d = k.head_dim;
+    let mut b = KernelBuilder::new(name);
+    let keys = b.param("keys", Type::Tensor(k.dtype, 3));
+    let values = b.param("values", Type::Tensor(k.dtype, 3));
+    let kv_pages = b.param("kv_pages", Type::Tensor(k.dtype, 4));
+    let lens = b.param("context_lens", Type::Tensor(DType::I32, 1));
+    let tables = b.param("block_tables", Type::Tensor(DType::I32, 2));
+    let qsl = b.param("query_start_loc", Type::Tensor(DType::I32, 1));
+    b.set_grid([GridExpr::sym("max_q_len"), GridExpr::sym("num_seqs"), GridExpr::sym("heads_kv")]);
+    let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
+    let i = b.program_id(0);
+    let seq = b.program_id(1);
+    let h = b.program_id(2);
+    let seq1 = b.add(seq, c1);
+    let q_start = b.load(qsl, vec![Axis::Index(seq)], 0.0);
+    let q_end = b.load(qsl, vec![Axis::Index(seq1)], 0.0);
+    let ctx = b.load(lens, vec![Axis::Index(seq)], 0.0);
+    let q_len = b.sub(q_end, q_start);
+    let live = b.cmp(CmpPred::Lt, i, q_len);
+    let one = b.select(live, c1, c0);
+    // A dead program's indices point at row 0 of page 0 (with empty ranges: never touched).
+    let first = b.sub(ctx, q_len);
+    let pos = b.add(first, i);
+    let pos = b.select(live, pos, c0);
+    let page = b.dim(kv_pages, 1);
+    let p_idx = b.div(pos, page);
+    let p_first = b.mul(p_idx, page);
+    let row = b.sub(pos, p_first);
+    let phys = b.load(tables, vec![Axis::Index(seq), Axis::Index(p_idx)], 0.0);
+    let phys = b.select(live, phys, c0);
+    let tok = b.add(q_start, i);
+    let tok = b.select(live, tok, c0);
+    let tok_end = b.add(tok, one);
+    let row_end = b.add(row, one);
+    let cols = Axis::Range { start: c0, size: d, limit: None };
+    let src = |t| vec![Axis::Range { start: t, size: 1, limit: Some(tok_end) }, Axis::Index(h), cols];
+    let two = b.const_i32(2);
+    let k_head = b.mul(h, two);
+    let v_head = b.add(k_head, c1);
+    let at = |head| {
+        vec![Axis::Index(phys), Axis::Range { start: row, size: 1, limit: Some(row_end) }, Axis::Index(head), cols]
+    };
+    let kt = b.load(keys, src(tok), 0.0);
+    b.store(kv_pages, at(k_head), kt);
+    let vt = b.load(values, src(tok), 0.0);
+    b.store(kv_pages, at(v_head), vt);
+    b.finish()
 }
 
 /// `ceil(a / d)` for i32 `a >= 0`, `d > 0`.

@@ -8,4 +8,6 @@
 
 pub mod kernels;
 pub mod op;
+pub mod op_v3;
 pub mod reference;
+pub mod reference_v3;

@@ -77,7 +77,7 @@ fn features(f: &op::Features) -> Result<RpaFeatures, String> {
     RpaFeatures::from_json(f)
 }
 
-const AXES: &[AxisDecl] = &[
+pub(crate) const AXES: &[AxisDecl] = &[
     AxisDecl {
         name: "block_m",
         kind: AxisKind::Tile,
@@ -116,7 +116,7 @@ const AXES: &[AxisDecl] = &[
     },
 ];
 
-const DIMS: &[DimDecl] = &[
+pub(crate) const DIMS: &[DimDecl] = &[
     DimDecl {
         name: "num_seqs",
         default: 6,
@@ -147,7 +147,7 @@ const DIMS: &[DimDecl] = &[
     },
 ];
 
-fn shape_of(dims: &Sizes) -> Result<RpaShape, String> {
+pub(crate) fn shape_of(dims: &Sizes) -> Result<RpaShape, String> {
     let g = |k: &str| -> Result<usize, String> {
         dims.get(k).map(|v| (*v).max(0) as usize).ok_or_else(|| format!("size `{k}` is missing"))
     };
@@ -174,17 +174,54 @@ fn shape_of(dims: &Sizes) -> Result<RpaShape, String> {
 }
 
 /// `<spec>_<variant>_<dtype>_d<D>_m<block_m>_n<block_n>`, `…_pack`, `…_unpack`.
-fn kernel_id(spec_name: &str, k: &KernelInstance) -> String {
+pub(crate) fn kernel_id(spec_name: &str, k: &KernelInstance) -> String {
     let hd = k.keys.get("head_dim").copied().unwrap_or(0);
     let base = format!("{spec_name}_{}_{}_d{hd}", k.variant.name, k.dtype);
     match k.role {
         "pack" => format!("{base}_pack"),
         "unpack" => format!("{base}_unpack"),
+        "write" => format!("{base}_write"),
         _ => {
             let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
             format!("{base}_m{m}_n{n}")
         }
     }
+}
+
+/// A v2 or v3 kernel's tile IR from its instance (role by name: `write`, `pack`, `main`,
+/// `unpack`); the attributes are printed metadata nothing reads back.
+pub(crate) fn build_instance(
+    spec: &Spec,
+    k: &KernelInstance,
+    soft_cap: bool,
+    window: bool,
+    sinks: bool,
+) -> Result<Kernel, String> {
+    let head_dim = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
+    let role = match k.role {
+        "write" => Role::Write,
+        "pack" => Role::Pack,
+        "unpack" => Role::Unpack,
+        _ => Role::Main,
+    };
+    let tile = |axis: &str| k.tile.get(axis).map(|v| *v as usize).ok_or(format!("the instance has no {axis}"));
+    let (block_m, block_n) = match role {
+        Role::Main => (tile("block_m")?, tile("block_n")?),
+        _ => (0, 0),
+    };
+    let kernel = RpaKernel { role, soft_cap, window, sinks, dtype: k.dtype, head_dim, block_m, block_n };
+    let mut built = build(&k.id, &kernel).map_err(|e| e.to_string())?;
+    built.attrs = vec![
+        ("op".into(), spec.op.clone()),
+        ("variant".into(), k.variant.name.clone()),
+        ("dtype".into(), k.dtype.to_string()),
+        ("head_dim".into(), head_dim.to_string()),
+        ("role".into(), k.role.to_string()),
+    ];
+    if role == Role::Main {
+        built.attrs.extend([("block_m".into(), block_m.to_string()), ("block_n".into(), block_n.to_string())]);
+    }
+    Ok(built)
 }
 
 impl Operation for RaggedPaged {
@@ -298,39 +335,7 @@ impl Operation for RaggedPaged {
 
     fn build(&self, spec: &Spec, k: &KernelInstance) -> Result<Kernel, String> {
         let f = features(&k.variant.features)?;
-        let head_dim = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
-        let role = match k.role {
-            "pack" => Role::Pack,
-            "unpack" => Role::Unpack,
-            _ => Role::Main,
-        };
-        let tile = |axis: &str| k.tile.get(axis).map(|v| *v as usize).ok_or(format!("the instance has no {axis}"));
-        let (block_m, block_n) = match role {
-            Role::Main => (tile("block_m")?, tile("block_n")?),
-            _ => (0, 0),
-        };
-        let kernel = RpaKernel {
-            role,
-            soft_cap: f.soft_cap,
-            window: f.window,
-            sinks: f.sinks,
-            dtype: k.dtype,
-            head_dim,
-            block_m,
-            block_n,
-        };
-        let mut built = build(&k.id, &kernel).map_err(|e| e.to_string())?;
-        built.attrs = vec![
-            ("op".into(), spec.op.clone()),
-            ("variant".into(), k.variant.name.clone()),
-            ("dtype".into(), k.dtype.to_string()),
-            ("head_dim".into(), head_dim.to_string()),
-            ("role".into(), k.role.to_string()),
-        ];
-        if role == Role::Main {
-            built.attrs.extend([("block_m".into(), block_m.to_string()), ("block_n".into(), block_n.to_string())]);
-        }
-        Ok(built)
+        build_instance(spec, k, f.soft_cap, f.window, f.sinks)
     }
 
     fn param_doc(&self, name: &str) -> &'static str {
