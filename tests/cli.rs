@@ -889,22 +889,36 @@ fn ragged_decode_through_the_command_line() {
 /// Ragged paged attention (mixed prefill and decode, K/V interleaved pages), v2 and v3:
 /// every variant on the interpreter, CPU and MLIR with a page size of 5 that no key block
 /// divides, GQA 10:2, a prefill chunk of 41 tokens past a block of rows (v3: its cache
-/// writes compared too); PTX through ptxas of one variant, none spilling: pack, unpack and
-/// 2 tilings of main per arch (sm_90a's also with wgmma), and v3's write.
+/// writes compared too), both plans (split-K at 4 splits); PTX through ptxas of one variant,
+/// none spilling: pack, unpack, combine, 2 tilings of main and of partial per arch (sm_90a's
+/// also with wgmma), and v3's write.
 #[test]
 fn ragged_page_attention_through_the_command_line() {
     for (file, variants, variant, per_arch) in
-        [("ragged_paged.yaml", 4, "gpt_oss", 4 + 6), ("ragged_paged_v3.yaml", 3, "sliding_window", 5 + 7)]
+        [("ragged_paged.yaml", 4, "gpt_oss", 7 + 11), ("ragged_paged_v3.yaml", 3, "sliding_window", 8 + 12)]
     {
         let spec = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
         let sizes = "num_seqs=6,heads_q=10,heads_kv=2,page_size=5,max_context=133,max_q_len=41";
         for backend in ["interp", "cpu", "mlir"] {
-            for dtype in ["f32", "bf16"] {
-                let o = ejc(&["run", &spec, "--backend", backend, "--dtype", dtype, "--size", sizes]);
+            for (dtype, plan) in [("f32", "packed"), ("bf16", "packed"), ("bf16", "split_k")] {
+                let o = ejc(&[
+                    "run",
+                    &spec,
+                    "--backend",
+                    backend,
+                    "--dtype",
+                    dtype,
+                    "--size",
+                    sizes,
+                    "--plan",
+                    plan,
+                    "--config",
+                    "num_splits=4",
+                ]);
                 let out = text(&o.stdout);
                 assert_eq!(code(&o), 0, "{file} {backend} {dtype}: {out}{}", text(&o.stderr));
                 assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), variants, "{backend}: {out}");
-                assert!(out.contains("plan=packed"), "{out}");
+                assert!(out.contains(&format!("plan={plan}")), "{out}");
                 if file.ends_with("v3.yaml") {
                     assert!(out.contains("kv_pages_rel_err=0.000e0"), "the cache writes are exact: {out}");
                 }
@@ -926,7 +940,7 @@ fn ragged_page_attention_through_the_command_line() {
             assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
         }
         let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-        assert_eq!(m.plans.len(), 1, "packed");
+        assert_eq!(m.plans.len(), 2, "packed and split_k");
         let ids: Vec<&String> = m.artifacts.iter().map(|a| &a.artifact_id).collect();
         assert_eq!(m.artifacts.len(), per_arch, "{ids:?}");
         assert!(m.artifacts.iter().any(|a| a.grid[0] == "cdiv(max_q_rows, 64)"), "main's grid: {ids:?}");

@@ -1,5 +1,5 @@
-//! Ragged paged attention (`specs/ragged_paged.yaml`): the `packed` plan (pack, main,
-//! unpack) on the interpreter, after the pass pipeline, against the f64 reference —
+//! Ragged paged attention (`specs/ragged_paged.yaml`): both plans (`packed`: pack, main,
+//! unpack; `split_k` at 1 and 5 splits: pack, partial, combine, unpack) on the interpreter, after the pass pipeline, against the f64 reference —
 //! every variant, f32 and bf16, row blocks of 16, 64 and 128 and key blocks of 16, 32
 //! and 64, on the operation's awkward batches (a prefill chunk, decode tokens, a one-token
 //! sequence, an empty one and random mixes; contexts off the page size; GQA 4:1 and 5:1,
@@ -52,16 +52,26 @@ fn packed_plan_matches(spec: Spec, op: &'static dyn Operation, exact_cache: bool
     for variant in &spec.variants {
         for dtype in [DType::F32, DType::BF16] {
             for (bm, bn) in [(16, 16), (64, 32), (128, 64)] {
-                for (i, dims) in op.check_dims(&keys).into_iter().enumerate() {
-                    cases.push((variant, dtype, (bm, bn), i, dims));
+                for plan in op.plans(&spec, &variant.features) {
+                    // Split-K on one tiling (its kernels are main's): one split, and five
+                    // (more than some row blocks' key blocks: empty splits).
+                    let splits: &[u32] = match plan.name {
+                        "split_k" if (bm, bn) == (64, 32) => &[1, 5],
+                        "split_k" => &[],
+                        _ => &[0],
+                    };
+                    for &n in splits {
+                        for (i, dims) in op.check_dims(&keys).into_iter().enumerate() {
+                            cases.push((variant, dtype, (bm, bn), plan.clone(), n, i, dims));
+                        }
+                    }
                 }
             }
         }
     }
     let failures: Vec<String> = cases
         .par_iter()
-        .filter_map(|(variant, dtype, (bm, bn), i, dims)| {
-            let plan = op.plans(&spec, &variant.features).remove(0);
+        .filter_map(|(variant, dtype, (bm, bn), plan, n, i, dims)| {
             let tile = Config::from([("block_m".to_string(), *bm), ("block_n".to_string(), *bn)]);
             let mut kernels = BTreeMap::new();
             for role in &plan.roles {
@@ -79,12 +89,13 @@ fn packed_plan_matches(spec: Spec, op: &'static dyn Operation, exact_cache: bool
                 let built = op.build(&spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
                 kernels.insert(role.name.to_string(), run_pipeline(&built, &default_pipeline()).unwrap());
             }
-            let case_seed = seed ^ (*i as u64 * 7919) ^ ((*bm as u64) << 20);
+            let case_seed = seed ^ (*i as u64 * 7919) ^ ((*bm as u64) << 20) ^ ((*n as u64) << 40);
             let mut call = op.random_call(&variant.features, *dtype, dims, case_seed).unwrap();
             let sizes = op.validate(&variant.features, *dtype, &keys, &call).unwrap();
             let want = op.reference(&variant.features, &call).unwrap();
-            let what = format!("{} {dtype} m{bm} n{bn} case {i} {dims:?}", variant.name);
-            if let Err(e) = run_plan_interp(&plan, &kernels, &mut call, &sizes, &Config::new()) {
+            let what = format!("{} {dtype} m{bm} n{bn} {} splits={n} case {i} {dims:?}", variant.name, plan.name);
+            let config = Config::from([("num_splits".to_string(), *n)]);
+            if let Err(e) = run_plan_interp(plan, &kernels, &mut call, &sizes, &config) {
                 return Some(format!("{what}: {e}"));
             }
             if exact_cache {

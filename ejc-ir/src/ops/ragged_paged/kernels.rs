@@ -65,6 +65,13 @@ pub enum Role {
     /// v3: the new tokens' `keys` / `values [T, KVH, D]` written into their rows of
     /// `kv_pages` (program `(i, s, h)`: sequence `s`'s token `i`, KV head `h`).
     Write,
+    /// Split-K's first launch: `main` over split `z` of `num_splits` pieces of each row
+    /// block's key blocks, into `o_split [num_splits, KVH, T · G, D]` and `lse_split
+    /// [num_splits, KVH, T · G]` (f32; 0 and −∞ where a split saw nothing).
+    Partial,
+    /// Split-K's second launch: the splits merged by log-sum-exp into `o_packed` (and
+    /// `lse_packed` with sinks), `BLOCK_G` packed rows a program.
+    Combine,
 }
 
 /// One ragged-paged-attention kernel.
@@ -107,6 +114,9 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ),
         ("o_packed", "temporary: the output in the packed order [KVH, T * G, D], f32"),
         ("lse_packed", "temporary: each packed row's log-sum-exp over its keys [KVH, T * G], f32 (with sinks)"),
+        ("o_split", "temporary (split_k): each key split's normalised output [num_splits, KVH, T * G, D], f32"),
+        ("lse_split", "temporary (split_k): each key split's log-sum-exp [num_splits, KVH, T * G], f32"),
+        ("num_splits", "scalar: key splits of the split-K plan (the tuner's choice)"),
         ("softmax_scale", "scalar: multiplies q.k (1 / sqrt(D) by default)"),
         ("logits_soft_cap", "scalar: c in c * tanh(x / c) (> 0)"),
         ("sliding_window", "scalar: w >= 1, the w most recent positions (the query's own included) are seen"),
@@ -122,8 +132,9 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
 pub fn build(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     match k.role {
         Role::Pack | Role::Unpack => build_copy(name, k),
-        Role::Main => build_main(name, k),
+        Role::Main | Role::Partial => build_main(name, k),
         Role::Write => build_write(name, k),
+        Role::Combine => build_combine(name, k),
     }
 }
 
@@ -273,22 +284,33 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let lens = tensor(&mut b, "context_lens", DType::I32, 1);
     let tables = tensor(&mut b, "block_tables", DType::I32, 2);
     let qsl = tensor(&mut b, "query_start_loc", DType::I32, 1);
-    let o_packed = tensor(&mut b, "o_packed", DType::F32, 3);
-    let lse_packed = k.sinks.then(|| tensor(&mut b, "lse_packed", DType::F32, 2));
+    let partial = k.role == Role::Partial;
+    let (o_packed, lse_packed) = if partial {
+        (tensor(&mut b, "o_split", DType::F32, 4), Some(tensor(&mut b, "lse_split", DType::F32, 3)))
+    } else {
+        (tensor(&mut b, "o_packed", DType::F32, 3), k.sinks.then(|| tensor(&mut b, "lse_packed", DType::F32, 2)))
+    };
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let group = b.param("group", Type::Scalar(DType::I32));
     let cap = k.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
     let window = k.window.then(|| b.param("sliding_window", Type::Scalar(DType::I32)));
+    let num_splits = partial.then(|| b.param("num_splits", Type::Scalar(DType::I32)));
+    let row_blocks = GridExpr::cdiv(GridExpr::sym("max_q_rows"), bm as i64);
     b.set_grid([
-        GridExpr::cdiv(GridExpr::sym("max_q_rows"), bm as i64),
+        // Split-K: the split is the fastest part of axis 0 (the grid has three axes).
+        if partial { GridExpr::times(row_blocks, GridExpr::sym("num_splits")) } else { row_blocks },
         GridExpr::sym("num_seqs"),
         GridExpr::sym("heads_kv"),
     ]);
 
-    // ---- program coordinates: row block, sequence, KV head ----
+    // ---- program coordinates: row block (and split), sequence, KV head ----
     let c0 = b.const_i32(0);
     let c1 = b.const_i32(1);
-    let mb = b.program_id(0);
+    let pid0 = b.program_id(0);
+    let (mb, split) = match num_splits {
+        Some(n) => (b.div(pid0, n), Some(b.binary(crate::ir::BinOp::Rem, pid0, n))),
+        None => (pid0, None),
+    };
     let seq = b.program_id(1);
     let kvh = b.program_id(2);
     let seq1 = b.add(seq, c1);
@@ -353,6 +375,19 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
         let any = b.cmp(CmpPred::Lt, kv_lo, kv_hi);
         let t = b.select(any, t, t_lo);
         b.max(t, t_lo)
+    };
+    // Split z takes blocks [t_lo + z · per, +per) of the row block's, per = cdiv(n, splits).
+    let (t_lo, t_hi) = match (num_splits, split) {
+        (Some(n), Some(z)) => {
+            let count = b.sub(t_hi, t_lo);
+            let per = cdiv(&mut b, count, n, c1);
+            let off = b.mul(z, per);
+            let lo = b.add(t_lo, off);
+            let lo = b.min(lo, t_hi);
+            let hi = b.add(lo, per);
+            (lo, b.min(hi, t_hi))
+        }
+        _ => (t_lo, t_hi),
     };
 
     // ---- each row's position (for the mask), as a [block_m, 1] column ----
@@ -423,9 +458,79 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
         vec![acc, m_new, l_new]
     });
     let (o, lse) = b.softmax_finalize(finals[0], finals[1], finals[2]);
-    b.store(o_packed, vec![Axis::Index(kvh), rows, cols], o);
+    let lead: Vec<Axis> = split.iter().map(|z| Axis::Index(*z)).chain([Axis::Index(kvh)]).collect();
+    b.store(o_packed, lead.iter().copied().chain([rows, cols]).collect(), o);
     if let Some(lse_packed) = lse_packed {
-        b.store(lse_packed, vec![Axis::Index(kvh), rows], lse);
+        b.store(lse_packed, lead.iter().copied().chain([rows]).collect(), lse);
+    }
+    b.finish()
+}
+
+/// Split-K's combine: program `(r, h)` merges rows `[r · 16, +16)` of KV head `h`'s
+/// packed slab over the splits — `m` the running max of the splits' log-sum-exps, each
+/// split weighed by `e^(lse − m)` — into `o_packed` (and `lse_packed`, for the sinks).
+/// A row no split saw (every `lse = −∞`) gets 0 and `−∞`.
+fn build_combine(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
+    let (d, rows_n) = (k.head_dim, BLOCK_G);
+    let mut b = KernelBuilder::new(name);
+    let o_split = b.param("o_split", Type::Tensor(DType::F32, 4));
+    let lse_split = b.param("lse_split", Type::Tensor(DType::F32, 3));
+    let o_packed = b.param("o_packed", Type::Tensor(DType::F32, 3));
+    let lse_packed = k.sinks.then(|| b.param("lse_packed", Type::Tensor(DType::F32, 2)));
+    let num_splits = b.param("num_splits", Type::Scalar(DType::I32));
+    b.set_grid([
+        GridExpr::cdiv(GridExpr::times(GridExpr::sym("total_tokens"), GridExpr::sym("group")), rows_n as i64),
+        GridExpr::sym("heads_kv"),
+        GridExpr::Const(1),
+    ]);
+    let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
+    let r = b.program_id(0);
+    let h = b.program_id(1);
+    let total = b.dim(o_packed, 1);
+    let step = b.const_i32(rows_n as i64);
+    let r0 = b.mul(r, step);
+    let rows = Axis::Range { start: r0, size: rows_n, limit: Some(total) };
+    let cols = Axis::Range { start: c0, size: d, limit: None };
+    let ninf = b.const_f32(f64::NEG_INFINITY);
+    let zero = b.const_f32(0.0);
+    let m0 = b.full(f64::NEG_INFINITY, DType::F32, &[rows_n]);
+    let l0 = b.full(0.0, DType::F32, &[rows_n]);
+    let a0 = b.full(0.0, DType::F32, &[rows_n, d]);
+    let finals = b.for_loop(c0, num_splits, c1, &[a0, m0, l0], |b, z, carried| {
+        let (acc, m, l) = (carried[0], carried[1], carried[2]);
+        let lse = b.load(lse_split, vec![Axis::Index(z), Axis::Index(h), rows], f64::NEG_INFINITY);
+        let m_new = b.max(m, lse);
+        // Nothing seen yet: shift by 0 instead of −∞ (e^(−∞ − 0) = 0, never e^(−∞ + ∞)).
+        let none = b.cmp(CmpPred::Eq, m_new, ninf);
+        let m_use = b.select(none, zero, m_new);
+        let old = b.sub(m, m_use);
+        let alpha = b.unary(UnOp::Exp, old);
+        let own = b.sub(lse, m_use);
+        let w = b.unary(UnOp::Exp, own);
+        let o = b.load(o_split, vec![Axis::Index(z), Axis::Index(h), rows, cols], 0.0);
+        let a2 = b.expand_dims(alpha, 1);
+        let w2 = b.expand_dims(w, 1);
+        let kept = b.mul(acc, a2);
+        let part = b.mul(o, w2);
+        let acc = b.add(kept, part);
+        let lk = b.mul(l, alpha);
+        let l = b.add(lk, w);
+        vec![acc, m_new, l]
+    });
+    let (acc, m, l) = (finals[0], finals[1], finals[2]);
+    let one = b.const_f32(1.0);
+    let inv = b.div(one, l);
+    let seen = b.cmp(CmpPred::Gt, l, zero);
+    let inv = b.select(seen, inv, zero);
+    let inv2 = b.expand_dims(inv, 1);
+    let o = b.mul(acc, inv2);
+    b.store(o_packed, vec![Axis::Index(h), rows, cols], o);
+    if let Some(lse_packed) = lse_packed {
+        let log_l = b.unary(UnOp::Log, l);
+        let lse = b.add(m, log_l);
+        let lse = b.select(seen, lse, ninf);
+        b.store(lse_packed, vec![Axis::Index(h), rows], lse);
     }
     b.finish()
 }

@@ -5,7 +5,7 @@
 //! ```
 //! use ejc_ir::op::Operation;
 //! let op = ejc_ir::ops::get("ragged_page_attention").unwrap();
-//! assert_eq!(op.plan_names(), ["packed"]);
+//! assert_eq!(op.plan_names(), ["packed", "split_k"]);
 //! let dims: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
 //! assert_eq!(dims, ["num_seqs", "heads_q", "heads_kv", "head_dim", "page_size", "max_context", "max_q_len", "num_pages"]);
 //! ```
@@ -114,6 +114,15 @@ pub(crate) const AXES: &[AxisDecl] = &[
         list_allowed: "a non-empty list of stage counts from 1 to 8",
         check: |v| (!(1..=8).contains(&v)).then_some("unsupported stage count"),
     },
+    AxisDecl {
+        name: "num_splits",
+        kind: AxisKind::Runtime,
+        required: false,
+        noun: "split count",
+        allowed: "2 to 128",
+        list_allowed: "a list of split counts from 2 to 128 (the split-K plan's; the tuner picks)",
+        check: |v| (!(2..=128).contains(&v)).then_some("unsupported split count"),
+    },
 ];
 
 pub(crate) const DIMS: &[DimDecl] = &[
@@ -181,11 +190,76 @@ pub(crate) fn kernel_id(spec_name: &str, k: &KernelInstance) -> String {
         "pack" => format!("{base}_pack"),
         "unpack" => format!("{base}_unpack"),
         "write" => format!("{base}_write"),
+        "combine" => format!("{base}_combine"),
         _ => {
             let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
-            format!("{base}_m{m}_n{n}")
+            let split = if k.role == "partial" { "_split" } else { "" };
+            format!("{base}_m{m}_n{n}{split}")
         }
     }
+}
+
+/// The plans of v2 (`write`: v3, whose plans launch its cache write first): `packed`, and
+/// `split_k` where the spec lists `num_splits` (main's key blocks cut into that many
+/// pieces, merged by a `combine` launch before `unpack`).
+pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> {
+    let copy = || Config::from([("block_g".to_string(), BLOCK_G as u32), ("num_warps".to_string(), 1)]);
+    // Rows of tokens in no sequence are never written: they must read 0.
+    let temp = |name: &str, shape: &[&str]| Temporary {
+        name: name.into(),
+        dtype: "f32".into(),
+        shape: shape.iter().map(|s| s.to_string()).collect(),
+        fill: "zero".into(),
+    };
+    let rows = ["heads_kv", "mul(total_tokens, group)", "head_dim"];
+    let lens = || {
+        if write {
+            BTreeMap::from([("context_lens".to_string(), "kv_lens".to_string())])
+        } else {
+            BTreeMap::new()
+        }
+    };
+    let launch = |role: &str, bind: BTreeMap<String, String>| Launch { role: role.into(), bind };
+    let role = |name: &'static str, tile_axes: Vec<&'static str>, fixed: Config| RoleDecl { name, tile_axes, fixed };
+    let plan = |split: bool| {
+        let mut roles = Vec::new();
+        let mut launches = Vec::new();
+        if write {
+            roles.push(role("write", vec![], Config::from([("num_warps".to_string(), 1)])));
+            launches.push(launch("write", lens()));
+        }
+        roles.push(role("pack", vec![], copy()));
+        launches.push(launch("pack", BTreeMap::new()));
+        let mut temporaries = vec![temp("q_packed", &rows), temp("o_packed", &rows)];
+        if sinks {
+            temporaries.push(temp("lse_packed", &rows[..2]));
+        }
+        if split {
+            roles.push(role("partial", vec!["block_m", "block_n"], Config::new()));
+            roles.push(role("combine", vec![], copy()));
+            launches.push(launch("partial", lens()));
+            launches.push(launch("combine", BTreeMap::new()));
+            temporaries.push(temp("o_split", &["num_splits", rows[0], rows[1], rows[2]]));
+            temporaries.push(temp("lse_split", &["num_splits", rows[0], rows[1]]));
+        } else {
+            roles.push(role("main", vec!["block_m", "block_n"], Config::new()));
+            launches.push(launch("main", lens()));
+        }
+        roles.push(role("unpack", vec![], copy()));
+        launches.push(launch("unpack", BTreeMap::new()));
+        PlanDecl {
+            name: if split { "split_k" } else { "packed" },
+            roles,
+            temporaries,
+            launches,
+            runtime_axes: if split { vec!["num_splits"] } else { vec![] },
+        }
+    };
+    let mut plans = vec![plan(false)];
+    if !spec.schedule.values("num_splits").is_empty() {
+        plans.push(plan(true));
+    }
+    plans
 }
 
 /// A v2 or v3 kernel's tile IR from its instance (role by name: `write`, `pack`, `main`,
@@ -202,11 +276,13 @@ pub(crate) fn build_instance(
         "write" => Role::Write,
         "pack" => Role::Pack,
         "unpack" => Role::Unpack,
+        "partial" => Role::Partial,
+        "combine" => Role::Combine,
         _ => Role::Main,
     };
     let tile = |axis: &str| k.tile.get(axis).map(|v| *v as usize).ok_or(format!("the instance has no {axis}"));
     let (block_m, block_n) = match role {
-        Role::Main => (tile("block_m")?, tile("block_n")?),
+        Role::Main | Role::Partial => (tile("block_m")?, tile("block_n")?),
         _ => (0, 0),
     };
     let kernel = RpaKernel { role, soft_cap, window, sinks, dtype: k.dtype, head_dim, block_m, block_n };
@@ -218,7 +294,7 @@ pub(crate) fn build_instance(
         ("head_dim".into(), head_dim.to_string()),
         ("role".into(), k.role.to_string()),
     ];
-    if role == Role::Main {
+    if matches!(role, Role::Main | Role::Partial) {
         built.attrs.extend([("block_m".into(), block_m.to_string()), ("block_n".into(), block_n.to_string())]);
     }
     Ok(built)
@@ -295,38 +371,11 @@ impl Operation for RaggedPaged {
     }
 
     fn plan_names(&self) -> &'static [&'static str] {
-        &["packed"]
+        &["packed", "split_k"]
     }
 
-    fn plans(&self, _spec: &Spec, f: &op::Features) -> Vec<PlanDecl> {
-        let sinks = features(f).unwrap_or_default().sinks;
-        let copy = || Config::from([("block_g".to_string(), BLOCK_G as u32), ("num_warps".to_string(), 1)]);
-        let packed = |name: &str, shape: &[&str]| Temporary {
-            name: name.into(),
-            dtype: "f32".into(),
-            shape: shape.iter().map(|s| s.to_string()).collect(),
-            // Rows of tokens in no sequence are never written: they must read 0.
-            fill: "zero".into(),
-        };
-        let rows = ["heads_kv", "mul(total_tokens, group)", "head_dim"];
-        let mut temporaries = vec![packed("q_packed", &rows), packed("o_packed", &rows)];
-        if sinks {
-            temporaries.push(packed("lse_packed", &rows[..2]));
-        }
-        vec![PlanDecl {
-            name: "packed",
-            roles: vec![
-                RoleDecl { name: "pack", tile_axes: vec![], fixed: copy() },
-                RoleDecl { name: "main", tile_axes: vec!["block_m", "block_n"], fixed: Config::new() },
-                RoleDecl { name: "unpack", tile_axes: vec![], fixed: copy() },
-            ],
-            temporaries,
-            launches: ["pack", "main", "unpack"]
-                .iter()
-                .map(|r| Launch { role: r.to_string(), bind: BTreeMap::new() })
-                .collect(),
-            runtime_axes: vec![],
-        }]
+    fn plans(&self, spec: &Spec, f: &op::Features) -> Vec<PlanDecl> {
+        rpa_plans(spec, features(f).unwrap_or_default().sinks, false)
     }
 
     fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {

@@ -5,7 +5,7 @@
 //! ```
 //! use ejc_ir::op::Operation;
 //! let op = ejc_ir::ops::get("ragged_page_attention_v3").unwrap();
-//! assert_eq!(op.plan_names(), ["packed"]);
+//! assert_eq!(op.plan_names(), ["packed", "split_k"]);
 //! assert_eq!(op.outputs(&Default::default()), ["out", "kv_pages"]);
 //! ```
 
@@ -13,14 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::json;
 
-use super::kernels::{param_docs, BLOCK_G};
-use super::op::{build_instance, kernel_id, shape_of, AXES, DIMS};
+use super::kernels::param_docs;
+use super::op::{build_instance, kernel_id, rpa_plans, shape_of, AXES, DIMS};
 use super::reference_v3::{live_sequences, random_inputs, reference, V3Inputs};
 use crate::ir::Kernel;
-use crate::manifest::{Launch, Temporary};
 use crate::op::{
-    self, AxisDecl, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, RoleDecl,
-    ScalarDecl, Sizes, Work,
+    self, AxisDecl, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, ScalarDecl, Sizes,
+    Work,
 };
 use crate::ops::page_attention::op::{check_soft_cap, scale_of};
 use crate::spec::{Decoder, Fields, Spec};
@@ -133,35 +132,11 @@ impl Operation for RaggedPagedV3 {
     }
 
     fn plan_names(&self) -> &'static [&'static str] {
-        &["packed"]
+        &["packed", "split_k"]
     }
 
-    fn plans(&self, _spec: &Spec, _f: &op::Features) -> Vec<PlanDecl> {
-        let copy = || Config::from([("block_g".to_string(), BLOCK_G as u32), ("num_warps".to_string(), 1)]);
-        let packed = |name: &str| Temporary {
-            name: name.into(),
-            dtype: "f32".into(),
-            shape: ["heads_kv", "mul(total_tokens, group)", "head_dim"].iter().map(|s| s.to_string()).collect(),
-            fill: "zero".into(),
-        };
-        let lens = || BTreeMap::from([("context_lens".to_string(), "kv_lens".to_string())]);
-        vec![PlanDecl {
-            name: "packed",
-            roles: vec![
-                RoleDecl { name: "write", tile_axes: vec![], fixed: Config::from([("num_warps".to_string(), 1)]) },
-                RoleDecl { name: "pack", tile_axes: vec![], fixed: copy() },
-                RoleDecl { name: "main", tile_axes: vec!["block_m", "block_n"], fixed: Config::new() },
-                RoleDecl { name: "unpack", tile_axes: vec![], fixed: copy() },
-            ],
-            temporaries: vec![packed("q_packed"), packed("o_packed")],
-            launches: vec![
-                Launch { role: "write".into(), bind: lens() },
-                Launch { role: "pack".into(), bind: BTreeMap::new() },
-                Launch { role: "main".into(), bind: lens() },
-                Launch { role: "unpack".into(), bind: BTreeMap::new() },
-            ],
-            runtime_axes: vec![],
-        }]
+    fn plans(&self, spec: &Spec, _f: &op::Features) -> Vec<PlanDecl> {
+        rpa_plans(spec, false, true)
     }
 
     fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {
