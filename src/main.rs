@@ -24,13 +24,18 @@ Examples:
   ejc tune specs/flash.yaml --variant causal --dtype bf16 --size batch=1,seq_q=2048,seq_k=2048,heads_q=8,heads_kv=8,head_dim=128
   ejc cache ls                               what this machine's tuning cache holds
 
-Sizes: every operation names its sizes (flash: batch, seq_q, seq_k, heads_q, heads_kv, head_dim and, where v's
-head dim differs from q's, head_dim_v; mean_pooling: batch, seq, heads, head_dim, chunk_size; page_attention:
-num_seqs, heads_q, heads_kv, head_dim, page_size, max_context[, min_context, num_pages]; ragged_decode_attention:
-batch, seq, heads_q, heads_kv, head_dim[, min_len]; ragged_page_attention (and _v3): num_seqs, heads_q, heads_kv,
-head_dim, page_size, max_context, max_q_len[, num_pages]). Give them as
---size NAME=N,... (any subset: the rest keep their defaults) or positionally, in that order, as --shape N,N,...
-(the shorthand).
+Sizes: every operation names its sizes. Give them as --size NAME=N,... (any subset: the
+rest keep their defaults) or positionally, in this order, as --shape N,N,... (the shorthand):
+  flash (fwd, bwd)   batch, seq_q, seq_k, heads_q, heads_kv, head_dim[, head_dim_v]
+  mean_pooling       batch, seq, heads, head_dim, chunk_size
+  page_attention     num_seqs, heads_q, heads_kv, head_dim, page_size, max_context
+                     [, min_context, num_pages]
+  ragged_decode_attention
+                     batch, seq, heads_q, heads_kv, head_dim[, min_len]
+  ragged_page_attention, ragged_page_attention_v3
+                     num_seqs, heads_q, heads_kv, head_dim, page_size, max_context,
+                     max_q_len[, num_pages]
+(head_dim_v: where v's head dim differs from q's.)
 
 Exit status: 0 success, 1 a result outside its tolerance, 2 bad input or an unsupported request.
 Docs: docs/spec.md (spec format), docs/semantics.md (what each feature means), docs/abi.md (manifest).";
@@ -273,10 +278,8 @@ struct ProblemArgs {
     /// Input dtype: bf16, f16 or f32 (must be one of the spec's).
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    /// Sizes, positionally in the operation's order: flash batch,seq_q,seq_k,heads_q,heads_kv,head_dim[,head_dim_v];
-    /// mean_pooling batch,seq,heads,head_dim,chunk_size; page_attention
-    /// num_seqs,heads_q,heads_kv,head_dim,page_size,max_context[,min_context,num_pages]. Compile-time sizes (head_dim)
-    /// must be the spec's;
+    /// Sizes, positionally in the operation's order (`ejc --help` lists every operation's), e.g. flash
+    /// batch,seq_q,seq_k,heads_q,heads_kv,head_dim[,head_dim_v]. Compile-time sizes (head_dim) must be the spec's;
     /// for varlen variants batch is the number of sequences and the lengths are random up to the sizes.
     #[arg(long)]
     shape: Option<String>,
