@@ -199,6 +199,132 @@ pub(crate) fn kernel_id(spec_name: &str, k: &KernelInstance) -> String {
     }
 }
 
+/// A batch that passed [`check_batch`]: its sizes (what the grids and temporaries name)
+/// and the host values the checks read.
+pub(crate) struct Batch {
+    pub sizes: Sizes,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub page: usize,
+    /// The block tables' width.
+    pub width: usize,
+    /// The sequences the kernels run: all of them (v2), `distribution[2]` (v3).
+    pub live: usize,
+    pub lens: Vec<i64>,
+    pub qsl: Vec<i64>,
+    pub table: Vec<i64>,
+}
+
+/// The checks v2 and v3 share, before any kernel runs: `queries`, `kv_pages` (K/V pairs on
+/// the head axis), the lengths (`lens`: `context_lens` or v3's `kv_lens`), `block_tables`,
+/// `query_start_loc` and `out`; the scale, soft cap and window; then, for the sequences
+/// `live` keeps (given the lengths and `query_start_loc`), well-formed token ranges of at
+/// most their context, contexts inside their table rows and pages inside the cache.
+pub(crate) fn check_batch(
+    op: &dyn Operation,
+    dtype: DType,
+    keys: &Keys,
+    call: &dyn CallView,
+    f: RpaFeatures,
+    lens_name: &str,
+    live: impl Fn(&[i64], &[i64]) -> Result<usize, String>,
+) -> Result<Batch, String> {
+    let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
+    let get = |n: &str, dt: DType, rank: usize, what: &str| op::tensor_arg(call, n, op.param_doc(n), dt, rank, what);
+    let q = get("queries", dtype, 3, "[total_tokens, heads_q, head_dim]")?;
+    let kv = get("kv_pages", dtype, 4, "[num_pages, page_size, 2 * heads_kv, head_dim]")?;
+    let lens_t = get(lens_name, DType::I32, 1, "[num_seqs]")?;
+    let tables = get("block_tables", DType::I32, 2, "[num_seqs, pages_per_seq] (a flat table: reshape it)")?;
+    let qsl_t = get("query_start_loc", DType::I32, 1, "[num_seqs + 1]")?;
+    let out = get("out", dtype, 3, "[total_tokens, heads_q, head_dim]")?;
+    let (t, hq, d) = (q.shape[0], q.shape[1], q.shape[2]);
+    if d != head_dim {
+        return Err(format!(
+            "argument `queries` has head_dim {d}, but this kernel is compiled for head_dim {head_dim}"
+        ));
+    }
+    let (pages, page, two_kvh) = (kv.shape[0], kv.shape[1], kv.shape[2]);
+    if kv.shape[3] != d || two_kvh == 0 || !two_kvh.is_multiple_of(2) || page == 0 || pages == 0 {
+        return Err(format!(
+            "argument `kv_pages` has shape {:?}, expected [num_pages >= 1, page_size >= 1, 2 * heads_kv, {d}] (K at even heads, V at odd)",
+            kv.shape
+        ));
+    }
+    let hkv = two_kvh / 2;
+    if !hq.is_multiple_of(hkv) {
+        return Err(format!("heads_q ({hq}) must be a multiple of `kv_pages`' heads_kv ({hkv})"));
+    }
+    let s = lens_t.shape[0];
+    if tables.shape[0] != s || qsl_t.shape[0] != s + 1 {
+        return Err(format!(
+            "`block_tables` must be [{s}, pages_per_seq] and `query_start_loc` [{}] for {s} sequences, got {:?} and {:?}",
+            s + 1,
+            tables.shape,
+            qsl_t.shape
+        ));
+    }
+    if out.shape != q.shape {
+        return Err(format!("argument `out` has shape {:?}, expected {:?}", out.shape, q.shape));
+    }
+    scale_of(call)?;
+    if f.soft_cap {
+        check_soft_cap(call)?;
+    }
+    if f.window {
+        let w = call.scalar("sliding_window").ok_or("scalar argument `sliding_window` is missing")?;
+        if !(w >= 1.0 && w.fract() == 0.0 && w <= i32::MAX as f64) {
+            return Err(format!("scalar argument `sliding_window` = {w} must be an integer >= 1"));
+        }
+    }
+    let (lens, qsl, table) =
+        (call.int_values(lens_name)?, call.int_values("query_start_loc")?, call.int_values("block_tables")?);
+    if qsl.first() != Some(&0) {
+        return Err(format!("query_start_loc[0] must be 0, got {:?}", qsl.first()));
+    }
+    let live = live(&lens, &qsl)?;
+    let width = tables.shape[1];
+    let (mut max_q, mut total_keys) = (0i64, 0i64);
+    for i in 0..live {
+        let (a, e, c) = (qsl[i], qsl[i + 1], lens[i]);
+        if e < a || e > t as i64 {
+            return Err(format!(
+                "query_start_loc must be non-decreasing and at most the {t} tokens: entries {i}, {} are {a}, {e}",
+                i + 1
+            ));
+        }
+        if c < 0 || c > (width * page) as i64 {
+            return Err(format!("{lens_name}[{i}] = {c} is outside [0, {}] (pages_per_seq x page_size)", width * page));
+        }
+        if e - a > c {
+            return Err(format!("sequence {i} has {} new tokens but {lens_name}[{i}] = {c}: it counts them", e - a));
+        }
+        for p in 0..(c as usize).div_ceil(page) {
+            let id = table[i * width + p];
+            if id < 0 || id >= pages as i64 {
+                return Err(format!("block_tables[{i}, {p}] = {id} is not a page of the cache (0..{pages})"));
+            }
+        }
+        max_q = max_q.max(e - a);
+        total_keys += c;
+    }
+    let group = (hq / hkv) as i64;
+    let sizes = Sizes::from([
+        ("num_seqs".to_string(), live as i64),
+        ("total_tokens".to_string(), t as i64),
+        ("heads_q".to_string(), hq as i64),
+        ("heads_kv".to_string(), hkv as i64),
+        ("group".to_string(), group),
+        ("head_dim".to_string(), d as i64),
+        ("page_size".to_string(), page as i64),
+        ("max_q_len".to_string(), max_q),
+        ("max_q_rows".to_string(), max_q * group),
+        ("max_context".to_string(), lens[..live].iter().copied().max().unwrap_or(0)),
+        ("num_pages".to_string(), pages as i64),
+        ("total_keys".to_string(), total_keys),
+    ]);
+    Ok(Batch { sizes, heads_q: hq, heads_kv: hkv, page, width, live, lens, qsl, table })
+}
+
 /// The plans of v2 (`write`: v3, whose plans launch its cache write first): `packed`, and
 /// `split_k` where the spec lists `num_splits` (main's key blocks cut into that many
 /// pieces, merged by a `combine` launch before `unpack`).
@@ -442,111 +568,17 @@ impl Operation for RaggedPaged {
 
     fn validate(&self, f: &op::Features, dtype: DType, keys: &Keys, call: &dyn CallView) -> Result<Sizes, String> {
         let f = features(f)?;
-        let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
-        let get =
-            |n: &str, dt: DType, rank: usize, what: &str| op::tensor_arg(call, n, self.param_doc(n), dt, rank, what);
-        let q = get("queries", dtype, 3, "[total_tokens, heads_q, head_dim]")?;
-        let kv = get("kv_pages", dtype, 4, "[num_pages, page_size, 2 * heads_kv, head_dim]")?;
-        let lens = get("context_lens", DType::I32, 1, "[num_seqs]")?;
-        let tables = get("block_tables", DType::I32, 2, "[num_seqs, pages_per_seq]")?;
-        let qsl_t = get("query_start_loc", DType::I32, 1, "[num_seqs + 1]")?;
-        let out = get("out", dtype, 3, "[total_tokens, heads_q, head_dim]")?;
-        let (t, hq, d) = (q.shape[0], q.shape[1], q.shape[2]);
-        if d != head_dim {
-            return Err(format!(
-                "argument `queries` has head_dim {d}, but this kernel is compiled for head_dim {head_dim}"
-            ));
-        }
-        let (pages, page, two_kvh) = (kv.shape[0], kv.shape[1], kv.shape[2]);
-        if kv.shape[3] != d || two_kvh == 0 || !two_kvh.is_multiple_of(2) || page == 0 {
-            return Err(format!(
-                "argument `kv_pages` has shape {:?}, expected [num_pages, page_size >= 1, 2 * heads_kv, {d}] (K at even heads, V at odd)",
-                kv.shape
-            ));
-        }
-        let hkv = two_kvh / 2;
-        if !hq.is_multiple_of(hkv) {
-            return Err(format!("heads_q ({hq}) must be a multiple of `kv_pages`' heads_kv ({hkv})"));
-        }
-        let s = lens.shape[0];
-        if tables.shape[0] != s || qsl_t.shape[0] != s + 1 {
-            return Err(format!(
-                "`block_tables` must be [{s}, pages_per_seq] and `query_start_loc` [{}] for {s} sequences, got {:?} and {:?}",
-                s + 1,
-                tables.shape,
-                qsl_t.shape
-            ));
-        }
-        if out.shape != q.shape {
-            return Err(format!("argument `out` has shape {:?}, expected {:?}", out.shape, q.shape));
-        }
-        scale_of(call)?;
-        if f.soft_cap {
-            check_soft_cap(call)?;
-        }
-        if f.window {
-            let w = call.scalar("sliding_window").ok_or("scalar argument `sliding_window` is missing")?;
-            if !(w >= 1.0 && w.fract() == 0.0 && w <= i32::MAX as f64) {
-                return Err(format!("scalar argument `sliding_window` = {w} must be an integer >= 1"));
-            }
-        }
+        let b = check_batch(self, dtype, keys, call, f, "context_lens", |lens, _| Ok(lens.len()))?;
         if f.sinks {
-            let sk = get("sinks", DType::F32, 2, "[heads_q, num_sinks]")?;
-            if sk.shape[0] != hq {
-                return Err(format!("argument `sinks` has shape {:?}: it must be [{hq}, num_sinks]", sk.shape));
-            }
-        }
-        let (ctx, qsl, table) =
-            (call.int_values("context_lens")?, call.int_values("query_start_loc")?, call.int_values("block_tables")?);
-        if qsl.first() != Some(&0) {
-            return Err(format!("query_start_loc[0] must be 0, got {:?}", qsl.first()));
-        }
-        let width = tables.shape[1];
-        let (mut max_q, mut total_keys) = (0i64, 0i64);
-        for i in 0..s {
-            let (a, e, c) = (qsl[i], qsl[i + 1], ctx[i]);
-            if e < a || e > t as i64 {
+            let sk = op::tensor_arg(call, "sinks", self.param_doc("sinks"), DType::F32, 2, "[heads_q, num_sinks]")?;
+            if sk.shape[0] != b.heads_q {
                 return Err(format!(
-                    "query_start_loc must be non-decreasing and at most the {t} tokens: entries {i}, {} are {a}, {e}",
-                    i + 1
+                    "argument `sinks` has shape {:?}: it must be [{}, num_sinks]",
+                    sk.shape, b.heads_q
                 ));
             }
-            if c < 0 || c > (width * page) as i64 {
-                return Err(format!(
-                    "context_lens[{i}] = {c} is outside [0, {}] (pages_per_seq x page_size)",
-                    width * page
-                ));
-            }
-            if e - a > c {
-                return Err(format!(
-                    "sequence {i} has {} new tokens but a context of {c}: the context counts the new tokens",
-                    e - a
-                ));
-            }
-            for p in 0..(c as usize).div_ceil(page) {
-                let id = table[i * width + p];
-                if id < 0 || id >= pages as i64 {
-                    return Err(format!("block_tables[{i}, {p}] = {id} is not a page of the cache (0..{pages})"));
-                }
-            }
-            max_q = max_q.max(e - a);
-            total_keys += c;
         }
-        let group = (hq / hkv) as i64;
-        Ok(Sizes::from([
-            ("num_seqs".to_string(), s as i64),
-            ("total_tokens".to_string(), t as i64),
-            ("heads_q".to_string(), hq as i64),
-            ("heads_kv".to_string(), hkv as i64),
-            ("group".to_string(), group),
-            ("head_dim".to_string(), d as i64),
-            ("page_size".to_string(), page as i64),
-            ("max_q_len".to_string(), max_q),
-            ("max_q_rows".to_string(), max_q * group),
-            ("max_context".to_string(), ctx.iter().copied().max().unwrap_or(0)),
-            ("num_pages".to_string(), pages as i64),
-            ("total_keys".to_string(), total_keys),
-        ]))
+        Ok(b.sizes)
     }
 
     fn cache_desc(&self, wanted: &op::Features, dtype: DType, sizes: &Sizes) -> serde_json::Value {

@@ -11,17 +11,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::json;
-
 use super::kernels::param_docs;
-use super::op::{build_instance, kernel_id, rpa_plans, shape_of, AXES, DIMS};
+use super::op::{build_instance, check_batch, kernel_id, rpa_plans, shape_of, RpaFeatures, AXES, DIMS};
 use super::reference_v3::{live_sequences, random_inputs, reference, V3Inputs};
 use crate::ir::Kernel;
 use crate::op::{
     self, AxisDecl, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, ScalarDecl, Sizes,
     Work,
 };
-use crate::ops::page_attention::op::{check_soft_cap, scale_of};
+use crate::ops::page_attention::op::scale_of;
 use crate::spec::{Decoder, Fields, Spec};
 use crate::tensor::HostTensor;
 use crate::types::DType;
@@ -29,40 +27,13 @@ use crate::types::DType;
 /// The operation (registered in [`crate::ops`]).
 pub struct RaggedPagedV3;
 
-/// What a variant computes: v2's features without sinks (v3 has none).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct V3Features {
-    pub soft_cap: bool,
-    pub window: bool,
-}
-
-impl V3Features {
-    pub fn to_json(self) -> op::Features {
-        let mut f = op::Features::new();
-        if self.soft_cap {
-            f.insert("logits_soft_cap".into(), json!("runtime"));
-        }
-        if self.window {
-            f.insert("sliding_window".into(), json!("runtime"));
-        }
-        f
+/// v2's features, without sinks (v3 has none).
+fn features(f: &op::Features) -> Result<RpaFeatures, String> {
+    let r = RpaFeatures::from_json(f)?;
+    if r.sinks {
+        return Err("ragged_page_attention_v3 has no sinks".into());
     }
-
-    pub fn from_json(f: &op::Features) -> Result<V3Features, String> {
-        let mut out = V3Features::default();
-        for (k, v) in f {
-            match (k.as_str(), v.as_str()) {
-                ("logits_soft_cap", Some("runtime")) => out.soft_cap = true,
-                ("sliding_window", Some("runtime")) => out.window = true,
-                _ => return Err(format!("unknown ragged_page_attention_v3 feature `{k}` = {v}")),
-            }
-        }
-        Ok(out)
-    }
-}
-
-fn features(f: &op::Features) -> Result<V3Features, String> {
-    V3Features::from_json(f)
+    Ok(r)
 }
 
 /// Scalars of ejkernel's v3 that quantise the cache: refused by name.
@@ -108,7 +79,7 @@ impl Operation for RaggedPagedV3 {
         };
         let soft_cap = runtime(d, "logits_soft_cap", "soft cap");
         let window = runtime(d, "sliding_window", "window");
-        V3Features { soft_cap, window }.to_json()
+        RpaFeatures { soft_cap, window, sinks: false }.to_json()
     }
 
     fn describe(&self, f: &op::Features) -> String {
@@ -198,98 +169,28 @@ impl Operation for RaggedPagedV3 {
                 "scalar argument `{n}`: quantised KV caches (fp8 e4m3 storage with q/k/v scales) are not supported: the tile IR has no fp8 type yet"
             ));
         }
-        let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
-        let get =
-            |n: &str, dt: DType, rank: usize, what: &str| op::tensor_arg(call, n, self.param_doc(n), dt, rank, what);
-        let q = get("queries", dtype, 3, "[total_tokens, heads_q, head_dim]")?;
-        let kn = get("keys", dtype, 3, "[total_tokens, heads_kv, head_dim]")?;
-        let vn = get("values", dtype, 3, "[total_tokens, heads_kv, head_dim]")?;
-        let kv = get("kv_pages", dtype, 4, "[num_pages, page_size, 2 * heads_kv, head_dim]")?;
-        let lens = get("kv_lens", DType::I32, 1, "[num_seqs]")?;
-        let tables = get("block_tables", DType::I32, 2, "[num_seqs, pages_per_seq] (a flat table: reshape it)")?;
-        let qsl_t = get("query_start_loc", DType::I32, 1, "[num_seqs + 1]")?;
-        get("distribution", DType::I32, 1, "[3]")?;
-        let out = get("out", dtype, 3, "[total_tokens, heads_q, head_dim]")?;
-        let (t, hq, d) = (q.shape[0], q.shape[1], q.shape[2]);
-        if d != head_dim {
+        let dist = call.int_values("distribution");
+        let rpa = RpaFeatures { soft_cap: f.soft_cap, window: f.window, sinks: false };
+        let mut b = check_batch(self, dtype, keys, call, rpa, "kv_lens", |lens, qsl| {
+            op::tensor_arg(call, "distribution", self.param_doc("distribution"), DType::I32, 1, "[3]")?;
+            live_sequences(&dist.clone()?, lens, qsl).map_err(|e| format!("argument `distribution`: {e}"))
+        })?;
+        let (t, d) = (b.sizes["total_tokens"] as usize, b.sizes["head_dim"] as usize);
+        let get = |n: &str| op::tensor_arg(call, n, self.param_doc(n), dtype, 3, "[total_tokens, heads_kv, head_dim]");
+        let (kn, vn) = (get("keys")?, get("values")?);
+        if kn.shape != [t, b.heads_kv, d] || vn.shape != kn.shape {
             return Err(format!(
-                "argument `queries` has head_dim {d}, but this kernel is compiled for head_dim {head_dim}"
+                "arguments `keys` and `values` must be [{t}, {}, {d}] (a KV head each of kv_pages' pairs), got {:?} and {:?}",
+                b.heads_kv, kn.shape, vn.shape
             ));
         }
-        let (pages, page, two_kvh) = (kv.shape[0], kv.shape[1], kv.shape[2]);
-        if kv.shape[3] != d || two_kvh == 0 || !two_kvh.is_multiple_of(2) || page == 0 || pages == 0 {
-            return Err(format!(
-                "argument `kv_pages` has shape {:?}, expected [num_pages >= 1, page_size >= 1, 2 * heads_kv, {d}] (K at even heads, V at odd)",
-                kv.shape
-            ));
-        }
-        let hkv = two_kvh / 2;
-        if kn.shape != [t, hkv, d] || vn.shape != kn.shape {
-            return Err(format!(
-                "arguments `keys` and `values` must be [{t}, {hkv}, {d}] (a KV head each of kv_pages' pairs), got {:?} and {:?}",
-                kn.shape, vn.shape
-            ));
-        }
-        if !hq.is_multiple_of(hkv) {
-            return Err(format!("heads_q ({hq}) must be a multiple of `kv_pages`' heads_kv ({hkv})"));
-        }
-        let s = lens.shape[0];
-        if tables.shape[0] != s || qsl_t.shape[0] != s + 1 {
-            return Err(format!(
-                "`block_tables` must be [{s}, pages_per_seq] and `query_start_loc` [{}] for {s} sequences, got {:?} and {:?}",
-                s + 1,
-                tables.shape,
-                qsl_t.shape
-            ));
-        }
-        if out.shape != q.shape {
-            return Err(format!("argument `out` has shape {:?}, expected {:?}", out.shape, q.shape));
-        }
-        scale_of(call)?;
-        if f.soft_cap {
-            check_soft_cap(call)?;
-        }
-        if f.window {
-            let w = call.scalar("sliding_window").ok_or("scalar argument `sliding_window` is missing")?;
-            if !(w >= 1.0 && w.fract() == 0.0 && w <= i32::MAX as f64) {
-                return Err(format!("scalar argument `sliding_window` = {w} must be an integer >= 1"));
-            }
-        }
-        let (ctx, qsl, table, dist) = (
-            call.int_values("kv_lens")?,
-            call.int_values("query_start_loc")?,
-            call.int_values("block_tables")?,
-            call.int_values("distribution")?,
-        );
-        if qsl.first() != Some(&0) {
-            return Err(format!("query_start_loc[0] must be 0, got {:?}", qsl.first()));
-        }
-        let live = live_sequences(&dist, &ctx, &qsl).map_err(|e| format!("argument `distribution`: {e}"))?;
-        let width = tables.shape[1];
-        let (mut max_q, mut total_keys, mut new_tokens) = (0i64, 0i64, 0i64);
+        // The kernels write in parallel: no two new tokens may share a cache row.
         let mut written = BTreeSet::new();
-        for i in 0..live {
-            let (a, e, c) = (qsl[i], qsl[i + 1], ctx[i]);
-            if e < a || e > t as i64 {
-                return Err(format!(
-                    "query_start_loc must be non-decreasing and at most the {t} tokens: entries {i}, {} are {a}, {e}",
-                    i + 1
-                ));
-            }
-            if c < 0 || c > (width * page) as i64 {
-                return Err(format!("kv_lens[{i}] = {c} is outside [0, {}] (pages_per_seq x page_size)", width * page));
-            }
-            if e - a > c {
-                return Err(format!("sequence {i} has {} new tokens but a kv_len of {c}: kv_len counts them", e - a));
-            }
-            for p in 0..(c as usize).div_ceil(page) {
-                let id = table[i * width + p];
-                if id < 0 || id >= pages as i64 {
-                    return Err(format!("block_tables[{i}, {p}] = {id} is not a page of the cache (0..{pages})"));
-                }
-            }
-            for pos in (c - (e - a))..c {
-                let at = (table[i * width + pos as usize / page], pos as usize % page);
+        let mut new_tokens = 0;
+        for i in 0..b.live {
+            let (q, c) = (b.qsl[i + 1] - b.qsl[i], b.lens[i]);
+            for pos in (c - q)..c {
+                let at = (b.table[i * b.width + pos as usize / b.page], pos as usize % b.page);
                 if !written.insert(at) {
                     return Err(format!(
                         "sequence {i}'s new token at position {pos} writes row {} of page {}, which another new token writes too",
@@ -297,26 +198,10 @@ impl Operation for RaggedPagedV3 {
                     ));
                 }
             }
-            max_q = max_q.max(e - a);
-            total_keys += c;
-            new_tokens += e - a;
+            new_tokens += q;
         }
-        let group = (hq / hkv) as i64;
-        Ok(Sizes::from([
-            ("num_seqs".to_string(), live as i64),
-            ("total_tokens".to_string(), t as i64),
-            ("heads_q".to_string(), hq as i64),
-            ("heads_kv".to_string(), hkv as i64),
-            ("group".to_string(), group),
-            ("head_dim".to_string(), d as i64),
-            ("page_size".to_string(), page as i64),
-            ("max_q_len".to_string(), max_q),
-            ("max_q_rows".to_string(), max_q * group),
-            ("max_context".to_string(), ctx[..live].iter().copied().max().unwrap_or(0)),
-            ("num_pages".to_string(), pages as i64),
-            ("total_keys".to_string(), total_keys),
-            ("new_tokens".to_string(), new_tokens),
-        ]))
+        b.sizes.insert("new_tokens".to_string(), new_tokens);
+        Ok(b.sizes)
     }
 
     fn cache_desc(&self, wanted: &op::Features, dtype: DType, sizes: &Sizes) -> serde_json::Value {
