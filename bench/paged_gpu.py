@@ -1,8 +1,9 @@
 """Paged decode attention on the GPU: ejc's `page_attention` (both plans, every split count,
 the fastest kept: what the tuner picks) against the HBM limit and the anchors, in one run.
-With --ragged, `ragged_decode_attention` the same way on a contiguous buffer.
+With --ragged, `ragged_decode_attention` the same way on a contiguous buffer; with --rpa,
+`ragged_page_attention` (v2) on mixed prefill + decode batches.
 
-    python3 bench/paged_gpu.py BUILD_DIR [--ragged] [--ejc-gpu .gpu/ejc-gpu] [--json FILE] [--rows N]
+    python3 bench/paged_gpu.py BUILD_DIR [--ragged | --rpa] [--ejc-gpu .gpu/ejc-gpu] [--json FILE] [--rows N]
 
 BUILD_DIR holds `ejc build specs/page_attention.yaml --target ptx:sm_90a` artifacts (the
 `full` variant, bf16, d 128). Each row is a decode step: `num_seqs` sequences of `context`
@@ -26,6 +27,17 @@ With --ragged (BUILD_DIR: `specs/ragged_decode.yaml`'s `full`, bf16, d 128), eac
 rows over the whole of a `[B, T, KVH, D]` buffer (every range `[0, T)`); FA4 gets the same
 buffer (`flash_attn_varlen_func` in batch mode, no page table) and SDPA its
 `[B, KVH, T, D]` transpose, made contiguous beforehand.
+
+With --rpa (BUILD_DIR: `specs/ragged_paged.yaml`'s `full`, bf16, d 128, sm_90a), each row is a
+serving step: `B` sequences of `ctx` keys in pages of `page` tokens (K and V interleaved on the
+head axis, as ejkernel stores them), the first `chunks` of them prefill chunks of `q_len` new
+tokens and the rest one decode token each (queries aligned to the end of the context: causal
+bottom-right). The columns are times (the fastest of every candidate for ejc); *FA4* is
+`flash_attn_varlen_func` with `cu_seqlens_q`, `seqused_k`, `page_table` and `causal=True` on
+the same pages split into its K and V layout, *SDPA* two calls on the cache gathered into
+`[B, KVH, ctx, D]` beforehand: the decodes (`enable_gqa`) and the chunks (a lower-right causal
+mask). ejc's bandwidth is the bytes of a decode (K and V once per KV head, q and out) over its
+time, against the copy.
 """
 import argparse
 import json
@@ -58,6 +70,15 @@ RAGGED_ROWS = [
     (64, 32, 4, 1024),
     (128, 32, 8, 1024),
 ]
+RPA_ROWS = [
+    # num_seqs, heads_q, heads_kv, context, page, q_len (the chunks' new tokens), chunks
+    (64, 32, 8, 2048, 16, 1, 1),
+    (64, 32, 8, 2048, 16, 512, 1),
+    (128, 32, 8, 1024, 64, 256, 4),
+    (32, 32, 8, 4096, 64, 1024, 4),
+    (8, 32, 8, 8192, 64, 2048, 8),
+    (4, 32, 4, 16384, 256, 1, 1),
+]
 D = 128
 
 
@@ -66,7 +87,11 @@ def ejc_best(rec, args, row, ragged=False):
     fastest of each plan (`ejc_single_us`, `ejc_split_k_us`)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
         path = tmp.name
-    if ragged:
+    if ragged == "rpa":
+        n, hq, hkv, ctx, page, ql, chunks = row
+        size = (f"num_seqs={n},heads_q={hq},heads_kv={hkv},head_dim={D},page_size={page},max_context={ctx},"
+                f"max_q_len={ql},min_context={ctx},prefill_seqs={chunks}")
+    elif ragged:
         n, hq, hkv, t = row
         size = f"batch={n},seq={t},heads_q={hq},heads_kv={hkv},head_dim={D},min_len={t}"
     else:
@@ -167,10 +192,97 @@ def ragged_row(args, fa4, row):
     return rec
 
 
+def rpa_row(args, fa4, row):
+    """One serving step of ragged_page_attention: times of ejc, FA4 and SDPA (`<x>_us`)."""
+    n, hq, hkv, ctx, page, ql, chunks = row
+    chunks = min(max(chunks, 1), n)
+    q_lens = [min(ql, ctx)] * chunks + [1] * (n - chunks)
+    tokens = sum(q_lens)
+    kv_bytes = 2 * n * ctx * hkv * D * 2
+    rec = dict(num_seqs=n, heads_q=hq, heads_kv=hkv, context=ctx, page=page, q_len=ql, chunks=chunks,
+               tokens=tokens, head_dim=D, bytes=kv_bytes + 2 * tokens * hq * D * 2)
+    # Causal FLOPs of the step (2 products, each query row against the keys it sees).
+    rec["flops"] = sum(4 * hq * D * sum(ctx - q + 1 + i for i in range(q)) for q in q_lens)
+    ejc_best(rec, args, row, ragged="rpa")
+    time_copy(rec, kv_bytes)
+    torch.manual_seed(0)
+    pages_per_seq = math.ceil(ctx / page)
+    num_pages = n * pages_per_seq + 1
+    kv = torch.randn(num_pages, page, 2 * hkv, D, device="cuda", dtype=torch.bfloat16)
+    k, v = kv[:, :, 0::2].contiguous(), kv[:, :, 1::2].contiguous()
+    table = torch.randperm(num_pages, device="cuda")[: n * pages_per_seq].view(n, pages_per_seq).int()
+    q = torch.randn(tokens, hq, D, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), device="cuda", dtype=torch.int32)
+    lens = torch.full((n,), ctx, device="cuda", dtype=torch.int32)
+    scale = 1 / math.sqrt(D)
+    kg = k[table.long()].reshape(n, pages_per_seq * page, hkv, D)[:, :ctx].transpose(1, 2).contiguous()
+    vg = v[table.long()].reshape(n, pages_per_seq * page, hkv, D)[:, :ctx].transpose(1, 2).contiguous()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    c = chunks if ql > 1 else 0
+    qc = q[: c * ql].view(c, ql, hq, D).transpose(1, 2)  # the chunks [c, H, ql, D]
+    qd = q[c * ql:].view(n - c, hq, 1, D)  # the decodes [n - c, H, 1, D]
+    kx, vx = kg[:c].repeat_interleave(hq // hkv, 1), vg[:c].repeat_interleave(hq // hkv, 1)
+    from torch.nn.attention.bias import causal_lower_right
+
+    mask = causal_lower_right(ql, ctx) if c else None
+
+    def run_sdpa():
+        if c:
+            sdpa(qc, kx, vx, attn_mask=mask, scale=scale)
+        if n - c:
+            sdpa(qd, kg[c:], vg[c:], scale=scale, enable_gqa=True)
+
+    try:
+        rec["sdpa_us"] = do_bench(run_sdpa, warmup=10, rep=60, return_mode="median") * 1e3
+    except Exception as e:  # noqa: BLE001
+        print(f"  sdpa: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    # FA4's output is checked on the first and last sequences (f32 math, the bottom-right mask).
+    want = []
+    for s_, (a, b) in ((0, (0, q_lens[0])), (n - 1, (tokens - q_lens[-1], tokens))):
+        qq = q[a:b].float().transpose(0, 1)  # [H, L, D]
+        kk = kg[s_].float().repeat_interleave(hq // hkv, 0)
+        vv = vg[s_].float().repeat_interleave(hq // hkv, 0)
+        sc = qq @ kk.transpose(1, 2) * scale
+        pos = torch.arange(ctx - (b - a), ctx, device="cuda")[:, None]
+        sc = sc.masked_fill(torch.arange(ctx, device="cuda")[None, :] > pos, float("-inf"))
+        want.append((a, b, (sc.softmax(-1) @ vv).transpose(0, 1)))
+    if fa4 is not None:
+        kw = dict(cu_seqlens_q=cu, seqused_k=lens, page_table=table, softmax_scale=scale, causal=True,
+                  max_seqlen_q=max(q_lens))
+        try:
+            res = fa4(q, k, v, **kw)
+            fo = (res[0] if isinstance(res, tuple) else res).float()
+            rec["fa4_err"] = max(((fo[a:b] - w).norm() / w.norm()).item() for a, b, w in want)
+            rec["fa4_us"] = do_bench(lambda: fa4(q, k, v, **kw), warmup=10, rep=60, return_mode="median") * 1e3
+        except Exception as e:  # noqa: BLE001 - an anchor that fails leaves its column empty
+            print(f"  fa4: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    del kv, k, v, kg, vg, kx, vx
+    torch.cuda.empty_cache()
+    best = min((rec[f"{x}_us"], x) for x in ("fa4", "sdpa") if f"{x}_us" in rec) if any(
+        f"{x}_us" in rec for x in ("fa4", "sdpa")) else (None, None)
+    rec["best_anchor"] = best[1]
+    us = lambda x: rec.get(f"{x}_us", float("nan"))  # noqa: E731
+    if "ejc_us" in rec:
+        rec["ejc_gbs"] = rec["bytes"] / rec["ejc_us"] / 1e3
+        rec["ejc_tflops"] = rec["flops"] / rec["ejc_us"] / 1e6
+        if best[0]:
+            rec["ejc_vs_best"] = best[0] / rec["ejc_us"]
+    print(
+        f"B={n:3d} h={hq}/{hkv} ctx={ctx:5d} page={page:3d} chunks={chunks}x{ql:4d}  ejc {us('ejc'):8.1f} us "
+        f"({rec.get('ejc_gbs', 0):5.0f} GB/s = {rec.get('ejc_gbs', 0) / rec['copy_gbs']:4.2f} of copy, "
+        f"{rec.get('ejc_tflops', 0):5.1f} TFLOP/s)  fa4 {us('fa4'):8.1f} us (err {rec.get('fa4_err')})  "
+        f"sdpa {us('sdpa'):8.1f} us  ejc vs best {rec.get('ejc_vs_best', float('nan')):4.2f}  "
+        f"[{rec.get('ejc_artifact', '-')} {rec.get('ejc_config', '')}]",
+        flush=True,
+    )
+    return rec
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("--ragged", action="store_true", help="ragged_decode_attention on a contiguous buffer")
+    ap.add_argument("--rpa", action="store_true", help="ragged_page_attention (v2) on mixed prefill + decode steps")
     ap.add_argument("--ejc-gpu", default=".gpu/ejc-gpu")
     ap.add_argument("--json", default=None)
     ap.add_argument("--rows", type=int, default=None, help="only the first N rows")
@@ -179,10 +291,13 @@ def main():
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     fa4 = load_fa4()
     out = []
-    if args.ragged:
+    if args.rpa:
+        for row in RPA_ROWS[: args.rows]:
+            out.append(rpa_row(args, fa4, row))
+    elif args.ragged:
         for row in RAGGED_ROWS[: args.rows]:
             out.append(ragged_row(args, fa4, row))
-    for row in ([] if args.ragged else ROWS[: args.rows]):
+    for row in ([] if args.ragged or args.rpa else ROWS[: args.rows]):
         n, hq, hkv, ctx, page = row
         kv_bytes = 2 * n * ctx * hkv * D * 2
         moved = kv_bytes + 2 * n * hq * D * 2

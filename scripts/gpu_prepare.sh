@@ -25,6 +25,8 @@
 #   bash scripts/gpu_prepare.sh --paged    # page_attention, ragged_decode_attention (and ragged_page_attention's checks): every variant x bf16/f16 x d64/d128,
 #                                          # both plans, sm_80 and sm_90a, MLIR's gpu form, and the bench sets
 #                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
+#   bash scripts/gpu_prepare.sh --rpa      # ragged_page_attention v2 and v3 alone: --paged's rpa sets and the bench set
+#                                          # (gpu_run.sh --rpa, then --rpa-bench; FA4's halves as for --paged)
 #   bash scripts/gpu_prepare.sh --ring     # ring attention (issue 23): `ejc-ring` and the ring specs' blocks (bf16,
 #                                          # d64/d128, sm_90a), for gpu_run.sh --ring and --ring-bench on a kind
 #                                          # with several GPUs (nvidia-h100-x4: 2 and 4 ranks)
@@ -152,6 +154,26 @@ if [ "${1:-}" = "--paged" ]; then
         rpa rpa_mlir rpa3
     rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench .gpu/rpa .gpu/rpa_mlir \
         .gpu/rpa3
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--rpa" ]; then
+    # Ragged paged attention alone (v2 and v3): the check sets of --paged's last three, and the
+    # bench set (v2's full variant, bf16, d128, sm_90a, both plans, every tiling: the tuner's space)
+    # for gpu_run.sh --rpa (checks, memcheck, tune/call) and --rpa-bench (bench/paged_gpu.py --rpa).
+    # (--drop-spilling: at d = 64, 64 rows on one warp spill although its accumulator fits the back
+    # end's rule; a tuned configuration must not spill.)
+    $EJC build specs/ragged_paged.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
+        -o .gpu/rpa --report --drop-spilling > .gpu/rpa_ptxas.txt
+    $EJC build specs/ragged_paged.yaml -q --target mlir:gpu --dtype bf16 --head-dim 128 -o .gpu/rpa_mlir
+    $EJC build specs/ragged_paged_v3.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
+        -o .gpu/rpa3 --report --drop-spilling > .gpu/rpa3_ptxas.txt
+    $EJC build specs/ragged_paged.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 128 \
+        -o .gpu/rpa_bench --drop-spilling
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz rpa rpa_mlir rpa3 rpa_bench
+    # The bench set alone as well: call 2 carries it with FA4's second half and wheels (~41 MB).
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/rpa_bench.tar.xz rpa_bench
+    rm -rf .gpu/rpa .gpu/rpa_mlir .gpu/rpa3 .gpu/rpa_bench
     du -sh .gpu/*
     exit 0
 fi

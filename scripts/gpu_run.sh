@@ -39,6 +39,10 @@
 #                                        # artifact of both plans checked (PTX and MLIR), memcheck and racecheck samples, the
 #                                        # tuner's choice stored and reused; then --paged-bench in a second call (carry
 #                                        # .anchors/fa4/part-ab and whl): bench/paged_gpu.py, bandwidth vs copy, FA4, SDPA
+#   bash scripts/gpu_run.sh --rpa        # ragged_page_attention v2/v3 (`gpu_prepare.sh --rpa`; carry .anchors/fa4/part-aa
+#                                        # too): every artifact checked, memcheck samples, tune/call on a serving step;
+#                                        # then --rpa-bench at once (carry .gpu, .anchors/fa4/part-ab, whl): mixed
+#                                        # prefill + decode steps vs FA4's paged varlen and SDPA (bench/paged_gpu.py --rpa)
 #   bash scripts/gpu_run.sh --ring       # ring attention (`gpu_prepare.sh --ring`; a kind with 2+ GPUs): the block
 #                                        # artifacts checked, then `ejc-ring check` on 2 and on every GPU (NCCL ranks
 #                                        # vs the one-GPU simulation bit for bit, and vs the f64 reference)
@@ -56,7 +60,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ejc-gpu-out}
 mkdir -p "$OUT" /tmp/ejc-art
-for pack in .gpu/artifacts.tgz .gpu/artifacts.tar.xz; do
+for pack in .gpu/artifacts.tgz .gpu/artifacts.tar.xz .gpu/rpa_bench.tar.xz; do
     [ -f "$pack" ] && tar -C /tmp/ejc-art -xf "$pack"
 done
 nvidia-smi -L | tee "$OUT/device.txt"
@@ -346,6 +350,42 @@ if [ "${1:-}" = "--paged" ]; then
             --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log" || status=1
     done
     exit $status
+fi
+if [ "${1:-}" = "--rpa" ]; then
+    # Ragged paged attention v2 and v3 (`gpu_prepare.sh --rpa`): every artifact checked (PTX on both
+    # archs, MLIR's gpu form), memcheck samples of every role (v3's cache write included), the
+    # tuner on a serving step, then the choice reused by a second process.
+    [ -f .anchors/fa4/part-aa ] && cp .anchors/fa4/part-aa /tmp/
+    ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
+    # EJC_RPA_FILTERS="TEXT ...": only the artifacts matching each TEXT (e.g. "_m16_ _m64_n16",
+    # the tilings a schedule change added), one check pass per TEXT; MLIR's set then skipped.
+    if [ -n "${EJC_RPA_FILTERS:-}" ]; then
+        for f in $EJC_RPA_FILTERS; do
+            EJC_FILTER=$f check_set rpa || status=1
+            EJC_FILTER=$f check_set rpa3 || status=1
+        done
+    else
+        check_set rpa || status=1
+        check_set rpa_mlir || status=1
+        check_set rpa3 || status=1
+    fi
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16@ptx:sm_90a/w1_s2" || status=1
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m64_n32@ptx:sm_90a/w4_s2_wgmma" || status=1
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m64_n64_split@ptx:sm_90a/w4_s2_wgmma" || status=1
+    memcheck rpa "rpa_softcap_f16_d64_m64_n32_split@ptx:sm_80/w4_s2" || status=1
+    memcheck rpa3 "rpa3_softcap_f16_d64_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
+    racecheck rpa "rpa_full_bf16_d128_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
+    for step in tune call; do
+        timeout 300 ./.gpu/ejc-gpu $step /tmp/ejc-art/rpa_bench --variant full --dtype bf16 \
+            --size num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log" || status=1
+    done
+    exit $status
+fi
+if [ "${1:-}" = "--rpa-bench" ]; then
+    source .anchors/fa4/whl/install.sh || echo "FA4 not installed: the bench runs without it"
+    timeout 500 python3 bench/paged_gpu.py /tmp/ejc-art/rpa_bench --rpa --json "$OUT/rpa.json" 2>&1 | tee "$OUT/rpa.log"
+    exit "${PIPESTATUS[0]}"
 fi
 # NCCL and NVRTC for ejc-ring, from the machine's Python wheels or CUDA (cudarc looks for
 # libnccl.so / libnvrtc.so; the wheels ship libnccl.so.2, libnvrtc.so.13).

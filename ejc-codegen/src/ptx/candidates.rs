@@ -138,6 +138,10 @@ pub fn accumulator_cols(kernel: &Kernel) -> usize {
         .unwrap_or(0)
 }
 
+/// The f32 registers per thread a loop-carried accumulator may take in a candidate (when
+/// the schedule's warp counts allow it; see [`candidates`]).
+pub const MAX_ACC_REGS: usize = 128;
+
 /// Every candidate of `kernel` for `arch` over the schedule's `warps` × `stages`,
 /// keeping only the code paths in `paths` (`mma`, `wgmma`, `ws`; empty = all).
 pub fn candidates(
@@ -157,6 +161,12 @@ pub fn candidates(
     if warps.is_empty() {
         return Err(Skip::NoWarpCount { rows });
     }
+    // A loop-carried accumulator a thread holds in more than 128 f32 registers spills
+    // (64 rows x d 128 on one warp: 256): where the schedule offers a warp count that
+    // avoids that (a spec listing num_warps [1, 4] for block_m [16, 64]), the others go.
+    let acc_regs = |w: u32| rows.iter().max().copied().unwrap_or(0) / w as usize * accumulator_cols(kernel) / 32;
+    let roomy: Vec<u32> = warps.iter().copied().filter(|w| acc_regs(*w) <= MAX_ACC_REGS).collect();
+    let warps = if roomy.is_empty() { warps } else { roomy };
     let stages: Vec<u32> =
         if products.is_empty() { stages.iter().copied().min().into_iter().collect() } else { stages.to_vec() };
     let sink_pays = accumulator_cols(kernel) <= 64;

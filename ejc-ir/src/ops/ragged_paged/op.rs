@@ -7,7 +7,8 @@
 //! let op = ejc_ir::ops::get("ragged_page_attention").unwrap();
 //! assert_eq!(op.plan_names(), ["packed", "split_k"]);
 //! let dims: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
-//! assert_eq!(dims, ["num_seqs", "heads_q", "heads_kv", "head_dim", "page_size", "max_context", "max_q_len", "num_pages"]);
+//! assert_eq!(dims, ["num_seqs", "heads_q", "heads_kv", "head_dim", "page_size", "max_context", "max_q_len", "num_pages",
+//!                   "min_context", "prefill_seqs"]);
 //! ```
 
 use std::collections::BTreeMap;
@@ -154,6 +155,18 @@ pub(crate) const DIMS: &[DimDecl] = &[
         optional: true,
         doc: "pages in the cache (default: enough for every sequence, each page used once; fewer shares pages)",
     },
+    DimDecl {
+        name: "min_context",
+        default: 0,
+        optional: true,
+        doc: "above 0, a serving batch: contexts drawn from [min_context, max_context], `prefill_seqs` chunks of max_q_len new tokens, the rest one decode token each",
+    },
+    DimDecl {
+        name: "prefill_seqs",
+        default: 1,
+        optional: true,
+        doc: "the serving batch's prefill chunks (with min_context > 0; at least 1)",
+    },
 ];
 
 pub(crate) fn shape_of(dims: &Sizes) -> Result<RpaShape, String> {
@@ -169,7 +182,12 @@ pub(crate) fn shape_of(dims: &Sizes) -> Result<RpaShape, String> {
         max_context: g("max_context")?,
         max_q_len: g("max_q_len")?,
         num_pages: dims.get("num_pages").copied().filter(|n| *n > 0).map(|n| n as usize),
+        min_context: dims.get("min_context").copied().unwrap_or(0).max(0) as usize,
+        prefill_seqs: dims.get("prefill_seqs").copied().unwrap_or(1).max(0) as usize,
     };
+    if s.min_context > s.max_context {
+        return Err(format!("min_context ({}) is above max_context ({})", s.min_context, s.max_context));
+    }
     if s.page_size == 0 {
         return Err("size `page_size` must be at least 1".into());
     }
@@ -548,6 +566,8 @@ impl Operation for RaggedPaged {
             ("max_context".to_string(), g("max_context")),
             ("max_q_len".to_string(), g("max_q_len")),
             ("num_pages".to_string(), g("num_pages")),
+            ("min_context".to_string(), g("min_context")),
+            ("prefill_seqs".to_string(), sizes.get("prefill_seqs").copied().unwrap_or(1)),
         ])
     }
 
@@ -658,6 +678,7 @@ impl Operation for RaggedPaged {
         d.insert("max_context".into(), d["max_context"].min(150));
         d.insert("max_q_len".into(), d["max_q_len"].min(d["max_context"]).min(40));
         d.insert("num_pages".into(), 0);
+        d.insert("min_context".into(), d["min_context"].min(d["max_context"]));
         d
     }
 

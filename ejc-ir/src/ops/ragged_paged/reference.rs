@@ -6,7 +6,8 @@
 //! use ejc_ir::types::DType;
 //!
 //! let shape = RpaShape { num_seqs: 5, heads_q: 8, heads_kv: 2, head_dim: 16, page_size: 5,
-//!                        max_context: 23, max_q_len: 9, num_pages: None };
+//!                        max_context: 23, max_q_len: 9, num_pages: None,
+//!                        min_context: 0, prefill_seqs: 0 };
 //! let x = random_inputs(DType::F32, &shape, 2, 3);
 //! let (ctx, qsl) = (x.context_lens.to_vec(), x.query_start_loc.to_vec());
 //! assert_eq!((ctx[0], qsl[1] - qsl[0]), (23.0, 9.0)); // sequence 0: a prefill chunk
@@ -65,6 +66,12 @@ pub struct RpaShape {
     pub max_q_len: usize,
     /// pages in the cache; None: one more than needed, each used once (a shuffled permutation); fewer shares pages between sequences (drawn with replacement)
     pub num_pages: Option<usize>,
+    /// 0: the awkward batch of [`random_inputs`]; above 0, a serving batch: every context
+    /// is drawn from `[min_context, max_context]` and the first `prefill_seqs` sequences
+    /// (at least one) are chunks of `max_q_len` new tokens, the others decode one token
+    pub min_context: usize,
+    /// the serving batch's prefill chunks (read only when `min_context > 0`)
+    pub prefill_seqs: usize,
 }
 
 impl RpaShape {
@@ -109,7 +116,8 @@ fn randn(dtype: DType, shape: &[usize], rng: &mut StdRng) -> HostTensor {
 /// over `max_context` keys); with at least four sequences, sequence 1 is a decode token
 /// over a random context, sequence 2 one token over one key and sequence 3 empty; the
 /// others draw a context in `[0, max_context]` and a query length in
-/// `[0, min(ctx, max_q_len)]`. Two padding tokens follow the last sequence's.
+/// `[0, min(ctx, max_q_len)]`. With `min_context > 0` it is a serving batch instead (see
+/// [`RpaShape::min_context`]). Two padding tokens follow the last sequence's.
 pub fn random_inputs(dtype: DType, s: &RpaShape, n_sinks: usize, seed: u64) -> RpaInputs {
     let mut rng = StdRng::seed_from_u64(seed);
     let (n, h, d, mc) = (s.num_seqs, s.heads_q, s.head_dim, s.max_context);
@@ -117,7 +125,12 @@ pub fn random_inputs(dtype: DType, s: &RpaShape, n_sinks: usize, seed: u64) -> R
     let mut lens = Vec::with_capacity(n);
     let mut q_lens = Vec::with_capacity(n);
     for i in 0..n {
+        let serving = s.min_context > 0;
         let (ctx, q) = match i {
+            _ if serving => {
+                let ctx = rng.random_range(s.min_context.min(mc)..=mc);
+                (ctx, if i < s.prefill_seqs.max(1) { s.max_q_len.min(ctx) } else { 1.min(ctx) })
+            }
             0 => (mc, s.max_q_len.min(mc)),
             1 if four => {
                 let ctx = rng.random_range(1.min(mc)..=mc);
@@ -438,6 +451,34 @@ mod tests {
     }
 
     #[test]
+    fn serving_batches_are_chunks_then_decodes() {
+        let shape = RpaShape {
+            num_seqs: 9,
+            heads_q: 4,
+            heads_kv: 2,
+            head_dim: 8,
+            page_size: 4,
+            max_context: 40,
+            max_q_len: 12,
+            num_pages: None,
+            min_context: 30,
+            prefill_seqs: 3,
+        };
+        let x = random_inputs(DType::F32, &shape, 0, 1);
+        let (ctx, qsl) = (x.context_lens.to_vec(), x.query_start_loc.to_vec());
+        for i in 0..9 {
+            assert!((30.0..=40.0).contains(&ctx[i]), "{ctx:?}");
+            assert_eq!(qsl[i + 1] - qsl[i], if i < 3 { 12.0 } else { 1.0 }, "{qsl:?}");
+        }
+        // v3's serving batch: the decodes first, then the chunks as mixed sequences.
+        let v3 = super::super::reference_v3::random_inputs(DType::F32, &shape, 1);
+        assert_eq!(v3.distribution.to_vec(), [6.0, 6.0, 9.0]);
+        let q3 = v3.query_start_loc.to_vec();
+        assert_eq!((q3[6], q3[9]), (6.0, 42.0));
+        assert!(v3.kv_lens.to_vec().iter().all(|c| (30.0..=40.0).contains(c)));
+    }
+
+    #[test]
     fn mixed_batch_padding_and_empty_sequence() {
         let shape = RpaShape {
             num_seqs: 7,
@@ -448,6 +489,8 @@ mod tests {
             max_context: 19,
             max_q_len: 6,
             num_pages: None,
+            min_context: 0,
+            prefill_seqs: 0,
         };
         for seed in 0..8 {
             let x = random_inputs(DType::F32, &shape, if seed % 2 == 0 { 0 } else { 3 }, seed);
@@ -524,6 +567,8 @@ mod tests {
             max_context: 11,
             max_q_len: 4,
             num_pages: Some(5),
+            min_context: 0,
+            prefill_seqs: 0,
         };
         let x = random_inputs(DType::BF16, &shape, 0, 5);
         let out = reference(&x, 0.5, Some(3.0), None).unwrap();
@@ -583,6 +628,8 @@ mod tests {
             max_context: 5,
             max_q_len: 3,
             num_pages: None,
+            min_context: 0,
+            prefill_seqs: 0,
         };
         let x = random_inputs(DType::F32, &shape, 1, 0);
         assert!(reference(&x, 1.0, None, None).is_ok());

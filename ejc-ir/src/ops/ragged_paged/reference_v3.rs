@@ -7,7 +7,8 @@
 //! use ejc_ir::types::DType;
 //!
 //! let shape = RpaShape { num_seqs: 7, heads_q: 4, heads_kv: 2, head_dim: 8, page_size: 3,
-//!                        max_context: 20, max_q_len: 6, num_pages: None };
+//!                        max_context: 20, max_q_len: 6, num_pages: None,
+//!                        min_context: 0, prefill_seqs: 0 };
 //! let x = random_inputs(DType::F32, &shape, 5);
 //! let d = x.distribution.to_vec();
 //! assert_eq!(d, [2.0, 4.0, 6.0]); // decode-only, prefill-only, mixed; slot 6 inactive
@@ -68,17 +69,24 @@ fn randn(dtype: DType, shape: &[usize], rng: &mut StdRng) -> HostTensor {
 /// pages); the live ones are a third decode-only (random contexts), a third prefill-only
 /// (the first `max_q_len` tokens long, one of them empty when there are two or more) and
 /// the rest mixed (the first a chunk of `max_q_len` over `max_context`, the others
-/// random). Each page is used once (writes must not collide); two padding tokens follow.
+/// random). With `min_context > 0`, a serving batch: contexts drawn from `[min_context,
+/// max_context]`, the last `prefill_seqs` (at least one) mixed chunks of `max_q_len`, the
+/// others decode-only. Each page is used once (writes must not collide); two padding tokens follow.
 pub fn random_inputs(dtype: DType, s: &RpaShape, seed: u64) -> V3Inputs {
     let mut rng = StdRng::seed_from_u64(seed);
     let n = s.num_seqs;
-    let live = if n >= 4 { n - 1 } else { n };
-    let (decode, prefill) = (live / 3, live / 3);
+    let serving = s.min_context > 0;
+    let live = if n >= 4 && !serving { n - 1 } else { n };
+    // A serving batch: decodes first, then `prefill_seqs` mixed chunks, no prefill-only.
+    let (decode, prefill) = if serving { (n - s.prefill_seqs.max(1).min(n), 0) } else { (live / 3, live / 3) };
     let (mc, mq) = (s.max_context, s.max_q_len.min(s.max_context));
     let mut lens = Vec::with_capacity(n);
     let mut q_lens = Vec::with_capacity(n);
     for i in 0..n {
-        let (ctx, q) = if i < decode {
+        let (ctx, q) = if serving {
+            let c = rng.random_range(s.min_context.min(mc)..=mc);
+            (c, if i < decode { 1.min(c) } else { mq.min(c) })
+        } else if i < decode {
             let c = rng.random_range(1.min(mc)..=mc);
             (c, 1.min(c))
         } else if i < decode + prefill {
@@ -254,6 +262,8 @@ mod tests {
             max_context: 20,
             max_q_len: 6,
             num_pages: None,
+            min_context: 0,
+            prefill_seqs: 0,
         }
     }
 
