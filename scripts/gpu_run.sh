@@ -115,6 +115,18 @@ racecheck() {  # racecheck SET FILTER: shared-memory hazards on one sample
     echo "compute-sanitizer not found: racecheck skipped" | tee -a "$OUT/summary.txt"
 }
 
+# tune_then_call SET SIZES: `ejc-gpu tune` on one call of SIZES (the full variant, bf16) stores
+# its winner; then `ejc-gpu call`, a second process, must find it in the persistent cache.
+tune_then_call() {
+    local step rc=0
+    for step in tune call; do
+        timeout 300 ./.gpu/ejc-gpu $step "/tmp/ejc-art/$1" --variant full --dtype bf16 --size "$2" \
+            --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    done
+    return $rc
+}
+
 # one_case SET FILTER SIZES [FLAGS...]: every candidate matching FILTER on one call of SIZES
 # (FLAGS: e.g. --entry aligned, one entry only).
 one_case() {
@@ -344,11 +356,8 @@ if [ "${1:-}" = "--paged" ]; then
     racecheck paged "full_bf16_d128_h16_n64@ptx:sm_90a/w1_s2" || status=1
     # The tuner on the GPU: one decode batch tuned (both plans, every split count), then a
     # second process finds the choice in the persistent cache.
-    for step in tune call; do
-        timeout 300 ./.gpu/ejc-gpu $step /tmp/ejc-art/paged_bench --variant full --dtype bf16 \
-            --size num_seqs=4,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=8192,min_context=8192 \
-            --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log" || status=1
-    done
+    tune_then_call paged_bench num_seqs=4,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=8192,min_context=8192 \
+        || status=1
     exit $status
 fi
 if [ "${1:-}" = "--rpa" ]; then
@@ -375,11 +384,9 @@ if [ "${1:-}" = "--rpa" ]; then
     memcheck rpa "rpa_softcap_f16_d64_m64_n32_split@ptx:sm_80/w4_s2" || status=1
     memcheck rpa3 "rpa3_softcap_f16_d64_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
     racecheck rpa "rpa_full_bf16_d128_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
-    for step in tune call; do
-        timeout 300 ./.gpu/ejc-gpu $step /tmp/ejc-art/rpa_bench --variant full --dtype bf16 \
-            --size num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
-            --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log" || status=1
-    done
+    tune_then_call rpa_bench \
+        num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
+        || status=1
     exit $status
 fi
 if [ "${1:-}" = "--rpa-bench" ]; then
