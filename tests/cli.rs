@@ -889,19 +889,20 @@ fn ragged_decode_through_the_command_line() {
 /// Ragged paged attention (mixed prefill and decode, K/V interleaved pages), v2 and v3:
 /// every variant on the interpreter, CPU and MLIR with a page size of 5 that no key block
 /// divides, GQA 10:2, a prefill chunk of 41 tokens past a block of rows (v3: its cache
-/// writes compared too), both plans (split-K at 4 splits); PTX through ptxas of one variant,
-/// none spilling: pack, unpack, combine, 6 tilings of main and of partial per arch (16 rows on
-/// one warp, 64 on four, 16/32/64 keys; sm_90a's 64-row ones also with wgmma; never 64 rows on
-/// one warp, whose accumulator would spill), and v3's write.
+/// writes compared too), the three plans (split-K at 4 splits); PTX through ptxas of one
+/// variant, none spilling: pack, unpack, combine, 6 tilings of main, of partial and of
+/// classed's large-sequence program per arch (16 rows on one warp, 64 on four, 16/32/64 keys;
+/// sm_90a's 64-row ones also with wgmma; never 64 rows on one warp, whose accumulator would
+/// spill), classed's 3 small-sequence programs (16 rows, one warp), and v3's write.
 #[test]
 fn ragged_page_attention_through_the_command_line() {
     for (file, variants, variant, per_arch) in
-        [("ragged_paged.yaml", 4, "gpt_oss", 15 + 21), ("ragged_paged_v3.yaml", 3, "sliding_window", 16 + 22)]
+        [("ragged_paged.yaml", 4, "gpt_oss", 24 + 33), ("ragged_paged_v3.yaml", 3, "sliding_window", 25 + 34)]
     {
         let spec = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
         let sizes = "num_seqs=6,heads_q=10,heads_kv=2,page_size=5,max_context=133,max_q_len=41";
         for backend in ["interp", "cpu", "mlir"] {
-            for (dtype, plan) in [("f32", "packed"), ("bf16", "packed"), ("bf16", "split_k")] {
+            for (dtype, plan) in [("f32", "packed"), ("bf16", "packed"), ("bf16", "split_k"), ("f32", "classed")] {
                 let o = ejc(&[
                     "run",
                     &spec,
@@ -941,7 +942,7 @@ fn ragged_page_attention_through_the_command_line() {
             assert!(text(&o.stdout).contains("left out 0 candidate(s)"), "{}", text(&o.stdout));
         }
         let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-        assert_eq!(m.plans.len(), 2, "packed and split_k");
+        assert_eq!(m.plans.len(), 3, "packed, classed and split_k");
         let ids: Vec<&String> = m.artifacts.iter().map(|a| &a.artifact_id).collect();
         assert_eq!(m.artifacts.len(), per_arch, "{ids:?}");
         assert!(!ids.iter().any(|i| i.contains("_m64_") && i.contains("/w1_")), "64 rows on one warp: {ids:?}");

@@ -1,11 +1,11 @@
 //! The tile programs of ragged paged attention: `pack`, `main` and `unpack`.
 //!
 //! ```
-//! use ejc_ir::ops::ragged_paged::kernels::{build, RpaKernel, Role};
+//! use ejc_ir::ops::ragged_paged::kernels::{build, Class, RpaKernel, Role};
 //! use ejc_ir::types::DType;
 //!
 //! let k = RpaKernel { role: Role::Main, soft_cap: true, window: true, sinks: false,
-//!                     dtype: DType::BF16, head_dim: 64, block_m: 64, block_n: 32 };
+//!                     dtype: DType::BF16, head_dim: 64, block_m: 64, block_n: 32, class: Class::All };
 //! let kernel = build("rpa_main", &k).unwrap();
 //! let names: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
 //! assert_eq!(
@@ -42,6 +42,10 @@
 //! masks each score by that rule (and by the page's rows that hold keys), and keeps the
 //! online softmax in f32. A program past its sequence's rows walks no block and stores
 //! nothing.
+//!
+//! The `classed` plan launches it twice ([`Class`]): once as one 16-row block per sequence
+//! of at most [`SMALL_ROWS`] packed rows (grid `[1, S, KVH]`), once with the tuned tiling
+//! for the others; each gives the other class's sequences an empty row range.
 
 use std::f64::consts::LOG2_E;
 
@@ -52,6 +56,23 @@ use crate::verify::VerifyError;
 
 /// Query heads a `pack` / `unpack` program copies (a group is `cdiv(G, 16)` programs).
 pub const BLOCK_G: usize = 16;
+
+/// Packed rows up to which a sequence is "small" (a decode token's group, a few tokens):
+/// the `classed` plan serves those with one block of this many rows on one warp and
+/// the others with the tuned tiling.
+pub const SMALL_ROWS: usize = 16;
+
+/// Which sequences a `main` program serves (the `classed` plan launches one of each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Every sequence (the `packed` and `split_k` plans).
+    All,
+    /// Sequences of at most [`SMALL_ROWS`] packed rows, one block each (`block_m` must be
+    /// at least that): grid `[1, num_seqs, heads_kv]`.
+    Small,
+    /// Sequences of more than [`SMALL_ROWS`] packed rows.
+    Large,
+}
 
 /// Which launch of the plan a kernel is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +111,8 @@ pub struct RpaKernel {
     pub block_m: usize,
     /// Keys per block (main).
     pub block_n: usize,
+    /// The sequences a main program serves.
+    pub class: Class,
 }
 
 /// One line per parameter name (the manifest's `meaning`).
@@ -277,6 +300,13 @@ fn build_copy(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
 
 fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let (bm, bn, d) = (k.block_m, k.block_n, k.head_dim);
+    if k.class == Class::Small && bm < SMALL_ROWS {
+        return Err(VerifyError {
+            kernel: name.to_string(),
+            location: "the kernel".into(),
+            message: format!("a small-class program needs block_m >= {SMALL_ROWS}, got {bm}"),
+        });
+    }
     let mut b = KernelBuilder::new(name);
     let tensor = |b: &mut KernelBuilder, n: &str, dt: DType, rank: usize| b.param(n, Type::Tensor(dt, rank));
     let q_packed = tensor(&mut b, "q_packed", DType::F32, 3);
@@ -295,7 +325,10 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let cap = k.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
     let window = k.window.then(|| b.param("sliding_window", Type::Scalar(DType::I32)));
     let num_splits = partial.then(|| b.param("num_splits", Type::Scalar(DType::I32)));
-    let row_blocks = GridExpr::cdiv(GridExpr::sym("max_q_rows"), bm as i64);
+    let row_blocks = match k.class {
+        Class::Small => GridExpr::Const(1),
+        _ => GridExpr::cdiv(GridExpr::sym("max_q_rows"), bm as i64),
+    };
     b.set_grid([
         // Split-K: the split is the fastest part of axis 0 (the grid has three axes).
         if partial { GridExpr::times(row_blocks, GridExpr::sym("num_splits")) } else { row_blocks },
@@ -326,6 +359,17 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let step = b.mul(mb, bm_c);
     let row0 = b.add(seq_rows, step);
     let row_end = b.mul(q_end, group);
+    // A sequence of the other class gets an empty range of rows: no key block, no store.
+    let row_end = match k.class {
+        Class::All => row_end,
+        class => {
+            let q_rows = b.sub(row_end, seq_rows);
+            let small = b.const_i32(SMALL_ROWS as i64);
+            let pred = if class == Class::Small { CmpPred::Le } else { CmpPred::Gt };
+            let mine = b.cmp(pred, q_rows, small);
+            b.select(mine, row_end, seq_rows)
+        }
+    };
     let cols = Axis::Range { start: c0, size: d, limit: None };
     let rows = Axis::Range { start: row0, size: bm, limit: Some(row_end) };
     let q = b.load(q_packed, vec![Axis::Index(kvh), rows, cols], 0.0);

@@ -5,7 +5,7 @@
 //! ```
 //! use ejc_ir::op::Operation;
 //! let op = ejc_ir::ops::get("ragged_page_attention").unwrap();
-//! assert_eq!(op.plan_names(), ["packed", "split_k"]);
+//! assert_eq!(op.plan_names(), ["packed", "classed", "split_k"]);
 //! let dims: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
 //! assert_eq!(dims, ["num_seqs", "heads_q", "heads_kv", "head_dim", "page_size", "max_context", "max_q_len", "num_pages",
 //!                   "min_context", "prefill_seqs"]);
@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::kernels::{build, param_docs, Role, RpaKernel, BLOCK_G};
+use super::kernels::{build, param_docs, Class, Role, RpaKernel, BLOCK_G, SMALL_ROWS};
 use super::reference::{random_inputs, reference, RpaInputs, RpaShape};
 use crate::ir::Kernel;
 use crate::manifest::{Launch, Temporary};
@@ -211,8 +211,13 @@ pub(crate) fn kernel_id(spec_name: &str, k: &KernelInstance) -> String {
         "combine" => format!("{base}_combine"),
         _ => {
             let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
-            let split = if k.role == "partial" { "_split" } else { "" };
-            format!("{base}_m{m}_n{n}{split}")
+            let suffix = match k.role {
+                "partial" => "_split",
+                "decode" => "_small",
+                "prefill" => "_large",
+                _ => "",
+            };
+            format!("{base}_m{m}_n{n}{suffix}")
         }
     }
 }
@@ -365,7 +370,9 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
     };
     let launch = |role: &str, bind: BTreeMap<String, String>| Launch { role: role.into(), bind };
     let role = |name: &'static str, tile_axes: Vec<&'static str>, fixed: Config| RoleDecl { name, tile_axes, fixed };
-    let plan = |split: bool| {
+    // `classed` (split = false, classed = true): main twice, sequences of at most SMALL_ROWS
+    // packed rows (decodes) on one 16-row warp, the others with the tuned tiling.
+    let plan = |split: bool, classed: bool| {
         let mut roles = Vec::new();
         let mut launches = Vec::new();
         if write {
@@ -385,6 +392,12 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             launches.push(launch("combine", BTreeMap::new()));
             temporaries.push(temp("o_split", &["num_splits", rows[0], rows[1], rows[2]]));
             temporaries.push(temp("lse_split", &["num_splits", rows[0], rows[1]]));
+        } else if classed {
+            let small = Config::from([("block_m".to_string(), SMALL_ROWS as u32), ("num_warps".to_string(), 1)]);
+            roles.push(role("decode", vec!["block_n"], small));
+            roles.push(role("prefill", vec!["block_m", "block_n"], Config::new()));
+            launches.push(launch("decode", lens()));
+            launches.push(launch("prefill", lens()));
         } else {
             roles.push(role("main", vec!["block_m", "block_n"], Config::new()));
             launches.push(launch("main", lens()));
@@ -392,16 +405,20 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
         roles.push(role("unpack", vec![], copy()));
         launches.push(launch("unpack", BTreeMap::new()));
         PlanDecl {
-            name: if split { "split_k" } else { "packed" },
+            name: match (split, classed) {
+                (true, _) => "split_k",
+                (false, true) => "classed",
+                _ => "packed",
+            },
             roles,
             temporaries,
             launches,
             runtime_axes: if split { vec!["num_splits"] } else { vec![] },
         }
     };
-    let mut plans = vec![plan(false)];
+    let mut plans = vec![plan(false, false), plan(false, true)];
     if !spec.schedule.values("num_splits").is_empty() {
-        plans.push(plan(true));
+        plans.push(plan(true, false));
     }
     plans
 }
@@ -424,12 +441,17 @@ pub(crate) fn build_instance(
         "combine" => Role::Combine,
         _ => Role::Main,
     };
+    let class = match k.role {
+        "decode" => Class::Small,
+        "prefill" => Class::Large,
+        _ => Class::All,
+    };
     let tile = |axis: &str| k.tile.get(axis).map(|v| *v as usize).ok_or(format!("the instance has no {axis}"));
     let (block_m, block_n) = match role {
         Role::Main | Role::Partial => (tile("block_m")?, tile("block_n")?),
         _ => (0, 0),
     };
-    let kernel = RpaKernel { role, soft_cap, window, sinks, dtype: k.dtype, head_dim, block_m, block_n };
+    let kernel = RpaKernel { role, soft_cap, window, sinks, dtype: k.dtype, head_dim, block_m, block_n, class };
     let mut built = build(&k.id, &kernel).map_err(|e| e.to_string())?;
     built.attrs = vec![
         ("op".into(), spec.op.clone()),
@@ -515,7 +537,7 @@ impl Operation for RaggedPaged {
     }
 
     fn plan_names(&self) -> &'static [&'static str] {
-        &["packed", "split_k"]
+        &["packed", "classed", "split_k"]
     }
 
     fn plans(&self, spec: &Spec, f: &op::Features) -> Vec<PlanDecl> {
