@@ -706,24 +706,34 @@ impl Operation for RaggedPaged {
 
     fn check_dims(&self, keys: &Keys) -> Vec<Sizes> {
         let d = keys.get("head_dim").copied().unwrap_or(64) as i64;
-        // [num_seqs, heads_q, heads_kv, page_size, max_context, max_q_len, num_pages]: a
-        // mixed batch with pages that are not block multiples; GQA 5:1 with a chunk past
-        // a block of rows; MHA with shared pages; one sequence of one token.
-        [[6, 8, 2, 16, 300, 70, 0], [5, 10, 2, 5, 133, 41, 0], [4, 4, 4, 32, 200, 200, 9], [1, 8, 1, 16, 1, 1, 0]]
-            .iter()
-            .map(|[s, hq, hkv, ps, ctx, ql, np]| {
-                Sizes::from([
-                    ("num_seqs".to_string(), *s),
-                    ("heads_q".to_string(), *hq),
-                    ("heads_kv".to_string(), *hkv),
-                    ("head_dim".to_string(), d),
-                    ("page_size".to_string(), *ps),
-                    ("max_context".to_string(), *ctx),
-                    ("max_q_len".to_string(), *ql),
-                    ("num_pages".to_string(), *np),
-                ])
-            })
-            .collect()
+        // [num_seqs, heads_q, heads_kv, page_size, max_context, max_q_len, num_pages,
+        // min_context, prefill_seqs]: a mixed batch with pages that are not block
+        // multiples; GQA 5:1 with a chunk past a block of rows; MHA with shared pages; one
+        // sequence of one token; a serving step whose two chunks are exactly 16 packed
+        // rows (GQA 4:1, 4 tokens: the `classed` plan's boundary) among decodes.
+        [
+            [6, 8, 2, 16, 300, 70, 0, 0, 1],
+            [5, 10, 2, 5, 133, 41, 0, 0, 1],
+            [4, 4, 4, 32, 200, 200, 9, 0, 1],
+            [1, 8, 1, 16, 1, 1, 0, 0, 1],
+            [5, 8, 2, 16, 90, 4, 0, 50, 2],
+        ]
+        .iter()
+        .map(|[s, hq, hkv, ps, ctx, ql, np, minc, pre]| {
+            Sizes::from([
+                ("num_seqs".to_string(), *s),
+                ("heads_q".to_string(), *hq),
+                ("heads_kv".to_string(), *hkv),
+                ("head_dim".to_string(), d),
+                ("page_size".to_string(), *ps),
+                ("max_context".to_string(), *ctx),
+                ("max_q_len".to_string(), *ql),
+                ("num_pages".to_string(), *np),
+                ("min_context".to_string(), *minc),
+                ("prefill_seqs".to_string(), *pre),
+            ])
+        })
+        .collect()
     }
 
     fn work(&self, _f: &op::Features, dtype: DType, sizes: &Sizes) -> Work {
