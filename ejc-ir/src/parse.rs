@@ -521,6 +521,12 @@ impl Parser {
         if !self.eat(")") {
             loop {
                 let pname = self.def_name()?;
+                if pname.bytes().all(|b| b.is_ascii_digit()) {
+                    self.pos -= 1;
+                    return Err(self.err(format!(
+                        "parameter `%{pname}` is named by a number; parameters need a name (`%q`): the printer numbers the body's values"
+                    )));
+                }
                 self.expect(":")?;
                 let ty = self.ty()?;
                 if ty.is_tile() {

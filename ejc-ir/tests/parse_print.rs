@@ -97,6 +97,11 @@ fn hand_written_names_are_only_labels() {
 
 /// `(name, text, expected error)`: each text is a small kernel with one defect.
 const MALFORMED: &[(&str, &str, &str)] = &[
+    (
+        "a parameter named by a number (the printer's numbers would clash with it)",
+        "kernel @k(%a: i32, %18: i32) grid(1, 1, 1) {\n}\n",
+        "1:20: parameter `%18` is named by a number; parameters need a name (`%q`): the printer numbers the body's values",
+    ),
     ("unknown op", "kernel @k() grid(1, 1, 1) {\n  %0 = arith.frob : i32\n}\n", "2:8: unknown op `arith.frob`"),
     (
         "undefined value",
