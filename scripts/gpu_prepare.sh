@@ -22,7 +22,7 @@
 #                                          # EJC_DIMS=96,192,256,192v128); EJC_KEYS="--key head_dim_v=128": 192/128 alone
 #   bash scripts/gpu_prepare.sh --bwd      # the flash backward (specs/flash_bwd.yaml) on every PTX path (gpu_run.sh --bwd)
 #   bash scripts/gpu_prepare.sh --train    # examples/train_gpu.py's kernels: forward and backward (gpu_run.sh --train)
-#   bash scripts/gpu_prepare.sh --paged    # page_attention, ragged_decode_attention (and ragged_page_attention's checks): every variant x bf16/f16 x d64/d128,
+#   bash scripts/gpu_prepare.sh --paged    # page_attention, ragged_decode_attention: every variant x bf16/f16 x d64/d128,
 #                                          # both plans, sm_80 and sm_90a, MLIR's gpu form, and the bench sets
 #                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
 #   bash scripts/gpu_prepare.sh --rpa      # ragged_page_attention v2 and v3 alone: --paged's rpa sets and the bench set
@@ -142,18 +142,10 @@ if [ "${1:-}" = "--paged" ]; then
     $EJC build specs/ragged_decode.yaml -q --target mlir:gpu --dtype bf16 --head-dim 128 -o .gpu/ragged_mlir
     $EJC build specs/ragged_decode.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 128 \
         -o .gpu/ragged_bench
-    # Ragged paged attention (v2; its pack, main and unpack): every variant x bf16/f16 x d64/d128 on both
-    # archs, and MLIR's gpu form (bf16, d128).
-    $EJC build specs/ragged_paged.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
-        -o .gpu/rpa --report > .gpu/rpa_ptxas.txt
-    $EJC build specs/ragged_paged.yaml -q --target mlir:gpu --dtype bf16 --head-dim 128 -o .gpu/rpa_mlir
-    # v3 (its cache write, then v2's launches): bf16/f16 on both archs.
-    $EJC build specs/ragged_paged_v3.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
-        -o .gpu/rpa3 --report > .gpu/rpa3_ptxas.txt
-    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz paged paged_mlir paged_bench ragged ragged_mlir ragged_bench \
-        rpa rpa_mlir rpa3
-    rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench .gpu/rpa .gpu/rpa_mlir \
-        .gpu/rpa3
+    # (Ragged paged attention has its own pack, --rpa: with its GPU tilings it is 15 MB, and this pack
+    # travels with FA4's first half.)
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz paged paged_mlir paged_bench ragged ragged_mlir ragged_bench
+    rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench
     du -sh .gpu/*
     exit 0
 fi
