@@ -25,7 +25,7 @@
 #   bash scripts/gpu_prepare.sh --paged    # page_attention, ragged_decode_attention: every variant x bf16/f16 x d64/d128,
 #                                          # both plans, sm_80 and sm_90a, MLIR's gpu form, and the bench sets
 #                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
-#   bash scripts/gpu_prepare.sh --rpa      # ragged_page_attention v2 and v3 alone: --paged's rpa sets and the bench set
+#   bash scripts/gpu_prepare.sh --rpa      # ragged_page_attention v2 and v3: their check sets (PTX, MLIR) and the bench set
 #                                          # (gpu_run.sh --rpa, then --rpa-bench; FA4's halves as for --paged)
 #   bash scripts/gpu_prepare.sh --ring     # ring attention (issue 23): `ejc-ring` and the ring specs' blocks (bf16,
 #                                          # d64/d128, sm_90a), for gpu_run.sh --ring and --ring-bench on a kind
