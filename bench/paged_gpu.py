@@ -258,15 +258,14 @@ def rpa_row(args, fa4, row):
             print(f"  fa4: {type(e).__name__}: {str(e)[:300]}", flush=True)
     del kv, k, v, kg, vg, kx, vx
     torch.cuda.empty_cache()
-    best = min((rec[f"{x}_us"], x) for x in ("fa4", "sdpa") if f"{x}_us" in rec) if any(
-        f"{x}_us" in rec for x in ("fa4", "sdpa")) else (None, None)
-    rec["best_anchor"] = best[1]
+    anchors = {x: rec[f"{x}_us"] for x in ("fa4", "sdpa") if f"{x}_us" in rec}
+    rec["best_anchor"] = min(anchors, key=anchors.get) if anchors else None
     us = lambda x: rec.get(f"{x}_us", float("nan"))  # noqa: E731
     if "ejc_us" in rec:
         rec["ejc_gbs"] = rec["bytes"] / rec["ejc_us"] / 1e3
         rec["ejc_tflops"] = rec["flops"] / rec["ejc_us"] / 1e6
-        if best[0]:
-            rec["ejc_vs_best"] = best[0] / rec["ejc_us"]
+        if anchors:
+            rec["ejc_vs_best"] = anchors[rec["best_anchor"]] / rec["ejc_us"]
     print(
         f"B={n:3d} h={hq}/{hkv} ctx={ctx:5d} page={page:3d} chunks={chunks}x{ql:4d}  ejc {us('ejc'):8.1f} us "
         f"({rec.get('ejc_gbs', 0):5.0f} GB/s = {rec.get('ejc_gbs', 0) / rec['copy_gbs']:4.2f} of copy, "

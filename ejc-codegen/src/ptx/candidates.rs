@@ -164,15 +164,16 @@ pub fn candidates(
     // A loop-carried accumulator a thread holds in more than 128 f32 registers spills
     // (64 rows x d 128 on one warp: 256): where the schedule offers a warp count that
     // avoids that (a spec listing num_warps [1, 4] for block_m [16, 64]), the others go.
-    let acc_regs = |w: u32| rows.iter().max().copied().unwrap_or(0) / w as usize * accumulator_cols(kernel) / 32;
+    let (widest, acc_cols) = (rows.iter().max().copied().unwrap_or(0), accumulator_cols(kernel));
+    let acc_regs = |w: u32| widest / w as usize * acc_cols / 32;
     let roomy: Vec<u32> = warps.iter().copied().filter(|w| acc_regs(*w) <= MAX_ACC_REGS).collect();
     let warps = if roomy.is_empty() { warps } else { roomy };
     let stages: Vec<u32> =
         if products.is_empty() { stages.iter().copied().min().into_iter().collect() } else { stages.to_vec() };
-    let sink_pays = accumulator_cols(kernel) <= 64;
+    let sink_pays = acc_cols <= 64;
     // Wide accumulators (more than 128 columns: d = 192, 256) leave no room for the
     // rotated loop's second score tile; the serial loop is a candidate there.
-    let serial_pays = accumulator_cols(kernel) > 128;
+    let serial_pays = acc_cols > 128;
     let mut out = Vec::new();
     for &w in &warps {
         for &s in &stages {

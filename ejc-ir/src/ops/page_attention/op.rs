@@ -63,6 +63,39 @@ fn features(f: &op::Features) -> Result<PagedFeatures, String> {
     PagedFeatures::from_json(f)
 }
 
+/// Keys per block of the decode-style kernels (paged, ragged decode, ragged paged).
+pub(crate) const KEY_BLOCK: AxisDecl = AxisDecl {
+    name: "block_n",
+    kind: AxisKind::Tile,
+    required: true,
+    noun: "key block",
+    allowed: "16, 32, 64 or 128",
+    list_allowed: "a non-empty list of key blocks from 16, 32, 64 or 128",
+    check: |v| (![16, 32, 64, 128].contains(&v)).then_some("unsupported key block"),
+};
+
+/// Their pipeline stages.
+pub(crate) const STAGES: AxisDecl = AxisDecl {
+    name: "num_stages",
+    kind: AxisKind::Launch,
+    required: false,
+    noun: "stage count",
+    allowed: "1 to 8",
+    list_allowed: "a non-empty list of stage counts from 1 to 8",
+    check: |v| (!(1..=8).contains(&v)).then_some("unsupported stage count"),
+};
+
+/// Their split-K plans' key splits (a run-time axis the tuner picks).
+pub(crate) const SPLITS: AxisDecl = AxisDecl {
+    name: "num_splits",
+    kind: AxisKind::Runtime,
+    required: false,
+    noun: "split count",
+    allowed: "2 to 128",
+    list_allowed: "a list of split counts from 2 to 128 (the split-K plan's; the tuner picks)",
+    check: |v| (!(2..=128).contains(&v)).then_some("unsupported split count"),
+};
+
 pub(crate) const AXES: &[AxisDecl] = &[
     AxisDecl {
         name: "block_h",
@@ -73,15 +106,7 @@ pub(crate) const AXES: &[AxisDecl] = &[
         list_allowed: "a non-empty list of head blocks from 16, 32 or 64",
         check: |v| (![16, 32, 64].contains(&v)).then_some("unsupported head block"),
     },
-    AxisDecl {
-        name: "block_n",
-        kind: AxisKind::Tile,
-        required: true,
-        noun: "key block",
-        allowed: "16, 32, 64 or 128",
-        list_allowed: "a non-empty list of key blocks from 16, 32, 64 or 128",
-        check: |v| (![16, 32, 64, 128].contains(&v)).then_some("unsupported key block"),
-    },
+    KEY_BLOCK,
     AxisDecl {
         name: "num_warps",
         kind: AxisKind::Launch,
@@ -91,24 +116,8 @@ pub(crate) const AXES: &[AxisDecl] = &[
         list_allowed: "a non-empty list of warp counts from 1, 2 or 4",
         check: |v| (![1, 2, 4].contains(&v)).then_some("unsupported warp count"),
     },
-    AxisDecl {
-        name: "num_stages",
-        kind: AxisKind::Launch,
-        required: false,
-        noun: "stage count",
-        allowed: "1 to 8",
-        list_allowed: "a non-empty list of stage counts from 1 to 8",
-        check: |v| (!(1..=8).contains(&v)).then_some("unsupported stage count"),
-    },
-    AxisDecl {
-        name: "num_splits",
-        kind: AxisKind::Runtime,
-        required: false,
-        noun: "split count",
-        allowed: "2 to 128",
-        list_allowed: "a list of split counts from 2 to 128 (the split-K plan's; the tuner picks)",
-        check: |v| (!(2..=128).contains(&v)).then_some("unsupported split count"),
-    },
+    STAGES,
+    SPLITS,
 ];
 
 const DIMS: &[DimDecl] = &[

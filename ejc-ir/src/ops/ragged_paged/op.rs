@@ -23,7 +23,7 @@ use crate::op::{
     self, AxisDecl, AxisKind, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, RoleDecl,
     ScalarDecl, Sizes, Work,
 };
-use crate::ops::page_attention::op::{check_soft_cap, scale_of};
+use crate::ops::page_attention::op::{check_soft_cap, scale_of, KEY_BLOCK, SPLITS, STAGES};
 use crate::spec::{Decoder, Fields, Spec};
 use crate::tensor::HostTensor;
 use crate::types::DType;
@@ -88,15 +88,7 @@ pub(crate) const AXES: &[AxisDecl] = &[
         list_allowed: "a non-empty list of row blocks from 16, 32, 64 or 128",
         check: |v| (![16, 32, 64, 128].contains(&v)).then_some("unsupported row block"),
     },
-    AxisDecl {
-        name: "block_n",
-        kind: AxisKind::Tile,
-        required: true,
-        noun: "key block",
-        allowed: "16, 32, 64 or 128",
-        list_allowed: "a non-empty list of key blocks from 16, 32, 64 or 128",
-        check: |v| (![16, 32, 64, 128].contains(&v)).then_some("unsupported key block"),
-    },
+    KEY_BLOCK,
     AxisDecl {
         name: "num_warps",
         kind: AxisKind::Launch,
@@ -106,24 +98,8 @@ pub(crate) const AXES: &[AxisDecl] = &[
         list_allowed: "a non-empty list of warp counts from 1, 2, 4 or 8",
         check: |v| (![1, 2, 4, 8].contains(&v)).then_some("unsupported warp count"),
     },
-    AxisDecl {
-        name: "num_stages",
-        kind: AxisKind::Launch,
-        required: false,
-        noun: "stage count",
-        allowed: "1 to 8",
-        list_allowed: "a non-empty list of stage counts from 1 to 8",
-        check: |v| (!(1..=8).contains(&v)).then_some("unsupported stage count"),
-    },
-    AxisDecl {
-        name: "num_splits",
-        kind: AxisKind::Runtime,
-        required: false,
-        noun: "split count",
-        allowed: "2 to 128",
-        list_allowed: "a list of split counts from 2 to 128 (the split-K plan's; the tuner picks)",
-        check: |v| (!(2..=128).contains(&v)).then_some("unsupported split count"),
-    },
+    STAGES,
+    SPLITS,
 ];
 
 pub(crate) const DIMS: &[DimDecl] = &[
