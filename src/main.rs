@@ -34,7 +34,7 @@ rest keep their defaults) or positionally, in this order, as --shape N,N,... (th
                      batch, seq, heads_q, heads_kv, head_dim[, min_len]
   ragged_page_attention, ragged_page_attention_v3
                      num_seqs, heads_q, heads_kv, head_dim, page_size, max_context,
-                     max_q_len[, num_pages]
+                     max_q_len[, num_pages, min_context, prefill_seqs]
 (head_dim_v: where v's head dim differs from q's.)
 
 Exit status: 0 success, 1 a result outside its tolerance, 2 bad input or an unsupported request.
