@@ -13,8 +13,11 @@
 //! A tile is a TMA load when it is a loop's prefetched dot operand with 64-column
 //! (128-byte) blocks in the 128-byte swizzle layout — exactly the box layout of a tensor
 //! map with `CU_TENSOR_MAP_SWIZZLE_128B` — its column axis the tensor's last, no
-//! `limit` on its ranges (the copy engine zero-fills only outside the tensor) and zero
-//! padding. The aligned entry takes one tensor map per such load as a
+//! `limit` on its column range (the copy engine zero-fills only outside the tensor) and
+//! zero padding. A `limit` on its row range is kept: the copy fills the whole box, and
+//! on a tile the limit cuts the consumers write zeros over the rows past it before the
+//! product reads them (`zero_past_limit`; a paged cache's key blocks, cut by the
+//! sequence's context). The aligned entry takes one tensor map per such load as a
 //! `__grid_constant__` parameter after the ABI's (docs/abi.md, "Tensor maps").
 
 use std::collections::HashSet;
@@ -111,8 +114,8 @@ pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
             if ranges.len() != 2 || ranges[1].0 != rank - 1 {
                 return Err(why("its columns are not the tensor's last axis"));
             }
-            if ranges.iter().any(|(_, limit)| *limit) {
-                return Err(why("a range has a limit (the copy engine zero-fills only outside the tensor)"));
+            if ranges[1].1 {
+                return Err(why("its column range has a limit (the copy engine zero-fills only outside the tensor)"));
             }
             if !op.operands.iter().all(|x| du.iteration_scalar(kernel, *x, iv, &inside)) {
                 return Err(why("its indices are not computed from the loop's induction variable"));

@@ -93,6 +93,7 @@ impl<'k> Lowering<'k> {
             // The producer copied it into the loop's ring.
             self.epilogue_tiles.remove(&op.results[0]);
             nvvm::mbarrier_wait(&self.ir, full, parity);
+            self.zero_past_limit(acc, &s)?;
             return Ok(s);
         }
         if let Some((s, fast, _)) = self.epilogue_tiles.remove(&op.results[0]) {
@@ -398,6 +399,54 @@ impl<'k> Lowering<'k> {
         Ok(())
     }
 
+    /// Rows of a TMA tile past its row range's `limit` read as zero, as the load's
+    /// semantics say, although the copy engine filled the whole box (it zero-fills only
+    /// outside the tensor: a paged cache's rows past a sequence's context hold other
+    /// data, perhaps not finite, and `0 · NaN` would reach the product). On a tile cut by
+    /// its limit — uniform over the block, so a branch — each consumer warpgroup writes
+    /// zeros over those rows itself and waits on its own named barrier (8 + warpgroup):
+    /// a barrier over every consumer would deadlock against ping-pong's turn barriers. A
+    /// row is 128 contiguous bytes of each 64-column block whatever the swizzle (the
+    /// swizzle permutes 16-byte chunks within a row), so the stores need no swizzle
+    /// arithmetic. Two warpgroups writing the same zeros over a row is benign: the
+    /// slot's data is zero there either way.
+    pub(super) fn zero_past_limit(&mut self, acc: &Access, s: &Smem) -> R<()> {
+        let Some(ra) = acc.ranges.first().copied() else { return Ok(()) };
+        let Some(limit) = ra.limit else { return Ok(()) };
+        let ir = &self.ir;
+        let rows = s.rows as i64;
+        let n = ir.sub(limit, ra.start);
+        let n = ir.select(ir.icmp(LLVMIntSLT, n, ir.ci64(0)), ir.ci64(0), n);
+        let n = ir.trunc(n, ir.i32());
+        let cut = ir.icmp(LLVMIntSLT, n, ir.ci32(rows));
+        let off = s.off;
+        let blocks = s.cols / 64;
+        self.if_then(cut, &mut |cg| {
+            let ir = &cg.ir;
+            let tid = ir.add(ir.mul(cg.warp, ir.ci32(32)), cg.lane);
+            let wg = ir.lshr(cg.warp, ir.ci32(2));
+            let t = ir.and(tid, ir.ci32(127));
+            let zero = ir.splat(ir.ci32(0), 4);
+            // Chunk i: 64-column block i / (rows · 8), row (i / 8) mod rows, chunk i mod 8.
+            let chunks = blocks as i64 * rows * 8;
+            for k in 0..(chunks as usize).div_ceil(128) {
+                let ir = &cg.ir;
+                let i = ir.add(t, ir.ci32((k * 128) as i64));
+                let row = ir.urem(ir.udiv(i, ir.ci32(8)), ir.ci32(rows));
+                let past = ir.and(ir.icmp(LLVMIntSGE, row, n), ir.icmp(LLVMIntSLT, i, ir.ci32(chunks)));
+                let at = ir.add(off, ir.mul(i, ir.ci32(16)));
+                cg.if_then(past, &mut |cg| {
+                    cg.ir.store(zero, cg.sptr(at), 16);
+                    Ok(())
+                })?;
+            }
+            nvvm::fence_proxy_async(&cg.ir);
+            let id = cg.ir.add(cg.ir.ci32(8), wg);
+            cg.ir.call_intrinsic("llvm.nvvm.barrier.cta.sync.aligned.count", &[], &[id, cg.ir.ci32(128)]);
+            Ok(())
+        })
+    }
+
     /// A prefetched load at its place in the loop body: wait for this iteration's
     /// copy, make it visible, and start the copy `stages - 1` iterations ahead into the
     /// buffer the previous iteration used. Returns the buffer's offset (i32).
@@ -412,6 +461,7 @@ impl<'k> Lowering<'k> {
             let ir = &self.ir;
             let phase = ir.and(ir.udiv(pf.counter, ir.ci32(st)), ir.ci32(1));
             nvvm::mbarrier_wait(ir, full, phase);
+            self.zero_past_limit(acc, &Smem { off, ..s.clone() })?;
             return Ok(off);
         }
         let fb = ir.block("pipe.fast");
