@@ -385,12 +385,12 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let t_first = b.div(row0, group);
     let t_last = b.div(last_row, group);
     let p_last = b.add(base, t_last);
+    let p_first = b.add(base, t_first);
     let hi = b.add(p_last, c1);
     let kv_hi = b.select(live, hi, c0);
     let kv_lo = match window {
         Some(w) => {
             // First token's edge: p − w + 1, at least 0.
-            let p_first = b.add(base, t_first);
             let e = b.sub(p_first, w);
             let e = b.add(e, c1);
             let e = b.max(e, c0);
@@ -400,6 +400,7 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     };
     let page = b.dim(kv_pages, 1);
     let bn_c = b.const_i32(bn as i64);
+    let bn_m1 = b.const_i32(bn as i64 - 1);
     let per_page = cdiv(&mut b, page, bn_c, c1);
     // Key block of position x: (x / P) · bpp + (x mod P) / block_n.
     let block_of = |b: &mut KernelBuilder, x: Value| {
@@ -480,19 +481,43 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
             s = b.mul(th, out);
         }
         // Key positions of the block's columns, and the rows of the page that hold keys.
-        let c = b.arange(bn);
         let j0 = b.add(page_start, off);
-        let j = b.add(c, j0);
-        let j = b.expand_dims(j, 0);
         let page_end = b.add(page_start, limit);
-        let held = b.cmp(CmpPred::Lt, j, page_end);
-        let causal = b.cmp(CmpPred::Le, j, pos);
-        let mut ok = b.and(held, causal);
-        if let Some(low) = low {
-            let inside = b.cmp(CmpPred::Gt, j, low);
-            ok = b.and(ok, inside);
-        }
-        let s = b.select(ok, s, ninf);
+        // A full block — every key held by the page, at or before the first row's
+        // position, inside the last row's window — takes its scores as they are: only
+        // the partial blocks (a chunk's diagonal, a page's end, a window's edge) pay for
+        // the per-element mask.
+        let full = {
+            let j_last = b.add(j0, bn_m1);
+            let held = b.cmp(CmpPred::Lt, j_last, page_end);
+            let before = b.cmp(CmpPred::Le, j_last, p_first);
+            let mut full = b.and(held, before);
+            if let Some(w) = window {
+                let edge = b.sub(p_last, w);
+                let inside = b.cmp(CmpPred::Gt, j0, edge);
+                full = b.and(full, inside);
+            }
+            full
+        };
+        let s_ty = b.ty(s).clone();
+        let s = b.if_else(
+            full,
+            &[s_ty],
+            |_| vec![s],
+            |b| {
+                let c = b.arange(bn);
+                let j = b.add(c, j0);
+                let j = b.expand_dims(j, 0);
+                let held = b.cmp(CmpPred::Lt, j, page_end);
+                let causal = b.cmp(CmpPred::Le, j, pos);
+                let mut ok = b.and(held, causal);
+                if let Some(low) = low {
+                    let inside = b.cmp(CmpPred::Gt, j, low);
+                    ok = b.and(ok, inside);
+                }
+                vec![b.select(ok, s, ninf)]
+            },
+        )[0];
         let (p, alpha, m_new, l_new) = b.softmax_update(s, m_i, l_i);
         let acc = b.softmax_rescale(acc, alpha);
         let p = b.cast(p, k.dtype);

@@ -117,7 +117,8 @@ fn randn(dtype: DType, shape: &[usize], rng: &mut StdRng) -> HostTensor {
 /// over a random context, sequence 2 one token over one key and sequence 3 empty; the
 /// others draw a context in `[0, max_context]` and a query length in
 /// `[0, min(ctx, max_q_len)]`. With `min_context > 0` it is a serving batch instead (see
-/// [`RpaShape::min_context`]). Two padding tokens follow the last sequence's.
+/// [`RpaShape::min_context`]). Two padding tokens follow the last sequence's. Cache
+/// slots outside every context are NaN.
 pub fn random_inputs(dtype: DType, s: &RpaShape, n_sinks: usize, seed: u64) -> RpaInputs {
     let mut rng = StdRng::seed_from_u64(seed);
     let (n, h, d, mc) = (s.num_seqs, s.heads_q, s.head_dim, s.max_context);
@@ -156,16 +157,30 @@ pub fn random_inputs(dtype: DType, s: &RpaShape, n_sinks: usize, seed: u64) -> R
     let base = randn(dtype, &[t, h + 1, d], &mut rng);
     let queries = base.into_view(&[t, h, d], &[((h + 1) * d) as isize, d as isize, 1], 0);
     let pages = s.pages();
-    let kv_pages = randn(dtype, &[pages, s.page_size, 2 * s.heads_kv, d], &mut rng);
+    let mut kv_pages = randn(dtype, &[pages, s.page_size, 2 * s.heads_kv, d], &mut rng);
     let width = s.max_pages();
     let needed = n * width;
     let mut ids: Vec<usize> = (0..pages).collect();
     ids.shuffle(&mut rng);
     let mut table = vec![-1.0; needed];
+    // The cache slots some sequence's context holds; every other slot is NaN, as a cache
+    // fresh from `torch.empty` may be: a kernel must never let one reach its output
+    // (`0 · NaN` in the value product is NaN).
+    let mut held = vec![false; pages * s.page_size];
     for (i, len) in lens.iter().enumerate() {
         for p in 0..len.div_ceil(s.page_size.max(1)) {
             let k = i * width + p;
-            table[k] = if pages > needed { ids[k] as f64 } else { rng.random_range(0..pages) as f64 };
+            let page = if pages > needed { ids[k] } else { rng.random_range(0..pages) };
+            table[k] = page as f64;
+            for r in 0..s.page_size.min(len - p * s.page_size) {
+                held[page * s.page_size + r] = true;
+            }
+        }
+    }
+    let slot = 2 * s.heads_kv * d;
+    for (i, x) in kv_pages.data.iter_mut().enumerate() {
+        if !held[i / slot.max(1)] {
+            *x = f64::NAN;
         }
     }
     RpaInputs {
@@ -494,7 +509,23 @@ mod tests {
         };
         for seed in 0..8 {
             let x = random_inputs(DType::F32, &shape, if seed % 2 == 0 { 0 } else { 3 }, seed);
-            assert_eq!(x, random_inputs(DType::F32, &shape, if seed % 2 == 0 { 0 } else { 3 }, seed));
+            // The same batch again (compared as text: the slots outside every context are NaN).
+            let again = random_inputs(DType::F32, &shape, if seed % 2 == 0 { 0 } else { 3 }, seed);
+            assert_eq!(format!("{x:?}"), format!("{again:?}"));
+            // A slot is finite exactly when some sequence's context holds it.
+            let slot = 2 * shape.heads_kv * shape.head_dim;
+            let mut held = vec![false; shape.pages() * 4];
+            for (s, len) in x.context_lens.to_vec().iter().enumerate() {
+                for j in 0..*len as usize {
+                    held[x.block_tables.get(&[s, j / 4]) as usize * 4 + j % 4] = true;
+                }
+            }
+            for (i, h) in held.iter().enumerate() {
+                let finite = x.kv_pages.data[i * slot..(i + 1) * slot].iter().all(|v| v.is_finite());
+                let nan = x.kv_pages.data[i * slot..(i + 1) * slot].iter().all(|v| v.is_nan());
+                assert!(if *h { finite } else { nan }, "slot {i}: held {h}");
+            }
+            assert!(held.contains(&false), "some slot is unheld");
             let (ctx, qsl) = (x.context_lens.to_vec(), x.query_start_loc.to_vec());
             assert_eq!(qsl.len(), 8);
             assert_eq!((ctx[0], qsl[1]), (19.0, 6.0));
