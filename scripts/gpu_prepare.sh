@@ -153,19 +153,23 @@ if [ "${1:-}" = "--rpa" ]; then
     # Ragged paged attention alone (v2 and v3): the check sets of --paged's last three, and the
     # bench set (v2's full variant, bf16, d128, sm_90a, both plans, every tiling: the tuner's space)
     # for gpu_run.sh --rpa (checks, memcheck, tune/call) and --rpa-bench (bench/paged_gpu.py --rpa).
-    # (--drop-spilling: at d = 64, 64 rows on one warp spill although its accumulator fits the back
-    # end's rule; a tuned configuration must not spill.)
+    # (--drop-spilling: at d = 64, 64 rows on one warp, and at d = 128, 128 rows on four, spill
+    # although their accumulators fit the back end's rule; a tuned configuration must not spill.)
     $EJC build specs/ragged_paged.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
         -o .gpu/rpa --report --drop-spilling > .gpu/rpa_ptxas.txt
     $EJC build specs/ragged_paged.yaml -q --target mlir:gpu --dtype bf16 --head-dim 128 -o .gpu/rpa_mlir
     $EJC build specs/ragged_paged_v3.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --dtype f16 \
         -o .gpu/rpa3 --report --drop-spilling > .gpu/rpa3_ptxas.txt
     $EJC build specs/ragged_paged.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 128 \
-        -o .gpu/rpa_bench --drop-spilling
-    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz rpa rpa_mlir rpa3 rpa_bench
+        -o .gpu/rpa_bench --report --drop-spilling > .gpu/rpa_bench_ptxas.txt
+    # Flash's varlen variants on the warp-specialised path: their key tiles end at their
+    # sequence's last key (a row limit), which the TMA path takes since paged attention needed it.
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant varlen --variant varlen_causal --dtype bf16 \
+        --dtype f16 --head-dim 64 --head-dim 128 --path ws -o .gpu/varlen_ws --report --drop-spilling > .gpu/varlen_ws_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz rpa rpa_mlir rpa3 rpa_bench varlen_ws
     # The bench set alone as well: call 2 carries it with FA4's second half and wheels (~41 MB).
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/rpa_bench.tar.xz rpa_bench
-    rm -rf .gpu/rpa .gpu/rpa_mlir .gpu/rpa3 .gpu/rpa_bench
+    rm -rf .gpu/rpa .gpu/rpa_mlir .gpu/rpa3 .gpu/rpa_bench .gpu/varlen_ws
     du -sh .gpu/*
     exit 0
 fi

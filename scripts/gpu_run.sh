@@ -374,11 +374,22 @@ if [ "${1:-}" = "--rpa" ]; then
         check_set rpa_mlir || status=1
         check_set rpa3 || status=1
     fi
+    # EJC_RPA_CHECKS_ONLY=1: the check sets alone (a second call for the rest of a split check).
+    [ -n "${EJC_RPA_CHECKS_ONLY:-}" ] && exit $status
+    check_set varlen_ws || status=1
+    # The TMA path on cut key tiles (rows past a page's context zeroed by the consumers), one
+    # and two consumer warpgroups, and flash's varlen on it.
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m64_n32@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    memcheck rpa "rpa_full_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    memcheck rpa3 "rpa3_sliding_window_bf16_d64_m128_n32@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    memcheck varlen_ws "flash_varlen_causal_bf16_d128_m128_n128@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    racecheck rpa "rpa_full_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    racecheck rpa "rpa_softcap_f16_d64_m64_n16@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16@ptx:sm_90a/w1_s2" || status=1
     memcheck rpa "rpa_gpt_oss_bf16_d128_m64_n32@ptx:sm_90a/w4_s2_wgmma" || status=1
     memcheck rpa "rpa_gpt_oss_bf16_d128_m64_n64_split@ptx:sm_90a/w4_s2_wgmma" || status=1
     memcheck rpa "rpa_softcap_f16_d64_m64_n32_split@ptx:sm_80/w4_s2" || status=1
-    memcheck rpa3 "rpa3_softcap_f16_d64_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
+    memcheck rpa3 "rpa3_softcap_f16_d64_m64_n32@ptx:sm_90a/w4_s2_wgmma" || status=1
     racecheck rpa "rpa_full_bf16_d128_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
     tune_then_call rpa_bench \
         num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
