@@ -889,23 +889,30 @@ fn ragged_decode_through_the_command_line() {
 /// Ragged paged attention (mixed prefill and decode, K/V interleaved pages), v2 and v3:
 /// every variant on the interpreter, CPU and MLIR with a page size of 5 that no key block
 /// divides, GQA 10:2, a prefill chunk of 41 tokens past a block of rows (v3: its cache
-/// writes compared too), the three plans (split-K at 4 splits); PTX through ptxas of one
-/// variant: pack, unpack, combine, 9 tilings of main, of partial and of classed's
-/// large-sequence program per arch (16 rows on one warp, 64 on four, 128 on four and on
-/// eight, 16/32/64 keys; sm_90a's 64- and 128-row ones also with wgmma and warp
-/// specialisation; never 64 rows on one warp, whose accumulator would spill), classed's 3
-/// small-sequence programs (16 rows, one warp), and v3's write. 128 rows on four warps
+/// writes compared too), the four plans (split-K and classed split-K at 4 splits); PTX
+/// through ptxas of one variant: pack, unpack, combine, 9 tilings of main, of partial and
+/// of classed's large-sequence program per arch (16 rows on one warp, 64 on four, 128 on
+/// four and on eight, 16/32/64 keys; sm_90a's 64- and 128-row ones also with wgmma and
+/// warp specialisation; never 64 rows on one warp, whose accumulator would spill),
+/// classed's 3 small-sequence programs and their 3 split ones (16 rows, one warp) with
+/// their per-sequence combine, and v3's write. 128 rows on four warps
 /// spill at d = 128 (an accumulator of 128 registers and the scores besides, which the
 /// back end's accumulator rule lets through): `--drop-spilling` leaves out exactly those.
 #[test]
 fn ragged_page_attention_through_the_command_line() {
     for (file, variants, variant, per_arch) in
-        [("ragged_paged.yaml", 4, "gpt_oss", 138), ("ragged_paged_v3.yaml", 3, "sliding_window", 140)]
+        [("ragged_paged.yaml", 4, "gpt_oss", 146), ("ragged_paged_v3.yaml", 3, "sliding_window", 148)]
     {
         let spec = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
         let sizes = "num_seqs=6,heads_q=10,heads_kv=2,page_size=5,max_context=133,max_q_len=41";
         for backend in ["interp", "cpu", "mlir"] {
-            for (dtype, plan) in [("f32", "packed"), ("bf16", "packed"), ("bf16", "split_k"), ("f32", "classed")] {
+            for (dtype, plan) in [
+                ("f32", "packed"),
+                ("bf16", "packed"),
+                ("bf16", "split_k"),
+                ("f32", "classed"),
+                ("bf16", "classed_split"),
+            ] {
                 let o = ejc(&[
                     "run",
                     &spec,
@@ -950,7 +957,7 @@ fn ragged_page_attention_through_the_command_line() {
             }
         }
         let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
-        assert_eq!(m.plans.len(), 3, "packed, classed and split_k");
+        assert_eq!(m.plans.len(), 4, "packed, classed, split_k and classed_split");
         let ids: Vec<&String> = m.artifacts.iter().map(|a| &a.artifact_id).collect();
         let kept = if have_ptxas { per_arch - spilled } else { per_arch };
         assert_eq!(m.artifacts.len(), kept, "{ids:?}");

@@ -1,5 +1,7 @@
-//! Ragged paged attention (`specs/ragged_paged.yaml`): both plans (`packed`: pack, main,
-//! unpack; `split_k` at 1 and 5 splits: pack, partial, combine, unpack) on the interpreter, after the pass pipeline, against the f64 reference —
+//! Ragged paged attention (`specs/ragged_paged.yaml`): every plan (`packed`: pack, main,
+//! unpack; `classed`: main once per class of sequence; `split_k` at 1 and 5 splits: pack,
+//! partial, combine, unpack; `classed_split` at 1, 3 and 5: the small class split, merged
+//! per sequence) on the interpreter, after the pass pipeline, against the f64 reference —
 //! every variant, f32 and bf16, row blocks of 16, 64 and 128 and key blocks of 16, 32
 //! and 64, on the operation's awkward batches (a prefill chunk, decode tokens, a one-token
 //! sequence, an empty one and random mixes; contexts off the page size; GQA 4:1 and 5:1,
@@ -55,9 +57,11 @@ fn packed_plan_matches(spec: Spec, op: &'static dyn Operation, exact_cache: bool
                 for plan in op.plans(&spec, &variant.features) {
                     // Split-K on one tiling (its kernels are main's): one split, and five
                     // (more than some row blocks' key blocks: empty splits).
+                    // `classed_split` the same, and at three splits on 128-key blocks' plans.
                     let splits: &[u32] = match plan.name {
-                        "split_k" if (bm, bn) == (64, 32) => &[1, 5],
-                        "split_k" => &[],
+                        "split_k" | "classed_split" if (bm, bn) == (64, 32) => &[1, 5],
+                        "classed_split" if (bm, bn) == (128, 64) => &[3],
+                        "split_k" | "classed_split" => &[],
                         _ => &[0],
                     };
                     for &n in splits {

@@ -45,7 +45,11 @@
 //!
 //! The `classed` plan launches it twice ([`Class`]): once as one 16-row block per sequence
 //! of at most [`SMALL_ROWS`] packed rows (grid `[1, S, KVH]`), once with the tuned tiling
-//! for the others; each gives the other class's sequences an empty row range.
+//! for the others; each gives the other class's sequences an empty row range. The
+//! `classed_split` plan cuts the small class's key blocks into `num_splits` pieces (grid
+//! `[num_splits, S, KVH]`, each sequence's splits in a slot of [`SMALL_ROWS`] rows) and
+//! merges them per sequence before the large class runs: a few long decodes beside
+//! prefill chunks no longer walk their whole context on one warp each.
 
 use std::f64::consts::LOG2_E;
 
@@ -88,10 +92,14 @@ pub enum Role {
     Write,
     /// Split-K's first launch: `main` over split `z` of `num_splits` pieces of each row
     /// block's key blocks, into `o_split [num_splits, KVH, T · G, D]` and `lse_split
-    /// [num_splits, KVH, T · G]` (f32; 0 and −∞ where a split saw nothing).
+    /// [num_splits, KVH, T · G]` (f32; 0 and −∞ where a split saw nothing). Of the small
+    /// class (`classed_split`): sequence `s`'s rows go to its slot, rows `[s · SMALL_ROWS,
+    /// +SMALL_ROWS)` of `o_split [num_splits, KVH, S · SMALL_ROWS, D]`.
     Partial,
     /// Split-K's second launch: the splits merged by log-sum-exp into `o_packed` (and
-    /// `lse_packed` with sinks), `BLOCK_G` packed rows a program.
+    /// `lse_packed` with sinks), `BLOCK_G` packed rows a program. Of the small class:
+    /// program `(s, h)` merges sequence `s`'s slot into its packed rows when it is of the
+    /// small class (grid `[S, KVH]`).
     Combine,
 }
 
@@ -137,8 +145,16 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ),
         ("o_packed", "temporary: the output in the packed order [KVH, T * G, D], f32"),
         ("lse_packed", "temporary: each packed row's log-sum-exp over its keys [KVH, T * G], f32 (with sinks)"),
-        ("o_split", "temporary (split_k): each key split's normalised output [num_splits, KVH, T * G, D], f32"),
-        ("lse_split", "temporary (split_k): each key split's log-sum-exp [num_splits, KVH, T * G], f32"),
+        (
+            "o_split",
+            "temporary (split_k): each key split's normalised output [num_splits, KVH, T * G, D], f32 \
+             (classed_split: a 16-row slot per sequence, [num_splits, KVH, S * 16, D])",
+        ),
+        (
+            "lse_split",
+            "temporary (split_k): each key split's log-sum-exp [num_splits, KVH, T * G], f32 (classed_split: [num_splits, \
+             KVH, S * 16])",
+        ),
         ("num_splits", "scalar: key splits of the split-K plan (the tuner's choice)"),
         ("softmax_scale", "scalar: multiplies q.k (1 / sqrt(D) by default)"),
         ("logits_soft_cap", "scalar: c in c * tanh(x / c) (> 0)"),
@@ -528,9 +544,22 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     });
     let (o, lse) = b.softmax_finalize(finals[0], finals[1], finals[2]);
     let lead: Vec<Axis> = split.iter().map(|z| Axis::Index(*z)).chain([Axis::Index(kvh)]).collect();
-    b.store(o_packed, lead.iter().copied().chain([rows, cols]).collect(), o);
+    // The small class's splits go to the sequence's slot of `SMALL_ROWS` rows (`o_split
+    // [num_splits, KVH, S · SMALL_ROWS, D]`): its row block is the sequence's only one, and
+    // a sequence of the other class stores nothing (an empty row range).
+    let out_rows = if partial && k.class == Class::Small {
+        let small = b.const_i32(SMALL_ROWS as i64);
+        let slot = b.mul(seq, small);
+        let n = b.sub(row_end, row0);
+        let n = b.max(n, c0);
+        let end = b.add(slot, n);
+        Axis::Range { start: slot, size: bm, limit: Some(end) }
+    } else {
+        rows
+    };
+    b.store(o_packed, lead.iter().copied().chain([out_rows, cols]).collect(), o);
     if let Some(lse_packed) = lse_packed {
-        b.store(lse_packed, lead.iter().copied().chain([rows]).collect(), lse);
+        b.store(lse_packed, lead.iter().copied().chain([out_rows]).collect(), lse);
     }
     b.finish()
 }
@@ -546,21 +575,58 @@ fn build_combine(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let lse_split = b.param("lse_split", Type::Tensor(DType::F32, 3));
     let o_packed = b.param("o_packed", Type::Tensor(DType::F32, 3));
     let lse_packed = k.sinks.then(|| b.param("lse_packed", Type::Tensor(DType::F32, 2)));
+    let small = k.class == Class::Small;
+    let sequences = small.then(|| {
+        let qsl = b.param("query_start_loc", Type::Tensor(DType::I32, 1));
+        let group = b.param("group", Type::Scalar(DType::I32));
+        (qsl, group)
+    });
     let num_splits = b.param("num_splits", Type::Scalar(DType::I32));
-    b.set_grid([
-        GridExpr::cdiv(GridExpr::times(GridExpr::sym("total_tokens"), GridExpr::sym("group")), rows_n as i64),
-        GridExpr::sym("heads_kv"),
-        GridExpr::Const(1),
-    ]);
     let c0 = b.const_i32(0);
     let c1 = b.const_i32(1);
-    let r = b.program_id(0);
-    let h = b.program_id(1);
-    let total = b.dim(o_packed, 1);
-    let step = b.const_i32(rows_n as i64);
-    let r0 = b.mul(r, step);
-    let rows = Axis::Range { start: r0, size: rows_n, limit: Some(total) };
     let cols = Axis::Range { start: c0, size: d, limit: None };
+    // (rows read from the splits, rows written to the packed output)
+    let (src, dst, h) = match sequences {
+        None => {
+            b.set_grid([
+                GridExpr::cdiv(GridExpr::times(GridExpr::sym("total_tokens"), GridExpr::sym("group")), rows_n as i64),
+                GridExpr::sym("heads_kv"),
+                GridExpr::Const(1),
+            ]);
+            let r = b.program_id(0);
+            let h = b.program_id(1);
+            let total = b.dim(o_packed, 1);
+            let step = b.const_i32(rows_n as i64);
+            let r0 = b.mul(r, step);
+            let rows = Axis::Range { start: r0, size: rows_n, limit: Some(total) };
+            (rows, rows, h)
+        }
+        Some((qsl, group)) => {
+            // Program (s, h): sequence s's slot of SMALL_ROWS rows into its packed rows, when
+            // it is of the small class (else an empty range).
+            b.set_grid([GridExpr::sym("num_seqs"), GridExpr::sym("heads_kv"), GridExpr::Const(1)]);
+            let s = b.program_id(0);
+            let h = b.program_id(1);
+            let s1 = b.add(s, c1);
+            let q_start = b.load(qsl, vec![Axis::Index(s)], 0.0);
+            let q_end = b.load(qsl, vec![Axis::Index(s1)], 0.0);
+            let len = b.sub(q_end, q_start);
+            let n = b.mul(len, group);
+            let small_c = b.const_i32(SMALL_ROWS as i64);
+            let mine = b.cmp(CmpPred::Le, n, small_c);
+            let n = b.select(mine, n, c0);
+            let slot = b.mul(s, small_c);
+            let slot_end = b.add(slot, n);
+            let row0 = b.mul(q_start, group);
+            let row_end = b.add(row0, n);
+            (
+                Axis::Range { start: slot, size: SMALL_ROWS, limit: Some(slot_end) },
+                Axis::Range { start: row0, size: SMALL_ROWS, limit: Some(row_end) },
+                h,
+            )
+        }
+    };
+    let rows_n = if small { SMALL_ROWS } else { rows_n };
     let ninf = b.const_f32(f64::NEG_INFINITY);
     let zero = b.const_f32(0.0);
     let m0 = b.full(f64::NEG_INFINITY, DType::F32, &[rows_n]);
@@ -568,7 +634,7 @@ fn build_combine(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let a0 = b.full(0.0, DType::F32, &[rows_n, d]);
     let finals = b.for_loop(c0, num_splits, c1, &[a0, m0, l0], |b, z, carried| {
         let (acc, m, l) = (carried[0], carried[1], carried[2]);
-        let lse = b.load(lse_split, vec![Axis::Index(z), Axis::Index(h), rows], f64::NEG_INFINITY);
+        let lse = b.load(lse_split, vec![Axis::Index(z), Axis::Index(h), src], f64::NEG_INFINITY);
         let m_new = b.max(m, lse);
         // Nothing seen yet: shift by 0 instead of −∞ (e^(−∞ − 0) = 0, never e^(−∞ + ∞)).
         let none = b.cmp(CmpPred::Eq, m_new, ninf);
@@ -577,7 +643,7 @@ fn build_combine(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
         let alpha = b.unary(UnOp::Exp, old);
         let own = b.sub(lse, m_use);
         let w = b.unary(UnOp::Exp, own);
-        let o = b.load(o_split, vec![Axis::Index(z), Axis::Index(h), rows, cols], 0.0);
+        let o = b.load(o_split, vec![Axis::Index(z), Axis::Index(h), src, cols], 0.0);
         let a2 = b.expand_dims(alpha, 1);
         let w2 = b.expand_dims(w, 1);
         let kept = b.mul(acc, a2);
@@ -594,12 +660,12 @@ fn build_combine(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let inv = b.select(seen, inv, zero);
     let inv2 = b.expand_dims(inv, 1);
     let o = b.mul(acc, inv2);
-    b.store(o_packed, vec![Axis::Index(h), rows, cols], o);
+    b.store(o_packed, vec![Axis::Index(h), dst, cols], o);
     if let Some(lse_packed) = lse_packed {
         let log_l = b.unary(UnOp::Log, l);
         let lse = b.add(m, log_l);
         let lse = b.select(seen, lse, ninf);
-        b.store(lse_packed, vec![Axis::Index(h), rows], lse);
+        b.store(lse_packed, vec![Axis::Index(h), dst], lse);
     }
     b.finish()
 }

@@ -5,7 +5,7 @@
 //! ```
 //! use ejc_ir::op::Operation;
 //! let op = ejc_ir::ops::get("ragged_page_attention").unwrap();
-//! assert_eq!(op.plan_names(), ["packed", "classed", "split_k"]);
+//! assert_eq!(op.plan_names(), ["packed", "classed", "split_k", "classed_split"]);
 //! let dims: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
 //! assert_eq!(dims, ["num_seqs", "heads_q", "heads_kv", "head_dim", "page_size", "max_context", "max_q_len", "num_pages",
 //!                   "min_context", "prefill_seqs"]);
@@ -185,11 +185,13 @@ pub(crate) fn kernel_id(spec_name: &str, k: &KernelInstance) -> String {
         "unpack" => format!("{base}_unpack"),
         "write" => format!("{base}_write"),
         "combine" => format!("{base}_combine"),
+        "combine_small" => format!("{base}_combine_small"),
         _ => {
             let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
             let suffix = match k.role {
                 "partial" => "_split",
                 "decode" => "_small",
+                "decode_split" => "_small_split",
                 "prefill" => "_large",
                 _ => "",
             };
@@ -324,9 +326,10 @@ pub(crate) fn check_batch(
     Ok(Batch { sizes, heads_q: hq, heads_kv: hkv, page, width, live, lens, qsl, table })
 }
 
-/// The plans of v2 (`write`: v3, whose plans launch its cache write first): `packed`, and
-/// `split_k` where the spec lists `num_splits` (main's key blocks cut into that many
-/// pieces, merged by a `combine` launch before `unpack`).
+/// The plans of v2 (`write`: v3, whose plans launch its cache write first): `packed`,
+/// `classed`, and where the spec lists `num_splits` `split_k` (main's key blocks cut into
+/// that many pieces, merged by a `combine` launch before `unpack`) and `classed_split`
+/// (`classed` with the small class split).
 pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> {
     let copy = || Config::from([("block_g".to_string(), BLOCK_G as u32), ("num_warps".to_string(), 1)]);
     // Rows of tokens in no sequence are never written: they must read 0.
@@ -348,6 +351,9 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
     let role = |name: &'static str, tile_axes: Vec<&'static str>, fixed: Config| RoleDecl { name, tile_axes, fixed };
     // `classed` (split = false, classed = true): main twice, sequences of at most SMALL_ROWS
     // packed rows (decodes) on one 16-row warp, the others with the tuned tiling.
+    // `classed_split` (both): the small class's key blocks cut into `num_splits` pieces
+    // (each sequence's splits in its slot of SMALL_ROWS rows, merged per sequence by
+    // `combine_small`), the large class as in `classed`.
     let plan = |split: bool, classed: bool| {
         let mut roles = Vec::new();
         let mut launches = Vec::new();
@@ -361,7 +367,24 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
         if sinks {
             temporaries.push(temp("lse_packed", &rows[..2]));
         }
-        if split {
+        let small = || Config::from([("block_m".to_string(), SMALL_ROWS as u32), ("num_warps".to_string(), 1)]);
+        if split && classed {
+            roles.push(role("decode_split", vec!["block_n"], small()));
+            roles.push(role("combine_small", vec![], copy()));
+            roles.push(role("prefill", vec!["block_m", "block_n"], Config::new()));
+            launches.push(launch("decode_split", lens()));
+            launches.push(launch("combine_small", BTreeMap::new()));
+            launches.push(launch("prefill", lens()));
+            // A sequence's slot: the rows of a small-class sequence's splits; the rest is
+            // never read (NaN on the interpreter shows if it were).
+            let slots = ["heads_kv", "mul(num_seqs, 16)", "head_dim"];
+            temporaries.push(Temporary {
+                fill: "nan".into(),
+                ..temp("o_split", &["num_splits", slots[0], slots[1], slots[2]])
+            });
+            temporaries
+                .push(Temporary { fill: "nan".into(), ..temp("lse_split", &["num_splits", slots[0], slots[1]]) });
+        } else if split {
             roles.push(role("partial", vec!["block_m", "block_n"], Config::new()));
             roles.push(role("combine", vec![], copy()));
             launches.push(launch("partial", lens()));
@@ -369,8 +392,7 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             temporaries.push(temp("o_split", &["num_splits", rows[0], rows[1], rows[2]]));
             temporaries.push(temp("lse_split", &["num_splits", rows[0], rows[1]]));
         } else if classed {
-            let small = Config::from([("block_m".to_string(), SMALL_ROWS as u32), ("num_warps".to_string(), 1)]);
-            roles.push(role("decode", vec!["block_n"], small));
+            roles.push(role("decode", vec!["block_n"], small()));
             roles.push(role("prefill", vec!["block_m", "block_n"], Config::new()));
             launches.push(launch("decode", lens()));
             launches.push(launch("prefill", lens()));
@@ -382,7 +404,8 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
         launches.push(launch("unpack", BTreeMap::new()));
         PlanDecl {
             name: match (split, classed) {
-                (true, _) => "split_k",
+                (true, true) => "classed_split",
+                (true, false) => "split_k",
                 (false, true) => "classed",
                 _ => "packed",
             },
@@ -395,6 +418,7 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
     let mut plans = vec![plan(false, false), plan(false, true)];
     if !spec.schedule.values("num_splits").is_empty() {
         plans.push(plan(true, false));
+        plans.push(plan(true, true));
     }
     plans
 }
@@ -413,12 +437,12 @@ pub(crate) fn build_instance(
         "write" => Role::Write,
         "pack" => Role::Pack,
         "unpack" => Role::Unpack,
-        "partial" => Role::Partial,
-        "combine" => Role::Combine,
+        "partial" | "decode_split" => Role::Partial,
+        "combine" | "combine_small" => Role::Combine,
         _ => Role::Main,
     };
     let class = match k.role {
-        "decode" => Class::Small,
+        "decode" | "decode_split" | "combine_small" => Class::Small,
         "prefill" => Class::Large,
         _ => Class::All,
     };
@@ -513,7 +537,7 @@ impl Operation for RaggedPaged {
     }
 
     fn plan_names(&self) -> &'static [&'static str] {
-        &["packed", "classed", "split_k"]
+        &["packed", "classed", "split_k", "classed_split"]
     }
 
     fn plans(&self, spec: &Spec, f: &op::Features) -> Vec<PlanDecl> {

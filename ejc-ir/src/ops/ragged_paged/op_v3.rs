@@ -5,7 +5,7 @@
 //! ```
 //! use ejc_ir::op::Operation;
 //! let op = ejc_ir::ops::get("ragged_page_attention_v3").unwrap();
-//! assert_eq!(op.plan_names(), ["packed", "classed", "split_k"]);
+//! assert_eq!(op.plan_names(), ["packed", "classed", "split_k", "classed_split"]);
 //! assert_eq!(op.outputs(&Default::default()), ["out", "kv_pages"]);
 //! ```
 
@@ -103,7 +103,7 @@ impl Operation for RaggedPagedV3 {
     }
 
     fn plan_names(&self) -> &'static [&'static str] {
-        &["packed", "classed", "split_k"]
+        &["packed", "classed", "split_k", "classed_split"]
     }
 
     fn plans(&self, spec: &Spec, _f: &op::Features) -> Vec<PlanDecl> {
