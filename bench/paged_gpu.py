@@ -14,7 +14,8 @@ once) over its time.
 
 * **copy**: a device-to-device copy (`dst.copy_(src)`) of as many bytes as the row's K and V,
   counted as read + write: the HBM limit the issue's goal is measured against.
-* **ejc**: `ejc-gpu bench` (CUDA events, median), every candidate of both plans.
+* **ejc**: `ejc-gpu bench` (CUDA events, median) over the candidates the tuner times: every one of
+  a plan with at most 64, a staged search through a plan with more (docs/runtime.md, "The autotuner").
 * **FA4**: FlashAttention-4's paged forward (`flash_attn_varlen_func` with `page_table` and
   `seqused_k`, q as `[B, 1, H, D]`; its sm90 kernels on Hopper) on the same K/V in its own
   layout `[pages, page, KVH, D]`, when ../shared/bench/fa4_kit.sh's install.sh has put it on

@@ -22,6 +22,7 @@
 //! | [`call`] | a call of any operation: named tensors (host or GPU) and scalars |
 //! | [`exec`] | running a plan on the CPU: temporaries, bindings, grids from the manifest |
 //! | [`tune`] | the autotuner, for any operation, on the CPU or a GPU |
+//! | [`search`] | which candidates a tuning times: a plan's all, or a staged search where they are many |
 //! | [`api`] | `Runtime::call(op, features, call, options)`: platform, instance, configuration, run |
 //! | [`flash`] | `flash_attention(q, k, v, &opts)`: the flash forward's typed front door |
 //! | [`cuda`] (feature `cuda`) | the CUDA executor: PTX through the driver, launches with the manifest's ABI, event timing |
@@ -44,6 +45,7 @@ pub mod registry;
 pub mod ring;
 #[cfg(feature = "cuda")]
 pub mod ring_cuda;
+pub mod search;
 pub mod tune;
 
 pub use flash::{flash_attention, FlashArgs, FlashOptions, FlashResult};

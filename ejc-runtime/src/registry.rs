@@ -109,6 +109,15 @@ impl Candidate<'_> {
     pub fn id(&self) -> String {
         config_id(&self.config)
     }
+
+    /// The candidate as the tuner's search sees it ([`crate::search`]): its plan, and its
+    /// choices — the artifact of each launch, then each run-time axis's value.
+    pub fn point(&self) -> crate::search::Point {
+        let mut coords: Vec<String> = self.launches.iter().map(|e| e.artifact_id.clone()).collect();
+        coords
+            .extend(self.plan.plan.axes.keys().map(|a| self.config.get(a).map(|v| v.to_string()).unwrap_or_default()));
+        crate::search::Point { group: self.plan.plan.name.clone(), coords }
+    }
 }
 
 /// The kernels and plans of one instance on one back end.

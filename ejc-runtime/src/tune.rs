@@ -11,8 +11,10 @@
 //! # }
 //! ```
 //!
-//! For every candidate (a plan with an artifact per launch; [`crate::registry::Candidate`]),
-//! in order:
+//! For every candidate (a plan with an artifact per launch; [`crate::registry::Candidate`])
+//! the search visits — all of a plan's when it has at most
+//! [`crate::search::FULL_SEARCH_LIMIT`], else a staged search through its choices
+//! ([`crate::search`]) — in order:
 //!
 //! 1. **feasibility** (CPU): a candidate whose per-thread scratch exceeds the L2 cache
 //!    is pruned (its tiles would stream from L3 on every block);
@@ -252,8 +254,11 @@ impl Tunable for Tuner<'_, '_> {
     }
 
     fn autotune(&self, candidates: &[Config]) -> TuneReport {
+        let found: Vec<(usize, &Candidate)> =
+            candidates.iter().enumerate().filter_map(|(i, c)| self.find(c).map(|cand| (i, cand))).collect();
+        let points: Vec<crate::search::Point> = found.iter().map(|(_, cand)| cand.point()).collect();
         let bar = if self.progress {
-            let b = indicatif::ProgressBar::new(candidates.len() as u64);
+            let b = indicatif::ProgressBar::new(crate::search::search_bound(&points) as u64);
             b.set_style(
                 indicatif::ProgressStyle::with_template("{spinner} tuning [{bar:30}] {pos}/{len} ETA {eta:>4} {msg}")
                     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
@@ -268,37 +273,43 @@ impl Tunable for Tuner<'_, '_> {
         let dims = self.op.dims_of(&self.sizes);
         let sample = self.sample(&dims, self.seed, true);
         let mut timings = Vec::new();
-        let mut best: Option<(f64, Config)> = None;
-        for c in candidates {
-            let id = ejc_ir::op::config_id(c);
+        // Which candidates are timed: every one of a plan with few, a staged search
+        // through a plan with many (`crate::search`); a configuration that was not built
+        // is reported as such.
+        for c in candidates.iter().filter(|c| self.find(c).is_none()) {
+            timings.push(Timing { config_id: ejc_ir::op::config_id(c), median_ms: None, status: "not built".into() });
+        }
+        let best = crate::search::staged_search(&points, |k| {
+            let (i, cand) = found[k];
+            let id = ejc_ir::op::config_id(&candidates[i]);
             if let Some(b) = &bar {
                 b.set_message(id.clone());
             }
-            let outcome = match (self.find(c), &sample) {
-                (None, _) => Err("not built".to_string()),
-                (_, Err(e)) => Err(format!("no inputs: {e}")),
-                (Some(cand), Ok((host, sizes))) => match self.pruned(cand) {
+            let outcome = match &sample {
+                Err(e) => Err(format!("no inputs: {e}")),
+                Ok((host, sizes)) => match self.pruned(cand) {
                     Some(why) => Err(why),
                     None => self.verify(cand).and_then(|()| self.time(cand, host, sizes)),
                 },
             };
-            match outcome {
-                Ok(ms) => {
-                    if best.as_ref().is_none_or(|(b, _)| ms < *b) {
-                        best = Some((ms, c.clone()));
-                    }
-                    timings.push(Timing { config_id: id, median_ms: Some(ms), status: "ok".into() });
-                }
-                Err(status) => timings.push(Timing { config_id: id, median_ms: None, status }),
-            }
             if let Some(b) = &bar {
                 b.inc(1);
             }
-        }
+            match outcome {
+                Ok(ms) => {
+                    timings.push(Timing { config_id: id, median_ms: Some(ms), status: "ok".into() });
+                    Some(ms)
+                }
+                Err(status) => {
+                    timings.push(Timing { config_id: id, median_ms: None, status });
+                    None
+                }
+            }
+        });
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        TuneReport { timings, winner: best.map(|(_, c)| c) }
+        TuneReport { timings, winner: best.map(|k| candidates[found[k].0].clone()) }
     }
 
     fn describe(&self) -> String {

@@ -6,7 +6,7 @@
 //! ```text
 //! ejc-gpu info
 //! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned] [--scalars NAME=V,...]
-//! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--json FILE]
+//! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--all] [--json FILE]
 //! ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]
 //! ejc-gpu tune  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR] [--force]
 //! ejc-gpu call  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR]
@@ -48,7 +48,7 @@ use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 fn usage() -> ExitCode {
     eprintln!(
         "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned] [--scalars NAME=V,...]\n  ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]\n  ejc-gpu bench DIR --variant V \
-         --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--json FILE]\n  ejc-gpu tune DIR --variant V \
+         --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--all] [--json FILE]\n  ejc-gpu tune DIR --variant V \
          --dtype D (--size ... | --shape ...) [--cache-dir DIR] [--force]\n  ejc-gpu call DIR --variant V --dtype D (--size ... | \
          --shape ...) [--cache-dir DIR]"
     );
@@ -463,7 +463,7 @@ fn target(asked: Asked<'_>, cc: u32) -> Result<Target<'_>, String> {
 
 fn bench(args: &[String]) -> ExitCode {
     let valued = ["--variant", "--dtype", "--size", "--shape", "--reps", "--only", "--json"];
-    if let Err(e) = check_args("bench", args, &valued, &[]) {
+    if let Err(e) = check_args("bench", args, &valued, &["--all"]) {
         return bad_input(e);
     }
     let dir = &args[0];
@@ -473,6 +473,7 @@ fn bench(args: &[String]) -> ExitCode {
         Err(e) => return bad_input(e),
     };
     let only = flag(args, "--only");
+    let all = args.iter().any(|a| a == "--all");
     let (op, reg) = match open(dir) {
         Ok(x) => x,
         Err(e) => return bad_input(e),
@@ -512,24 +513,51 @@ fn bench(args: &[String]) -> ExitCode {
         op.describe(&t.fam.features)
     );
     let mut rows = Vec::new();
-    for c in t.fam.candidates() {
-        let id = format!(
+    let id_of = |c: &ejc_runtime::registry::Candidate| {
+        format!(
             "{}{}",
             c.launches.iter().map(|e| e.artifact_id.as_str()).collect::<Vec<_>>().join(" + "),
             c.plan.plan.axes.keys().filter_map(|a| c.config.get(a).map(|v| format!(" [{a}={v}]"))).collect::<String>()
-        );
-        if only.as_ref().is_some_and(|o| !id.contains(o.as_str())) {
-            continue;
-        }
-        match CudaPlan::for_candidate(&cuda, &c, &dev, &sizes).and_then(|p| p.median_ms(&cuda, 3, reps)) {
+        )
+    };
+    // The candidates the tuner would time: a plan's all where it has few, a staged search
+    // through a plan with many (ejc_runtime::search); `--all` times every one.
+    let cands: Vec<_> = t
+        .fam
+        .candidates()
+        .into_iter()
+        .filter(|c| only.as_ref().is_none_or(|o| id_of(c).contains(o.as_str())))
+        .collect();
+    let points: Vec<_> = cands.iter().map(|c| c.point()).collect();
+    let mut time = |k: usize| {
+        let c = &cands[k];
+        let id = id_of(c);
+        match CudaPlan::for_candidate(&cuda, c, &dev, &sizes).and_then(|p| p.median_ms(&cuda, 3, reps)) {
             Ok(ms) => {
                 let tf = work.flops / (ms * 1e-3) / 1e12;
                 let gbs = work.bytes / (ms * 1e-3) / 1e9;
                 println!("  {id:<96} {ms:8.4} ms  {tf:7.1} TFLOP/s  {gbs:7.0} GB/s");
                 rows.push((id, c.id(), ms, tf, gbs));
+                Some(ms)
             }
-            Err(e) => println!("  {id:<96} {e}"),
+            Err(e) => {
+                println!("  {id:<96} {e}");
+                None
+            }
         }
+    };
+    if all {
+        (0..cands.len()).for_each(|k| {
+            time(k);
+        });
+    } else {
+        ejc_runtime::search::staged_search(&points, &mut time);
+        println!(
+            "timed {} of {} candidates (a staged search through plans of more than {}; --all times every one)",
+            rows.len(),
+            cands.len(),
+            ejc_runtime::search::FULL_SEARCH_LIMIT
+        );
     }
     rows.sort_by(|a, b| a.2.total_cmp(&b.2));
     if let Some(best) = rows.first() {
