@@ -42,7 +42,10 @@
 #   bash scripts/gpu_run.sh --rpa        # ragged_page_attention v2/v3 (`gpu_prepare.sh --rpa`; carry .anchors/fa4/part-aa
 #                                        # too): every artifact checked, memcheck samples, tune/call on a serving step;
 #                                        # then --rpa-bench at once (carry .gpu, .anchors/fa4/part-ab, whl): mixed
-#                                        # prefill + decode steps vs FA4's paged varlen and SDPA (bench/paged_gpu.py --rpa)
+#                                        # prefill + decode steps vs FA4's paged varlen and SDPA (bench/paged_gpu.py --rpa).
+#                                        # EJC_RPA_FILTERS="TEXT ..." checks only matching artifacts, EJC_RPA_CHECKS_ONLY=1
+#                                        # stops after the checks, EJC_RPA_SPLIT_ONLY=1 runs the classed_split samples and
+#                                        # the tuner alone after them
 #   bash scripts/gpu_run.sh --ring       # ring attention (`gpu_prepare.sh --ring`; a kind with 2+ GPUs): the block
 #                                        # artifacts checked, then `ejc-ring check` on 2 and on every GPU (NCCL ranks
 #                                        # vs the one-GPU simulation bit for bit, and vs the f64 reference)
@@ -376,6 +379,19 @@ if [ "${1:-}" = "--rpa" ]; then
     fi
     # EJC_RPA_CHECKS_ONLY=1: the check sets alone (a second call for the rest of a split check).
     [ -n "${EJC_RPA_CHECKS_ONLY:-}" ] && exit $status
+    # The classed_split plan (the decodes' key blocks split, merged per sequence): a sample on each
+    # arch and of v3, under memcheck (labels `ejc-gpu check` runs: the check pairs every prefill
+    # tiling with the first decode tiling).
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
+    memcheck rpa "rpa_softcap_f16_d64_m16_n16_small_split@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_combine_small@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
+    memcheck rpa3 "rpa3_sliding_window_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa3_sliding_window_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa3_sliding_window_bf16_d128_m64_n32_large@ptx:sm_90a/w4_s2_wgmma + " || status=1
+    # EJC_RPA_SPLIT_ONLY=1: those samples and the tuner alone (after a check pass filtered to them).
+    if [ -n "${EJC_RPA_SPLIT_ONLY:-}" ]; then
+        tune_then_call rpa_bench \
+            num_seqs=32,heads_q=32,heads_kv=8,head_dim=128,page_size=64,max_context=4096,min_context=4096,max_q_len=1024,prefill_seqs=4 \
+            || status=1
+        exit $status
+    fi
     check_set varlen_ws || status=1
     # The TMA path on cut key tiles (rows past a page's context zeroed by the consumers), one
     # and two consumer warpgroups, and flash's varlen on it.
