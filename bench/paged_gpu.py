@@ -16,6 +16,9 @@ once) over its time.
   counted as read + write: the HBM limit the issue's goal is measured against.
 * **ejc**: `ejc-gpu bench` (CUDA events, median) over the candidates the tuner times: every one of
   a plan with at most 64, a staged search through a plan with more (docs/runtime.md, "The autotuner").
+  Where the pick's plan runs launches on two streams (`classed`, `classed_split`), the same pick
+  is timed again with every launch on one stream, in order (`ejc_one_stream_us`), and on its
+  streams with the prefill launch enqueued before the decodes' (`ejc_late_order_us`).
 * **FA4**: FlashAttention-4's paged forward (`flash_attn_varlen_func` with `page_table` and
   `seqused_k`, q as `[B, 1, H, D]`; its sm90 kernels on Hopper) on the same K/V in its own
   layout `[pages, page, KVH, D]`, when ../shared/bench/fa4_kit.sh's install.sh has put it on
@@ -106,7 +109,14 @@ def ejc_best(rec, args, row, ragged=False):
         print(p.stdout[-2000:], p.stderr[-2000:], flush=True)
         return
     with open(path) as fh:
-        cands = json.load(fh)["candidates"]
+        res = json.load(fh)
+    cands = res["candidates"]
+    if res.get("best_one_stream_ms") is not None:
+        # The best candidate's launches ran on several streams; the same on one, in order.
+        rec["ejc_one_stream_us"] = res["best_one_stream_ms"] * 1e3
+    if res.get("best_late_order_ms") is not None:
+        # The same on its streams, the prefill launch enqueued before the decodes'.
+        rec["ejc_late_order_us"] = res["best_late_order_ms"] * 1e3
     os.unlink(path)
     if not cands:
         return
@@ -272,6 +282,7 @@ def rpa_row(args, fa4, row):
         f"({rec.get('ejc_gbs', 0):5.0f} GB/s = {rec.get('ejc_gbs', 0) / rec['copy_gbs']:4.2f} of copy, "
         f"{rec.get('ejc_tflops', 0):5.1f} TFLOP/s)  fa4 {us('fa4'):8.1f} us (err {rec.get('fa4_err')})  "
         f"sdpa {us('sdpa'):8.1f} us  ejc vs best {rec.get('ejc_vs_best', float('nan')):4.2f}  "
+        f"(ejc's pick on one stream {us('ejc_one_stream'):8.1f} us, in the late order {us('ejc_late_order'):8.1f} us)  "
         f"[{rec.get('ejc_artifact', '-')} {rec.get('ejc_config', '')}]",
         flush=True,
     )

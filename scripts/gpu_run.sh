@@ -39,13 +39,17 @@
 #                                        # artifact of both plans checked (PTX and MLIR), memcheck and racecheck samples, the
 #                                        # tuner's choice stored and reused; then --paged-bench in a second call (carry
 #                                        # .anchors/fa4/part-ab and whl): bench/paged_gpu.py, bandwidth vs copy, FA4, SDPA
-#   bash scripts/gpu_run.sh --rpa        # ragged_page_attention v2/v3 (`gpu_prepare.sh --rpa`; carry .anchors/fa4/part-aa
-#                                        # too): every artifact checked, memcheck samples, tune/call on a serving step;
-#                                        # then --rpa-bench at once (carry .gpu, .anchors/fa4/part-ab, whl): mixed
+#   bash scripts/gpu_run.sh --rpa        # ragged_page_attention v2/v3 (`gpu_prepare.sh --rpa`; carry .gpu, then in a
+#                                        # short call .anchors/fa4/part-aa: together they pass 64 MiB): every artifact
+#                                        # checked, memcheck samples, tune/call on a serving step;
+#                                        # then --rpa-bench at once (carry .gpu/ejc-gpu, .gpu/rpa_bench.tar.xz,
+#                                        # .anchors/fa4/part-ab, whl): mixed
 #                                        # prefill + decode steps vs FA4's paged varlen and SDPA (bench/paged_gpu.py --rpa).
 #                                        # EJC_RPA_FILTERS="TEXT ..." checks only matching artifacts, EJC_RPA_CHECKS_ONLY=1
 #                                        # stops after the checks, EJC_RPA_SPLIT_ONLY=1 runs the classed_split samples and
 #                                        # the tuner alone after them
+#   bash scripts/gpu_run.sh --rpa-streams # the classed plans, whose decodes and chunks run on two streams: their
+#                                        # checks (v2, v3, both archs) and memcheck samples; then --rpa-bench
 #   bash scripts/gpu_run.sh --ring       # ring attention (`gpu_prepare.sh --ring`; a kind with 2+ GPUs): the block
 #                                        # artifacts checked, then `ejc-ring check` on 2 and on every GPU (NCCL ranks
 #                                        # vs the one-GPU simulation bit for bit, and vs the f64 reference)
@@ -412,9 +416,24 @@ if [ "${1:-}" = "--rpa" ]; then
         || status=1
     exit $status
 fi
+if [ "${1:-}" = "--rpa-streams" ]; then
+    # The plans whose decodes and prefill chunks run on two streams at once (`classed`,
+    # `classed_split`: every artifact id with `_small`), checked on both archs for v2 and v3,
+    # and memcheck on a sample of each plan; then --rpa-bench in a second call.
+    [ -f .anchors/fa4/part-aa ] && cp .anchors/fa4/part-aa /tmp/
+    ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
+    EJC_FILTER=_small check_set rpa || status=1
+    EJC_FILTER=_small check_set rpa3 || status=1
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
+    memcheck rpa3 "rpa3_sliding_window_bf16_d128_m16_n16_small@ptx:sm_80/w1_s2 + rpa3_sliding_window_bf16_d128_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
+    exit $status
+fi
 if [ "${1:-}" = "--rpa-bench" ]; then
     source .anchors/fa4/whl/install.sh || echo "FA4 not installed: the bench runs without it"
-    timeout 500 python3 bench/paged_gpu.py /tmp/ejc-art/rpa_bench --rpa --json "$OUT/rpa.json" 2>&1 | tee "$OUT/rpa.log"
+    # EJC_BENCH_REPS=N: ejc's repetitions per candidate (default 50), to fit one call.
+    timeout 500 python3 bench/paged_gpu.py /tmp/ejc-art/rpa_bench --rpa ${EJC_BENCH_REPS:+--reps "$EJC_BENCH_REPS"} \
+        --json "$OUT/rpa.json" 2>&1 | tee "$OUT/rpa.log"
     exit "${PIPESTATUS[0]}"
 fi
 # NCCL and NVRTC for ejc-ring, from the machine's Python wheels or CUDA (cudarc looks for

@@ -114,6 +114,62 @@ pub struct Launch {
     /// call's sizes and the configuration's values.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub bind: BTreeMap<String, String>,
+    /// The earlier launches (indices into the plan's `launches`) this one waits for.
+    /// Absent: every earlier launch (the plan runs in order). Present: only those (and,
+    /// through them, theirs), so a launcher may run it at the same time as the others —
+    /// on another CUDA stream. The plan promises that launches with no path between
+    /// them touch disjoint elements of what either one writes (docs/abi.md, "Plans").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Vec<usize>>,
+}
+
+impl Launch {
+    /// A launch of `role` with no bindings, after every earlier launch.
+    pub fn of(role: &str) -> Launch {
+        Launch { role: role.into(), bind: BTreeMap::new(), after: None }
+    }
+}
+
+/// Which earlier launches each launch of `launches` waits for directly (`after`, or every
+/// earlier one where it is absent), checked: an index must name an earlier launch.
+pub fn launch_waits(launches: &[Launch]) -> Result<Vec<Vec<usize>>, String> {
+    launches
+        .iter()
+        .enumerate()
+        .map(|(i, l)| match &l.after {
+            None => Ok((0..i).collect()),
+            Some(a) => {
+                if let Some(bad) = a.iter().find(|&&j| j >= i) {
+                    return Err(format!(
+                        "launch {i} (`{}`) waits for launch {bad}, which is not an earlier one",
+                        l.role
+                    ));
+                }
+                let mut a = a.clone();
+                a.sort_unstable();
+                a.dedup();
+                Ok(a)
+            }
+        })
+        .collect()
+}
+
+/// Another order the launches may run in: at each step the *latest-listed* launch whose
+/// waits are done. A plan whose `after` lists are honest gives the same results in this
+/// order as in the listed one (the interpreter's tests run both).
+pub fn late_order(launches: &[Launch]) -> Result<Vec<usize>, String> {
+    let waits = launch_waits(launches)?;
+    let mut done = vec![false; launches.len()];
+    let mut order = Vec::with_capacity(launches.len());
+    while order.len() < launches.len() {
+        let next = (0..launches.len())
+            .rev()
+            .find(|&i| !done[i] && waits[i].iter().all(|&j| done[j]))
+            .expect("waits name earlier launches only, so one is always ready");
+        done[next] = true;
+        order.push(next);
+    }
+    Ok(order)
 }
 
 /// How one call of an instance runs.
@@ -269,7 +325,11 @@ instances and plans; this ejc reads `ejc-manifest/2`: rebuild it with `ejc build
             }
             None => return Err("not a valid ejc manifest: it has no `format`".into()),
         }
-        serde_json::from_str(text).map_err(|e| format!("not a valid ejc manifest: {e}"))
+        let m: Manifest = serde_json::from_str(text).map_err(|e| format!("not a valid ejc manifest: {e}"))?;
+        for p in &m.plans {
+            launch_waits(&p.launches).map_err(|e| format!("plan `{}` ({}): {e}", p.name, p.instance.describe()))?;
+        }
+        Ok(m)
     }
 
     pub fn to_json(&self) -> String {
@@ -290,5 +350,21 @@ mod tests {
         assert!(e.contains("rebuild it with `ejc build`"), "{e}");
         assert!(Manifest::parse(r#"{"format": "x"}"#).unwrap_err().contains("not supported"));
         assert!(Manifest::parse("[]").unwrap_err().contains("not a valid"));
+    }
+
+    #[test]
+    fn waits_default_to_every_earlier_launch_and_must_look_back() {
+        let mut ls = vec![Launch::of("pack"), Launch::of("decode"), Launch::of("prefill"), Launch::of("unpack")];
+        assert_eq!(launch_waits(&ls).unwrap(), vec![vec![], vec![0], vec![0, 1], vec![0, 1, 2]]);
+        assert_eq!(late_order(&ls).unwrap(), vec![0, 1, 2, 3]);
+        ls[1].after = Some(vec![0]);
+        ls[2].after = Some(vec![0]);
+        ls[3].after = Some(vec![2, 1, 2]);
+        assert_eq!(launch_waits(&ls).unwrap()[3], vec![1, 2]);
+        // The two middle launches are independent: the late order runs `prefill` first.
+        assert_eq!(late_order(&ls).unwrap(), vec![0, 2, 1, 3]);
+        ls[1].after = Some(vec![1]);
+        let e = launch_waits(&ls).unwrap_err();
+        assert!(e.contains("launch 1 (`decode`) waits for launch 1"), "{e}");
     }
 }

@@ -145,7 +145,7 @@ impl PlanDecl {
             name: "single",
             roles: vec![RoleDecl { name: "main", tile_axes: tile_axes.to_vec(), fixed: Config::new() }],
             temporaries: Vec::new(),
-            launches: vec![Launch { role: "main".into(), bind: BTreeMap::new() }],
+            launches: vec![Launch::of("main")],
             runtime_axes: Vec::new(),
         }
     }
@@ -581,6 +581,36 @@ pub fn run_plan_interp(
     sizes: &Sizes,
     config: &Config,
 ) -> Result<(), String> {
+    run_plan_interp_in(plan, kernels, call, sizes, config, LaunchOrder::Listed)
+}
+
+/// The order [`run_plan_interp_in`] runs a plan's launches in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaunchOrder {
+    /// As listed.
+    Listed,
+    /// [`crate::manifest::late_order`]: the latest-listed ready launch first. Where a plan
+    /// declares launches independent (`after`), a launcher may run them at once; a plan
+    /// whose declaration is honest gives the same results in both orders.
+    Late,
+}
+
+/// [`run_plan_interp`] with the launches in `order`.
+pub fn run_plan_interp_in(
+    plan: &PlanDecl,
+    kernels: &BTreeMap<String, Kernel>,
+    call: &mut HostCall,
+    sizes: &Sizes,
+    config: &Config,
+    order: LaunchOrder,
+) -> Result<(), String> {
+    let order: Vec<usize> = match order {
+        LaunchOrder::Listed => {
+            crate::manifest::launch_waits(&plan.launches)?;
+            (0..plan.launches.len()).collect()
+        }
+        LaunchOrder::Late => crate::manifest::late_order(&plan.launches)?,
+    };
     let syms = symbols(sizes, config);
     let mut temps: BTreeMap<String, HostTensor> = BTreeMap::new();
     for t in &plan.temporaries {
@@ -588,7 +618,7 @@ pub fn run_plan_interp(
         let fill = if t.fill == "zero" { 0.0 } else { f64::NAN };
         temps.insert(t.name.clone(), HostTensor::full(dtype, &shape, fill));
     }
-    for launch in &plan.launches {
+    for launch in order.iter().map(|&i| &plan.launches[i]) {
         let k = kernels.get(&launch.role).ok_or_else(|| format!("no kernel for role `{}`", launch.role))?;
         let params = ParamSig::of_kernel(k);
         let lookup = |n: &str| {

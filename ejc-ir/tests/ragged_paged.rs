@@ -16,7 +16,9 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::seed;
-use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, KernelInstance, Operation};
+use ejc_ir::op::{
+    self, compare_outputs, run_plan_interp, run_plan_interp_in, Config, KernelInstance, LaunchOrder, Operation,
+};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{self, Spec};
 use ejc_ir::types::DType;
@@ -99,8 +101,23 @@ fn packed_plan_matches(spec: Spec, op: &'static dyn Operation, exact_cache: bool
             let want = op.reference(&variant.features, &call).unwrap();
             let what = format!("{} {dtype} m{bm} n{bn} {} splits={n} case {i} {dims:?}", variant.name, plan.name);
             let config = Config::from([("num_splits".to_string(), *n)]);
+            let fresh = call.clone();
             if let Err(e) = run_plan_interp(plan, &kernels, &mut call, &sizes, &config) {
                 return Some(format!("{what}: {e}"));
+            }
+            // Launches the plan declares independent (`after`: the classes' launches, which
+            // a GPU runs on two streams) must give the same bits in the other order.
+            if plan.launches.iter().any(|l| l.after.is_some()) {
+                let mut late = fresh;
+                if let Err(e) = run_plan_interp_in(plan, &kernels, &mut late, &sizes, &config, LaunchOrder::Late) {
+                    return Some(format!("{what} (late order): {e}"));
+                }
+                for name in op.outputs(&variant.features) {
+                    let (a, b) = (call.tensors[name].to_vec(), late.tensors[name].to_vec());
+                    if a.iter().zip(&b).any(|(x, y)| x.to_bits() != y.to_bits()) {
+                        return Some(format!("{what}: `{name}` depends on the order of launches declared independent"));
+                    }
+                }
             }
             if exact_cache {
                 let (got, want) = (call.tensors["kv_pages"].to_vec(), want["kv_pages"].to_vec());

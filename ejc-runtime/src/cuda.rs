@@ -171,6 +171,9 @@ pub struct Cuda {
     kernels: Mutex<HashMap<(u64, String), CudaKernel>>,
     /// Global scratch for kernels that need it, grown on demand and kept.
     scratch: Mutex<Option<CudaSlice<u8>>>,
+    /// Streams besides `stream` for the launches a plan declares independent (made on
+    /// first use, kept).
+    side: Mutex<Vec<Arc<CudaStream>>>,
 }
 
 /// Keep the memory that stream-ordered allocations free in the device's default pool
@@ -229,7 +232,13 @@ impl Cuda {
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
         keep_pool_memory(&ctx);
         let stream = ctx.default_stream();
-        Ok(Cuda { ctx, stream, kernels: Mutex::new(HashMap::new()), scratch: Mutex::new(None) })
+        Ok(Cuda {
+            ctx,
+            stream,
+            kernels: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(None),
+            side: Mutex::new(Vec::new()),
+        })
     }
 
     pub fn device_name(&self) -> String {
@@ -316,6 +325,23 @@ impl Cuda {
         scalars: &[Scalar],
         maps: &[TensorMap],
     ) -> Result<(), CudaError> {
+        self.launch_on(&self.stream, k, grid, tensors, scalars, maps)
+    }
+
+    /// [`Cuda::launch`] on `stream` (this GPU's, or one of [`Cuda::side_streams`]). A kernel
+    /// with global scratch runs on this GPU's stream only (the scratch is one buffer).
+    ///
+    /// # Safety
+    /// As for [`Cuda::launch`]; and whatever the launch reads must be ready on `stream`.
+    pub unsafe fn launch_on(
+        &self,
+        stream: &Arc<CudaStream>,
+        k: &CudaKernel,
+        grid: [i64; 3],
+        tensors: &[DevTensor],
+        scalars: &[Scalar],
+        maps: &[TensorMap],
+    ) -> Result<(), CudaError> {
         // An empty grid launches nothing; its tensor maps are not made (a map cannot
         // describe an empty axis), so the count is checked only for real launches.
         if grid.contains(&0) && grid.iter().all(|g| *g >= 0) {
@@ -354,6 +380,12 @@ impl Cuda {
         // Held until the launch is queued: another launch may not shrink it meanwhile.
         let mut scratch = self.scratch.lock().map_err(|_| CudaError::Invalid("scratch poisoned".into()))?;
         if k.scratch_bytes > 0 {
+            if !Arc::ptr_eq(stream, &self.stream) {
+                return Err(CudaError::Invalid(format!(
+                    "`{}` uses global scratch: it runs on the GPU's own stream only",
+                    k.entry
+                )));
+            }
             let need = (grid[0] * grid[1] * grid[2]) as usize * k.scratch_bytes as usize;
             if scratch.as_ref().is_none_or(|s| s.len() < need) {
                 *scratch = None;
@@ -364,7 +396,7 @@ impl Cuda {
             let (p, _sync) = scratch.as_ref().map(|s| s.device_ptr(&self.stream)).expect("allocated above");
             args.push(Arg::U64(p));
         }
-        let mut b = self.stream.launch_builder(&k.func);
+        let mut b = stream.launch_builder(&k.func);
         for a in &args {
             match a {
                 Arg::U64(x) => b.arg(x),
@@ -388,6 +420,16 @@ impl Cuda {
     /// The stream every launch of this GPU goes to.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+
+    /// `n` streams besides [`Cuda::stream`] (non-blocking: they do not wait for the
+    /// default stream by themselves; a plan orders them with events), made once and kept.
+    pub fn side_streams(&self, n: usize) -> Result<Vec<Arc<CudaStream>>, CudaError> {
+        let mut side = self.side.lock().map_err(|_| CudaError::Invalid("streams poisoned".into()))?;
+        while side.len() < n {
+            side.push(self.ctx.new_stream().map_err(drv)?);
+        }
+        Ok(side[..n].to_vec())
     }
 
     /// The GPU's context (to make more streams, load more modules).
@@ -568,14 +610,87 @@ struct ReadyLaunch {
     maps: Vec<TensorMap>,
 }
 
+/// How a plan's launches spread over streams ("lanes"): lane 0 is the GPU's own stream,
+/// lane `k > 0` its `k`-th side stream ([`Cuda::side_streams`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lanes {
+    /// Per launch: its lane.
+    pub lane: Vec<usize>,
+    /// Per launch: the launches on other lanes it must wait for (by events); a launch
+    /// earlier on its own lane is ordered by the stream.
+    pub cross: Vec<Vec<usize>>,
+    /// Lanes in use (1: the plan runs in order on one stream).
+    pub count: usize,
+}
+
+impl Lanes {
+    /// Lanes for launches that wait for `waits` (each launch's direct waits, as
+    /// [`ejc_ir::manifest::launch_waits`] gives them): a launch continues the lane of its
+    /// latest wait where that wait is its lane's last launch so far, else it opens a lane.
+    /// So a plan in order stays on lane 0, and launches a plan declares independent of
+    /// each other run on different streams. `one`: every launch on lane 0.
+    pub fn assign(waits: &[Vec<usize>], one: bool) -> Lanes {
+        let n = waits.len();
+        if one {
+            return Lanes { lane: vec![0; n], cross: vec![Vec::new(); n], count: 1 };
+        }
+        let mut lane: Vec<usize> = Vec::with_capacity(n);
+        let mut last: Vec<usize> = Vec::new(); // per lane: its latest launch
+        let mut cross = Vec::with_capacity(n);
+        for (i, w) in waits.iter().enumerate() {
+            let cont = w.iter().rev().map(|&d| lane[d]).find(|&l| w.contains(&last[l]));
+            let l = match cont {
+                Some(l) => l,
+                None if last.is_empty() => 0,
+                None => last.len(),
+            };
+            if l == last.len() {
+                last.push(i);
+            } else {
+                last[l] = i;
+            }
+            lane.push(l);
+            // The latest wait on each other lane (it orders the earlier ones there).
+            let mut per: std::collections::BTreeMap<usize, usize> = std::collections::BTreeMap::new();
+            for &d in w {
+                if lane[d] != l {
+                    let e = per.entry(lane[d]).or_insert(d);
+                    *e = (*e).max(d);
+                }
+            }
+            cross.push(per.into_values().collect());
+        }
+        Lanes { lane, cross, count: last.len().max(1) }
+    }
+}
+
+/// Where a multi-lane plan's streams meet: the events a launch on another lane waits for.
+struct LaneSync {
+    side: Vec<Arc<CudaStream>>,
+    /// Recorded on the GPU's stream before the first launch; every side stream waits for it.
+    start: cudarc::driver::CudaEvent,
+    /// Per side stream: recorded after its last launch; the GPU's stream waits for it.
+    end: Vec<cudarc::driver::CudaEvent>,
+    /// Per launch: recorded after it where a launch on another lane waits for it.
+    done: Vec<Option<cudarc::driver::CudaEvent>>,
+}
+
 /// A plan ready to launch on a call's device tensors: kernels chosen (the aligned entry
 /// where the tensors meet its condition), temporaries allocated, arguments bound and
 /// tensor maps encoded — so that timing it measures the GPU, not the preparation.
+/// Launches the plan declares independent (`after`) go to separate streams, joined back
+/// into the GPU's stream before [`CudaPlan::launch`] returns (`EJC_PLAN_STREAMS=one`: all
+/// on one stream, in order, for comparison).
 pub struct CudaPlan {
     launches: Vec<ReadyLaunch>,
     _temps: Vec<DeviceBuffer>,
     /// Per launch: whether its aligned entry runs.
     pub aligned: Vec<bool>,
+    /// The streams the launches run on.
+    pub lanes: Lanes,
+    sync: Option<LaneSync>,
+    /// The order launches are enqueued in (the listed one unless [`CudaPlan::issue_late`]).
+    issue: Vec<usize>,
 }
 
 /// Which entry of an artifact with an aligned one a plan calls.
@@ -629,6 +744,12 @@ impl CudaPlan {
             }
         }
         let lookup = |n: &str| call.tensors.get(n).map(Tensor::info);
+        let plan_launches: Vec<Launch> = specs.iter().map(|s| s.launch.clone()).collect();
+        let waits = ejc_ir::manifest::launch_waits(&plan_launches).map_err(bad)?;
+        // The global scratch is one buffer: a plan with a kernel that uses it stays on one stream.
+        let one = std::env::var("EJC_PLAN_STREAMS").is_ok_and(|v| v == "one")
+            || specs.iter().any(|s| s.kernel.scratch_bytes > 0);
+        let lanes = Lanes::assign(&waits, one);
         let mut launches = Vec::new();
         let mut aligned_used = Vec::new();
         for s in specs {
@@ -683,7 +804,24 @@ impl CudaPlan {
             aligned_used.push(used);
             launches.push(ReadyLaunch { kernel, grid, tensors, scalars, maps });
         }
-        Ok(CudaPlan { launches, _temps: temps, aligned: aligned_used })
+        let sync = if lanes.count > 1 {
+            let event = || cuda.ctx.new_event(None).map_err(drv);
+            let mut done = Vec::new();
+            for i in 0..launches.len() {
+                let needed = lanes.cross.iter().any(|c| c.contains(&i));
+                done.push(if needed { Some(event()?) } else { None });
+            }
+            Some(LaneSync {
+                side: cuda.side_streams(lanes.count - 1)?,
+                start: event()?,
+                end: (1..lanes.count).map(|_| event()).collect::<Result<_, _>>()?,
+                done,
+            })
+        } else {
+            None
+        };
+        let issue = (0..launches.len()).collect();
+        Ok(CudaPlan { launches, _temps: temps, aligned: aligned_used, lanes, sync, issue })
     }
 
     /// Prepare a registry candidate (PTX entries) for `call`.
@@ -706,12 +844,59 @@ impl CudaPlan {
         CudaPlan::new_with(specs, &cand.plan.plan.temporaries, call, sizes, &cand.config, cuda, choice)
     }
 
-    /// Enqueue every launch in order (asynchronous: [`Cuda::synchronize`] waits).
+    /// The same plan with every launch on the GPU's stream, in the listed order (to measure
+    /// what the streams buy; `EJC_PLAN_STREAMS=one` does this for every plan).
+    pub fn on_one_stream(mut self) -> CudaPlan {
+        let n = self.launches.len();
+        self.lanes = Lanes { lane: vec![0; n], cross: vec![Vec::new(); n], count: 1 };
+        self.sync = None;
+        self.issue = (0..n).collect();
+        self
+    }
+
+    /// The same plan with its launches enqueued in [`ejc_ir::manifest::late_order`] (the
+    /// latest-listed ready launch first): where launches run on several streams, which is
+    /// enqueued first decides which takes the GPU's free multiprocessors first (`ejc-gpu
+    /// bench` measures both).
+    pub fn issue_late(mut self, plan: &[Launch]) -> Result<CudaPlan, CudaError> {
+        self.issue = ejc_ir::manifest::late_order(plan).map_err(CudaError::Invalid)?;
+        Ok(self)
+    }
+
+    /// Enqueue every launch (asynchronous: [`Cuda::synchronize`] waits). Launches on side
+    /// streams start after what the GPU's stream held before this call, and the GPU's
+    /// stream waits for all of them before anything enqueued after it.
     pub fn launch(&self, cuda: &Cuda) -> Result<(), CudaError> {
-        for l in &self.launches {
-            // Safety: `new` checked every tensor's dtype and rank against the kernel's
-            // parameters; tensors are separate allocations; the maps describe them.
-            unsafe { cuda.launch(&l.kernel, l.grid, &l.tensors, &l.scalars, &l.maps)? };
+        let Some(sync) = &self.sync else {
+            for l in &self.launches {
+                // Safety: `new` checked every tensor's dtype and rank against the kernel's
+                // parameters; tensors are separate allocations; the maps describe them.
+                unsafe { cuda.launch(&l.kernel, l.grid, &l.tensors, &l.scalars, &l.maps)? };
+            }
+            return Ok(());
+        };
+        let main = cuda.stream();
+        let stream = |lane: usize| if lane == 0 { main } else { &sync.side[lane - 1] };
+        sync.start.record(main).map_err(drv)?;
+        for s in &sync.side {
+            s.wait(&sync.start).map_err(drv)?;
+        }
+        for &i in &self.issue {
+            let l = &self.launches[i];
+            let st = stream(self.lanes.lane[i]);
+            for &d in &self.lanes.cross[i] {
+                st.wait(sync.done[d].as_ref().expect("made for every launch another lane waits for")).map_err(drv)?;
+            }
+            // Safety: as above; and what the launch reads was written by the launches it
+            // waits for (the plan's `after`), ordered by its stream or the events.
+            unsafe { cuda.launch_on(st, &l.kernel, l.grid, &l.tensors, &l.scalars, &l.maps)? };
+            if let Some(e) = &sync.done[i] {
+                e.record(st).map_err(drv)?;
+            }
+        }
+        for (s, e) in sync.side.iter().zip(&sync.end) {
+            e.record(s).map_err(drv)?;
+            main.wait(e).map_err(drv)?;
         }
         Ok(())
     }
@@ -751,4 +936,47 @@ pub fn download_into(cuda: &Cuda, from: &Call, names: &[&str], into: &mut Call) 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod lane_tests {
+    use super::Lanes;
+    use ejc_ir::manifest::{launch_waits, Launch};
+
+    fn launches(after: &[Option<Vec<usize>>]) -> Vec<Vec<usize>> {
+        let ls: Vec<Launch> = after.iter().map(|a| Launch { after: a.clone(), ..Launch::of("k") }).collect();
+        launch_waits(&ls).unwrap()
+    }
+
+    #[test]
+    fn a_plan_in_order_stays_on_one_stream() {
+        let l = Lanes::assign(&launches(&[None, None, None]), false);
+        assert_eq!(l, Lanes { lane: vec![0, 0, 0], cross: vec![vec![], vec![], vec![]], count: 1 });
+    }
+
+    #[test]
+    fn independent_classes_get_two_streams_and_meet_again() {
+        // pack; decode after pack; prefill after pack; unpack after both.
+        let w = launches(&[None, Some(vec![0]), Some(vec![0]), Some(vec![1, 2])]);
+        let l = Lanes::assign(&w, false);
+        assert_eq!(l.lane, vec![0, 0, 1, 1]);
+        assert_eq!(l.cross, vec![vec![], vec![], vec![0], vec![1]]);
+        assert_eq!(l.count, 2);
+        // v3's `classed_split`: write; pack; decode_split; combine_small; prefill; unpack.
+        let w = launches(&[None, None, Some(vec![1]), Some(vec![2]), Some(vec![1]), Some(vec![3, 4])]);
+        let l = Lanes::assign(&w, false);
+        assert_eq!(l.lane, vec![0, 0, 0, 0, 1, 1]);
+        assert_eq!(l.cross, vec![vec![], vec![], vec![], vec![], vec![1], vec![3]]);
+        // Forced onto one stream: no waits across streams.
+        let l = Lanes::assign(&w, true);
+        assert_eq!((l.lane, l.count), (vec![0; 6], 1));
+    }
+
+    #[test]
+    fn a_launch_waiting_for_nothing_after_the_first_opens_a_stream() {
+        let w = launches(&[None, Some(vec![]), Some(vec![0, 1])]);
+        let l = Lanes::assign(&w, false);
+        assert_eq!(l.lane, vec![0, 1, 1]);
+        assert_eq!(l.cross, vec![vec![], vec![], vec![0]]);
+    }
 }

@@ -154,7 +154,7 @@ impl DslLibrary {
             kernel: &kernel,
             params: crate::exec::param_sigs(&a.params).map_err(invalid)?,
             grid,
-            launch: ejc_ir::manifest::Launch { role: "main".into(), bind: Default::default() },
+            launch: ejc_ir::manifest::Launch::of("main"),
         };
         let mut plan =
             crate::exec::HostPlan::new(&[spec], &[], call, &sizes, &a.config).map_err(|e| invalid(e.to_string()))?;

@@ -276,7 +276,7 @@ impl DslBuild {
                 instance: m.instance.clone(),
                 features: m.features.clone(),
                 temporaries: Vec::new(),
-                launches: vec![Launch { role: "main".into(), bind: BTreeMap::new() }],
+                launches: vec![Launch::of("main")],
                 axes: BTreeMap::new(),
             })
             .collect();

@@ -185,7 +185,7 @@ pub fn run_flash(
         kernel: launch,
         params,
         grid,
-        launch: ejc_ir::manifest::Launch { role: "main".into(), bind: Default::default() },
+        launch: ejc_ir::manifest::Launch::of("main"),
     };
     let mut plan = ejc_runtime::exec::HostPlan::new(&[spec], &[], &call, &sizes, &Default::default())
         .map_err(|e| e.to_string())?;

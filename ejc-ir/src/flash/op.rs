@@ -414,10 +414,7 @@ impl Operation for FlashAttentionFwd {
                         fill: "none".into(),
                     },
                 ],
-                launches: vec![
-                    Launch { role: "partial".into(), bind: BTreeMap::new() },
-                    Launch { role: "combine".into(), bind: BTreeMap::new() },
-                ],
+                launches: vec![Launch::of("partial"), Launch::of("combine")],
                 runtime_axes: vec!["num_splits"],
             });
         }

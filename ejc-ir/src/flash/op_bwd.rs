@@ -195,8 +195,7 @@ impl Operation for FlashAttentionBwd {
                     })
                     .collect();
                 let mut temporaries = vec![temp("delta", &stats)];
-                let mut launches: Vec<Launch> =
-                    roles.iter().map(|r| Launch { role: r.name.into(), bind: BTreeMap::new() }).collect();
+                let mut launches: Vec<Launch> = roles.iter().map(|r| Launch::of(r.name)).collect();
                 if plan == Plan::Atomic {
                     temporaries.push(temp("dq_accum", &["batch", "seq_q", "heads_q", "head_dim"]));
                     if ff.sinks {

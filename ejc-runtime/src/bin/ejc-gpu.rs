@@ -537,7 +537,7 @@ fn bench(args: &[String]) -> ExitCode {
                 let tf = work.flops / (ms * 1e-3) / 1e12;
                 let gbs = work.bytes / (ms * 1e-3) / 1e9;
                 println!("  {id:<96} {ms:8.4} ms  {tf:7.1} TFLOP/s  {gbs:7.0} GB/s");
-                rows.push((id, c.id(), ms, tf, gbs));
+                rows.push((id, c.id(), ms, tf, gbs, k));
                 Some(ms)
             }
             Err(e) => {
@@ -560,13 +560,39 @@ fn bench(args: &[String]) -> ExitCode {
         );
     }
     rows.sort_by(|a, b| a.2.total_cmp(&b.2));
+    // Where the best candidate's plan runs launches on several streams, the same candidate
+    // on one stream, in order (what the streams bought, measured in the same run).
+    // And enqueued in the other order (the latest-listed ready launch first).
+    let (mut one_stream_ms, mut late_ms) = (None, None);
     if let Some(best) = rows.first() {
         println!("best: {} {:.4} ms {:.1} TFLOP/s {:.0} GB/s", best.0, best.2, best.3, best.4);
+        let c = &cands[best.5];
+        let plan = || CudaPlan::for_candidate(&cuda, c, &dev, &sizes);
+        if let Ok(p) = plan() {
+            let lanes = p.lanes.count;
+            if lanes > 1 {
+                match p.on_one_stream().median_ms(&cuda, 3, reps) {
+                    Ok(ms) => {
+                        println!("best on one stream (its {lanes} streams as one, in order): {ms:.4} ms");
+                        one_stream_ms = Some(ms);
+                    }
+                    Err(e) => println!("best on one stream: {e}"),
+                }
+                match plan().and_then(|p| p.issue_late(&c.plan.plan.launches)).and_then(|p| p.median_ms(&cuda, 3, reps))
+                {
+                    Ok(ms) => {
+                        println!("best on {lanes} streams, enqueued in the late order: {ms:.4} ms");
+                        late_ms = Some(ms);
+                    }
+                    Err(e) => println!("best in the late order: {e}"),
+                }
+            }
+        }
     }
     if let Some(path) = flag(args, "--json") {
         let j = serde_json::json!({
             "device": cuda.device_name(), "op": op.name(), "instance": t.fam.instance, "dims": t.dims,
-            "flops": work.flops, "bytes": work.bytes,
+            "flops": work.flops, "bytes": work.bytes, "best_one_stream_ms": one_stream_ms, "best_late_order_ms": late_ms,
             "candidates": rows.iter().map(|r| serde_json::json!({"artifact": r.0, "config": r.1, "ms": r.2, "tflops": r.3, "gbs": r.4})).collect::<Vec<_>>(),
         });
         if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap_or_default()) {

@@ -234,10 +234,7 @@ pub(crate) fn decode_plans(spec: &Spec) -> Vec<PlanDecl> {
                     fill: "none".into(),
                 },
             ],
-            launches: vec![
-                Launch { role: "partial".into(), bind: BTreeMap::new() },
-                Launch { role: "combine".into(), bind: BTreeMap::new() },
-            ],
+            launches: vec![Launch::of("partial"), Launch::of("combine")],
             runtime_axes: vec!["num_splits"],
         });
     }

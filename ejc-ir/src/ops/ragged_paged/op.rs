@@ -347,7 +347,7 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             BTreeMap::new()
         }
     };
-    let launch = |role: &str, bind: BTreeMap<String, String>| Launch { role: role.into(), bind };
+    let launch = |role: &str, bind: BTreeMap<String, String>| Launch { role: role.into(), bind, after: None };
     let role = |name: &'static str, tile_axes: Vec<&'static str>, fixed: Config| RoleDecl { name, tile_axes, fixed };
     // `classed` (split = false, classed = true): main twice, sequences of at most SMALL_ROWS
     // packed rows (decodes) on one 16-row warp, the others with the tuned tiling.
@@ -362,7 +362,13 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             launches.push(launch("write", lens()));
         }
         roles.push(role("pack", vec![], copy()));
+        let p = launches.len();
         launches.push(launch("pack", BTreeMap::new()));
+        // The classes' launches wait for `pack` only, not for each other: they write
+        // disjoint rows of `o_packed` (each gives the other class's sequences an empty
+        // row range), so a GPU launcher runs them on two streams at once; `unpack`
+        // waits for both. (The interpreter's tests run them in the other order too.)
+        let after = |l: &mut Launch, waits: &[usize]| l.after = Some(waits.to_vec());
         let mut temporaries = vec![temp("q_packed", &rows), temp("o_packed", &rows)];
         if sinks {
             temporaries.push(temp("lse_packed", &rows[..2]));
@@ -372,9 +378,15 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             roles.push(role("decode_split", vec!["block_n"], small()));
             roles.push(role("combine_small", vec![], copy()));
             roles.push(role("prefill", vec!["block_m", "block_n"], Config::new()));
-            launches.push(launch("decode_split", lens()));
-            launches.push(launch("combine_small", BTreeMap::new()));
-            launches.push(launch("prefill", lens()));
+            let mut l = launch("decode_split", lens());
+            after(&mut l, &[p]);
+            launches.push(l);
+            let mut l = launch("combine_small", BTreeMap::new());
+            after(&mut l, &[p + 1]);
+            launches.push(l);
+            let mut l = launch("prefill", lens());
+            after(&mut l, &[p]);
+            launches.push(l);
             // A sequence's slot: the rows of a small-class sequence's splits; the rest is
             // never read (NaN on the interpreter shows if it were).
             let slots = ["heads_kv", "mul(num_seqs, 16)", "head_dim"];
@@ -394,14 +406,24 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
         } else if classed {
             roles.push(role("decode", vec!["block_n"], small()));
             roles.push(role("prefill", vec!["block_m", "block_n"], Config::new()));
-            launches.push(launch("decode", lens()));
-            launches.push(launch("prefill", lens()));
+            let mut l = launch("decode", lens());
+            after(&mut l, &[p]);
+            launches.push(l);
+            let mut l = launch("prefill", lens());
+            after(&mut l, &[p]);
+            launches.push(l);
         } else {
             roles.push(role("main", vec!["block_m", "block_n"], Config::new()));
             launches.push(launch("main", lens()));
         }
         roles.push(role("unpack", vec![], copy()));
-        launches.push(launch("unpack", BTreeMap::new()));
+        let mut l = launch("unpack", BTreeMap::new());
+        if classed {
+            // The classes' last launches: `prefill` and the one before it.
+            let n = launches.len();
+            after(&mut l, &[n - 2, n - 1]);
+        }
+        launches.push(l);
         PlanDecl {
             name: match (split, classed) {
                 (true, true) => "classed_split",
