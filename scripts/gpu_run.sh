@@ -426,7 +426,7 @@ if [ "${1:-}" = "--rpa-streams" ]; then
     EJC_FILTER=_small check_set rpa3 || status=1
     memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
     memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
-    memcheck rpa3 "rpa3_sliding_window_bf16_d128_m16_n16_small@ptx:sm_80/w1_s2 + rpa3_sliding_window_bf16_d128_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
+    memcheck rpa3 "rpa3_sliding_window_f16_d64_m16_n16_small@ptx:sm_80/w1_s2 + rpa3_sliding_window_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
     exit $status
 fi
 if [ "${1:-}" = "--rpa-bench" ]; then

@@ -209,3 +209,46 @@ fn v3_refuses_colliding_writes_quantised_caches_and_bad_distributions() {
         "which another new token writes too",
     );
 }
+
+/// `classify` lists the sequences of more than 16 packed rows, in order, whatever comes
+/// before them: here a sequence of exactly 16 rows (small) before a large one, and more
+/// sequences than one step of its count (CLASSIFY_STEP) so that the count crosses steps.
+#[test]
+fn classify_lists_the_large_sequences_in_order() {
+    use ejc_ir::interp::{launch, Arg};
+    use ejc_ir::ops::ragged_paged::kernels::{build, Class, Role, RpaKernel, CLASSIFY_STEP};
+    use ejc_ir::tensor::HostTensor;
+    let k = RpaKernel {
+        role: Role::Classify,
+        soft_cap: false,
+        window: false,
+        sinks: false,
+        dtype: DType::BF16,
+        head_dim: 64,
+        block_m: 0,
+        block_n: 0,
+        class: Class::All,
+    };
+    let kernel = run_pipeline(&build("classify", &k).unwrap(), &default_pipeline()).unwrap();
+    let group = 4usize;
+    // Tokens per sequence: 4 (16 rows: small), 1, 5 (20: large), 4, 0, 6 (large), then a
+    // pattern past CLASSIFY_STEP sequences.
+    let mut q_lens = vec![4usize, 1, 5, 4, 0, 6];
+    q_lens.extend((0..CLASSIFY_STEP + 7).map(|i| [1, 4, 5, 0, 9][i % 5]));
+    let want: Vec<f64> = (0..q_lens.len()).filter(|&i| q_lens[i] * group > 16).map(|i| i as f64).collect();
+    let mut qsl = vec![0.0];
+    for q in &q_lens {
+        qsl.push(qsl.last().unwrap() + *q as f64);
+    }
+    let n = q_lens.len();
+    let mut args = vec![
+        Arg::Tensor(HostTensor::from_vec(DType::I32, &[n + 1], qsl)),
+        Arg::Tensor(HostTensor::from_vec(DType::I32, &[n + 1], vec![-1.0; n + 1])),
+        Arg::Scalar(group as f64),
+    ];
+    launch(&kernel, &mut args, [n, 1, 1]).unwrap();
+    let Arg::Tensor(ids) = &args[1] else { unreachable!() };
+    let got = ids.to_vec();
+    assert_eq!(&got[..want.len()], &want[..], "large_ids");
+    assert!(got[want.len()..].iter().all(|x| *x == -1.0), "nothing written past the list: {got:?}");
+}

@@ -962,14 +962,15 @@ mod lane_tests {
         assert_eq!(l.lane, vec![0, 0, 1, 1]);
         assert_eq!(l.cross, vec![vec![], vec![], vec![0], vec![1]]);
         assert_eq!(l.count, 2);
-        // v3's `classed_split`: write; pack; decode_split; combine_small; prefill; unpack.
-        let w = launches(&[None, None, Some(vec![1]), Some(vec![2]), Some(vec![1]), Some(vec![3, 4])]);
+        // v3's `classed_split`: write; pack; classify (waits for nothing); decode_split;
+        // combine_small; prefill (after pack and classify); unpack.
+        let w = launches(&[None, None, Some(vec![]), Some(vec![1]), Some(vec![3]), Some(vec![1, 2]), Some(vec![4, 5])]);
         let l = Lanes::assign(&w, false);
-        assert_eq!(l.lane, vec![0, 0, 0, 0, 1, 1]);
-        assert_eq!(l.cross, vec![vec![], vec![], vec![], vec![], vec![1], vec![3]]);
+        assert_eq!(l.lane, vec![0, 0, 1, 0, 0, 1, 1]);
+        assert_eq!(l.cross, vec![vec![], vec![], vec![], vec![], vec![], vec![1], vec![4]]);
         // Forced onto one stream: no waits across streams.
         let l = Lanes::assign(&w, true);
-        assert_eq!((l.lane, l.count), (vec![0; 6], 1));
+        assert_eq!((l.lane, l.count), (vec![0; 7], 1));
     }
 
     #[test]

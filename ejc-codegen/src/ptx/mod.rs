@@ -545,6 +545,21 @@ fn dump_schedules(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), CodegenError> 
 }
 
 fn check_config(kernel: &Kernel, cfg: &PtxConfig) -> Result<(), CodegenError> {
+    // The CUDA launch passes every tensor's (address, shape, strides) before the scalars
+    // (docs/abi.md): a kernel whose entry took them interleaved would read garbage.
+    let first_scalar = kernel.params.iter().position(|p| !matches!(p.ty, ejc_ir::types::Type::Tensor(..)));
+    if let Some(late) =
+        first_scalar.and_then(|i| kernel.params[i..].iter().find(|p| matches!(p.ty, ejc_ir::types::Type::Tensor(..))))
+    {
+        return Err(CodegenError::Kernel {
+            kernel: kernel.name.clone(),
+            message: format!(
+                "PTX back end: tensor parameter `{}` is declared after a scalar; declare every tensor before the \
+                 scalars (the launch ABI passes tensors first)",
+                late.name
+            ),
+        });
+    }
     if cfg.path.wgmma() && cfg.arch != Arch::Sm90a {
         return Err(CodegenError::Kernel {
             kernel: kernel.name.clone(),

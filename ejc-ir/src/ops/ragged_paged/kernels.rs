@@ -101,7 +101,16 @@ pub enum Role {
     /// program `(s, h)` merges sequence `s`'s slot into its packed rows when it is of the
     /// small class (grid `[S, KVH]`).
     Combine,
+    /// The classed plans' list of the large class: program `s` (grid `[S]`) counts the
+    /// sequences before it of more than [`SMALL_ROWS`] packed rows, `r`, and when it is one
+    /// itself writes `large_ids[r] = s`. The large class's launch then has a program per
+    /// (row block, large sequence, KV head), its sequence `large_ids[y]`, instead of one
+    /// for every sequence.
+    Classify,
 }
+
+/// Sequences a `classify` program counts per step (a tile of `query_start_loc`).
+pub const CLASSIFY_STEP: usize = 128;
 
 /// One ragged-paged-attention kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +164,11 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
             "temporary (split_k): each key split's log-sum-exp [num_splits, KVH, T * G], f32 (classed_split: [num_splits, \
              KVH, S * 16])",
         ),
+        (
+            "large_ids",
+            "temporary (classed plans): the sequences of more than 16 packed rows, in order [S + 1], i32 (classify \
+             writes them; the large class's programs read their sequence there)",
+        ),
         ("num_splits", "scalar: key splits of the split-K plan (the tuner's choice)"),
         ("softmax_scale", "scalar: multiplies q.k (1 / sqrt(D) by default)"),
         ("logits_soft_cap", "scalar: c in c * tanh(x / c) (> 0)"),
@@ -174,7 +188,51 @@ pub fn build(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
         Role::Main | Role::Partial => build_main(name, k),
         Role::Write => build_write(name, k),
         Role::Combine => build_combine(name, k),
+        Role::Classify => build_classify(name),
     }
+}
+
+/// The large class's sequences, in order: see [`Role::Classify`].
+fn build_classify(name: &str) -> Result<Kernel, VerifyError> {
+    let mut b = KernelBuilder::new(name);
+    let qsl = b.param("query_start_loc", Type::Tensor(DType::I32, 1));
+    let large_ids = b.param("large_ids", Type::Tensor(DType::I32, 1));
+    let group = b.param("group", Type::Scalar(DType::I32));
+    b.set_grid([GridExpr::sym("num_seqs"), GridExpr::Const(1), GridExpr::Const(1)]);
+    let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
+    let small = b.const_i32(SMALL_ROWS as i64);
+    let s = b.program_id(0);
+    let s1 = b.add(s, c1);
+    let q_start = b.load(qsl, vec![Axis::Index(s)], 0.0);
+    let q_end = b.load(qsl, vec![Axis::Index(s1)], 0.0);
+    let len = b.sub(q_end, q_start);
+    let rows = b.mul(len, group);
+    let large = b.cmp(CmpPred::Gt, rows, small);
+    // r = the large sequences among 0..s, CLASSIFY_STEP at a time (padding reads 0 rows).
+    let step = b.const_i32(CLASSIFY_STEP as i64);
+    let steps = cdiv(&mut b, s, step, c1);
+    let zero = b.const_f32(0.0);
+    let one_t = b.full(1.0, DType::F32, &[CLASSIFY_STEP]);
+    let zero_t = b.full(0.0, DType::F32, &[CLASSIFY_STEP]);
+    let count = b.for_loop(c0, steps, c1, &[zero], |b, c, carried| {
+        let first = b.mul(c, step);
+        let next = b.add(first, c1);
+        let starts = b.load(qsl, vec![Axis::Range { start: first, size: CLASSIFY_STEP, limit: Some(s) }], 0.0);
+        let ends = b.load(qsl, vec![Axis::Range { start: next, size: CLASSIFY_STEP, limit: Some(s1) }], 0.0);
+        let lens = b.sub(ends, starts);
+        let rows = b.mul(lens, group);
+        let big = b.cmp(CmpPred::Gt, rows, small);
+        let ones = b.select(big, one_t, zero_t);
+        let n = b.reduce(crate::ir::ReduceOp::Sum, ones, 0);
+        vec![b.add(carried[0], n)]
+    })[0];
+    let r = b.cast(count, DType::I32);
+    let r1 = b.add(r, c1);
+    let end = b.select(large, r1, r);
+    let id = b.splat(s, &[1]);
+    b.store(large_ids, vec![Axis::Range { start: r, size: 1, limit: Some(end) }], id);
+    b.finish()
 }
 
 /// v3's cache write: program `(i, s, h)` copies sequence `s`'s new token `i` (at position
@@ -336,6 +394,8 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     } else {
         (tensor(&mut b, "o_packed", DType::F32, 3), k.sinks.then(|| tensor(&mut b, "lse_packed", DType::F32, 2)))
     };
+    // (Tensors before scalars: the PTX launch passes them in that order.)
+    let large_ids = (k.class == Class::Large).then(|| tensor(&mut b, "large_ids", DType::I32, 1));
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let group = b.param("group", Type::Scalar(DType::I32));
     let cap = k.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
@@ -348,7 +408,8 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     b.set_grid([
         // Split-K: the split is the fastest part of axis 0 (the grid has three axes).
         if partial { GridExpr::times(row_blocks, GridExpr::sym("num_splits")) } else { row_blocks },
-        GridExpr::sym("num_seqs"),
+        // The large class: its sequences only (`large_ids`, written by `classify`).
+        GridExpr::sym(if k.class == Class::Large { "large_seqs" } else { "num_seqs" }),
         GridExpr::sym("heads_kv"),
     ]);
 
@@ -361,6 +422,10 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
         None => (pid0, None),
     };
     let seq = b.program_id(1);
+    let seq = match large_ids {
+        Some(ids) => b.load(ids, vec![Axis::Index(seq)], 0.0),
+        None => seq,
+    };
     let kvh = b.program_id(2);
     let seq1 = b.add(seq, c1);
     let q_start = b.load(qsl, vec![Axis::Index(seq)], 0.0);

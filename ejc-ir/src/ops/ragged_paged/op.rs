@@ -186,6 +186,7 @@ pub(crate) fn kernel_id(spec_name: &str, k: &KernelInstance) -> String {
         "write" => format!("{base}_write"),
         "combine" => format!("{base}_combine"),
         "combine_small" => format!("{base}_combine_small"),
+        "classify" => format!("{base}_classify"),
         _ => {
             let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
             let suffix = match k.role {
@@ -309,8 +310,12 @@ pub(crate) fn check_batch(
         total_keys += c;
     }
     let group = (hq / hkv) as i64;
+    // The classed plans' large class (more than SMALL_ROWS packed rows): its launch has a
+    // program per large sequence (`classify` lists them on the device by the same rule).
+    let large = (0..live).filter(|&i| (qsl[i + 1] - qsl[i]) * group > SMALL_ROWS as i64).count();
     let sizes = Sizes::from([
         ("num_seqs".to_string(), live as i64),
+        ("large_seqs".to_string(), large as i64),
         ("total_tokens".to_string(), t as i64),
         ("heads_q".to_string(), hq as i64),
         ("heads_kv".to_string(), hkv as i64),
@@ -374,6 +379,22 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             temporaries.push(temp("lse_packed", &rows[..2]));
         }
         let small = || Config::from([("block_m".to_string(), SMALL_ROWS as u32), ("num_warps".to_string(), 1)]);
+        // The classed plans' list of the large class's sequences (`classify`, reading
+        // `query_start_loc` only: it waits for nothing), so that `prefill` has a program
+        // per large sequence only; `prefill` waits for it and for `pack`.
+        let c = launches.len();
+        if classed {
+            roles.push(role("classify", vec![], Config::from([("num_warps".to_string(), 1)])));
+            let mut l = launch("classify", BTreeMap::new());
+            after(&mut l, &[]);
+            launches.push(l);
+            temporaries.push(Temporary {
+                name: "large_ids".into(),
+                dtype: "i32".into(),
+                shape: vec!["add(num_seqs, 1)".into()],
+                fill: "zero".into(),
+            });
+        }
         if split && classed {
             roles.push(role("decode_split", vec!["block_n"], small()));
             roles.push(role("combine_small", vec![], copy()));
@@ -382,10 +403,10 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             after(&mut l, &[p]);
             launches.push(l);
             let mut l = launch("combine_small", BTreeMap::new());
-            after(&mut l, &[p + 1]);
+            after(&mut l, &[launches.len() - 1]);
             launches.push(l);
             let mut l = launch("prefill", lens());
-            after(&mut l, &[p]);
+            after(&mut l, &[p, c]);
             launches.push(l);
             // A sequence's slot: the rows of a small-class sequence's splits; the rest is
             // never read (NaN on the interpreter shows if it were).
@@ -410,7 +431,7 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             after(&mut l, &[p]);
             launches.push(l);
             let mut l = launch("prefill", lens());
-            after(&mut l, &[p]);
+            after(&mut l, &[p, c]);
             launches.push(l);
         } else {
             roles.push(role("main", vec!["block_m", "block_n"], Config::new()));
@@ -461,6 +482,7 @@ pub(crate) fn build_instance(
         "unpack" => Role::Unpack,
         "partial" | "decode_split" => Role::Partial,
         "combine" | "combine_small" => Role::Combine,
+        "classify" => Role::Classify,
         _ => Role::Main,
     };
     let class = match k.role {
