@@ -201,14 +201,9 @@ fn build_classify(name: &str) -> Result<Kernel, VerifyError> {
     b.set_grid([GridExpr::sym("num_seqs"), GridExpr::Const(1), GridExpr::Const(1)]);
     let c0 = b.const_i32(0);
     let c1 = b.const_i32(1);
-    let small = b.const_i32(SMALL_ROWS as i64);
     let s = b.program_id(0);
     let s1 = b.add(s, c1);
-    let q_start = b.load(qsl, vec![Axis::Index(s)], 0.0);
-    let q_end = b.load(qsl, vec![Axis::Index(s1)], 0.0);
-    let len = b.sub(q_end, q_start);
-    let rows = b.mul(len, group);
-    let large = b.cmp(CmpPred::Gt, rows, small);
+    let small = seq_class(&mut b, qsl, s, group).small;
     // r = the large sequences among 0..s, CLASSIFY_STEP at a time (padding reads 0 rows).
     let step = b.const_i32(CLASSIFY_STEP as i64);
     let steps = cdiv(&mut b, s, step, c1);
@@ -221,15 +216,14 @@ fn build_classify(name: &str) -> Result<Kernel, VerifyError> {
         let starts = b.load(qsl, vec![Axis::Range { start: first, size: CLASSIFY_STEP, limit: Some(s) }], 0.0);
         let ends = b.load(qsl, vec![Axis::Range { start: next, size: CLASSIFY_STEP, limit: Some(s1) }], 0.0);
         let lens = b.sub(ends, starts);
-        let rows = b.mul(lens, group);
-        let big = b.cmp(CmpPred::Gt, rows, small);
-        let ones = b.select(big, one_t, zero_t);
+        let small = small_rows(b, lens, group);
+        let ones = b.select(small, zero_t, one_t);
         let n = b.reduce(crate::ir::ReduceOp::Sum, ones, 0);
         vec![b.add(carried[0], n)]
     })[0];
     let r = b.cast(count, DType::I32);
     let r1 = b.add(r, c1);
-    let end = b.select(large, r1, r);
+    let end = b.select(small, r, r1);
     let id = b.splat(s, &[1]);
     b.store(large_ids, vec![Axis::Range { start: r, size: 1, limit: Some(end) }], id);
     b.finish()
@@ -295,6 +289,39 @@ fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
     let t = b.add(a, d);
     let t = b.sub(t, c1);
     b.div(t, d)
+}
+
+/// The class rule, on the host: a sequence of `tokens` new tokens, `group` query heads per
+/// KV head, is of the large class when its packed rows are more than [`SMALL_ROWS`]. The
+/// kernels apply the same rule through [`seq_class`]; the host counts `large_seqs` with
+/// this one.
+pub fn is_large(tokens: i64, group: i64) -> bool {
+    tokens * group > SMALL_ROWS as i64
+}
+
+/// Sequence `s`'s new tokens `[q_start, q_end)` (read from `query_start_loc`) and whether
+/// they make it small: `(q_end − q_start) · G ≤ SMALL_ROWS` ([`is_large`]'s negation).
+struct SeqClass {
+    q_start: Value,
+    q_end: Value,
+    small: Value,
+}
+
+fn seq_class(b: &mut KernelBuilder, qsl: Value, s: Value, group: Value) -> SeqClass {
+    let c1 = b.const_i32(1);
+    let s1 = b.add(s, c1);
+    let q_start = b.load(qsl, vec![Axis::Index(s)], 0.0);
+    let q_end = b.load(qsl, vec![Axis::Index(s1)], 0.0);
+    let len = b.sub(q_end, q_start);
+    let small = small_rows(b, len, group);
+    SeqClass { q_start, q_end, small }
+}
+
+/// `tokens · G ≤ SMALL_ROWS`, for a scalar or a tile of token counts.
+fn small_rows(b: &mut KernelBuilder, tokens: Value, group: Value) -> Value {
+    let rows = b.mul(tokens, group);
+    let limit = b.const_i32(SMALL_ROWS as i64);
+    b.cmp(CmpPred::Le, rows, limit)
 }
 
 /// Pack or unpack: program `(t, h, c)` copies heads `[c · 16, +16)` (cut at `G`) of
@@ -427,9 +454,8 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
         None => seq,
     };
     let kvh = b.program_id(2);
-    let seq1 = b.add(seq, c1);
-    let q_start = b.load(qsl, vec![Axis::Index(seq)], 0.0);
-    let q_end = b.load(qsl, vec![Axis::Index(seq1)], 0.0);
+    let class = seq_class(&mut b, qsl, seq, group);
+    let (q_start, q_end) = (class.q_start, class.q_end);
     let ctx = b.load(lens, vec![Axis::Index(seq)], 0.0);
     let q_len = b.sub(q_end, q_start);
     // Position of token t: base + t (base = ctx − q_len − qsl[s]).
@@ -443,13 +469,8 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     // A sequence of the other class gets an empty range of rows: no key block, no store.
     let row_end = match k.class {
         Class::All => row_end,
-        class => {
-            let q_rows = b.sub(row_end, seq_rows);
-            let small = b.const_i32(SMALL_ROWS as i64);
-            let pred = if class == Class::Small { CmpPred::Le } else { CmpPred::Gt };
-            let mine = b.cmp(pred, q_rows, small);
-            b.select(mine, row_end, seq_rows)
-        }
+        Class::Small => b.select(class.small, row_end, seq_rows),
+        Class::Large => b.select(class.small, seq_rows, row_end),
     };
     let cols = Axis::Range { start: c0, size: d, limit: None };
     let rows = Axis::Range { start: row0, size: bm, limit: Some(row_end) };
@@ -672,14 +693,11 @@ fn build_combine(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
             b.set_grid([GridExpr::sym("num_seqs"), GridExpr::sym("heads_kv"), GridExpr::Const(1)]);
             let s = b.program_id(0);
             let h = b.program_id(1);
-            let s1 = b.add(s, c1);
-            let q_start = b.load(qsl, vec![Axis::Index(s)], 0.0);
-            let q_end = b.load(qsl, vec![Axis::Index(s1)], 0.0);
+            let SeqClass { q_start, q_end, small: mine } = seq_class(&mut b, qsl, s, group);
             let len = b.sub(q_end, q_start);
             let n = b.mul(len, group);
-            let small_c = b.const_i32(SMALL_ROWS as i64);
-            let mine = b.cmp(CmpPred::Le, n, small_c);
             let n = b.select(mine, n, c0);
+            let small_c = b.const_i32(SMALL_ROWS as i64);
             let slot = b.mul(s, small_c);
             let slot_end = b.add(slot, n);
             let row0 = b.mul(q_start, group);

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use super::kernels::{build, param_docs, Class, Role, RpaKernel, BLOCK_G, SMALL_ROWS};
+use super::kernels::{build, is_large, param_docs, Class, Role, RpaKernel, BLOCK_G, SMALL_ROWS};
 use super::reference::{random_inputs, reference, RpaInputs, RpaShape};
 use crate::ir::Kernel;
 use crate::manifest::{Launch, Temporary};
@@ -312,7 +312,7 @@ pub(crate) fn check_batch(
     let group = (hq / hkv) as i64;
     // The classed plans' large class (more than SMALL_ROWS packed rows): its launch has a
     // program per large sequence (`classify` lists them on the device by the same rule).
-    let large = (0..live).filter(|&i| (qsl[i + 1] - qsl[i]) * group > SMALL_ROWS as i64).count();
+    let large = (0..live).filter(|&i| is_large(qsl[i + 1] - qsl[i], group)).count();
     let sizes = Sizes::from([
         ("num_seqs".to_string(), live as i64),
         ("large_seqs".to_string(), large as i64),
