@@ -137,7 +137,8 @@ pub fn launch_with_stats(kernel: &Kernel, args: &mut [Arg], grid: [usize; 3]) ->
 
 /// The tile shape of an access and, per tile element, the tensor index it touches
 /// (None where it falls outside the tensor or past a limit).
-type Access = (Vec<usize>, Vec<Option<Vec<usize>>>);
+/// A tile's shape and its elements' positions in a tensor's data ([`Machine::access_positions`]).
+type Access = (Vec<usize>, Vec<Option<usize>>);
 
 struct Machine<'a> {
     kernel: &'a Kernel,
@@ -364,16 +365,24 @@ impl<'a> Machine<'a> {
                 let c = self.elems(op.operands[2], &sc)?;
                 let (m, n) = (sc[0], sc[1]);
                 let k = if *trans_a { sa[0] } else { sa[1] };
-                let at = |i: usize, p: usize| if *trans_a { a[p * sa[1] + i] } else { a[i * sa[1] + p] };
-                let bt = |p: usize, j: usize| if *trans_b { b[j * sb[1] + p] } else { b[p * sb[1] + j] };
+                // Rows of A and columns of B as contiguous [m, k] and [n, k] slices; each
+                // sum still runs in p order from c (the same bits as a plain triple loop).
+                let rows_a: Vec<f64> = if *trans_a {
+                    (0..m).flat_map(|i| (0..k).map(move |p| (i, p))).map(|(i, p)| a[p * sa[1] + i]).collect()
+                } else {
+                    a.to_vec()
+                };
+                let cols_b: Vec<f64> = if *trans_b {
+                    b.to_vec()
+                } else {
+                    (0..n).flat_map(|j| (0..k).map(move |p| (j, p))).map(|(j, p)| b[p * sb[1] + j]).collect()
+                };
                 let mut out = vec![0.0; m * n];
                 for i in 0..m {
+                    let ra = &rows_a[i * k..(i + 1) * k];
                     for j in 0..n {
-                        let mut s = c[i * n + j];
-                        for p in 0..k {
-                            s += at(i, p) * bt(p, j);
-                        }
-                        out[i * n + j] = s;
+                        let cb = &cols_b[j * k..(j + 1) * k];
+                        out[i * n + j] = ra.iter().zip(cb).fold(c[i * n + j], |s, (x, y)| s + x * y);
                     }
                 }
                 self.set_elems(res(0), out);
@@ -542,50 +551,62 @@ impl<'a> Machine<'a> {
 
     /// For each tile element, the tensor multi-index it touches, or None when it is
     /// outside the tensor or past a range limit.
-    fn access_indices(&self, t: &HostTensor, axes: &[AxisIndex], operands: &[Value]) -> Result<Access, InterpError> {
-        let mut starts = Vec::new();
+    /// Where each element of a load's or store's tile lives in `t`'s data (row-major over
+    /// the tile), or `None` where it falls outside the tensor or past a range's limit.
+    fn access_positions(&self, t: &HostTensor, axes: &[AxisIndex], operands: &[Value]) -> Result<Access, InterpError> {
         let mut it = operands.iter();
+        let mut base = t.offset as isize;
+        let mut inside = true;
+        // (start, limit, stride, extent) per range axis, outermost first.
+        let mut ranges: Vec<(i64, i64, isize, usize)> = Vec::new();
         let mut tile_shape = Vec::new();
-        for a in axes {
+        for (ax, a) in axes.iter().enumerate() {
             let start = self.int(*it.next().ok_or_else(|| InterpError { message: "missing index operand".into() })?)?;
-            let limit = match a {
-                AxisIndex::Range { limit: true, .. } => {
-                    Some(self.int(*it.next().ok_or_else(|| InterpError { message: "missing limit operand".into() })?)?)
+            let extent = t.shape[ax] as i64;
+            match a {
+                AxisIndex::Index => {
+                    if start < 0 || start >= extent {
+                        inside = false;
+                    } else {
+                        base += start as isize * t.strides[ax];
+                    }
                 }
-                _ => None,
-            };
-            if let AxisIndex::Range { size, .. } = a {
-                tile_shape.push(*size);
+                AxisIndex::Range { size, limit } => {
+                    // Valid indices: [0, extent), and below the limit when there is one.
+                    let end = if *limit {
+                        let l = self
+                            .int(*it.next().ok_or_else(|| InterpError { message: "missing limit operand".into() })?)?;
+                        l.min(extent)
+                    } else {
+                        extent
+                    };
+                    ranges.push((start, end, t.strides[ax], *size));
+                    tile_shape.push(*size);
+                }
             }
-            starts.push((start, limit));
         }
         let n: usize = tile_shape.iter().product();
+        let at = |r: &(i64, i64, isize, usize), i: usize| -> Option<isize> {
+            let x = r.0 + i as i64;
+            (x >= 0 && x < r.1).then_some(x as isize * r.2)
+        };
         let mut out = Vec::with_capacity(n);
-        for e in 0..n {
-            let mut tile_idx = [0usize; 2];
-            if tile_shape.len() == 2 {
-                tile_idx = [e / tile_shape[1], e % tile_shape[1]];
-            } else if tile_shape.len() == 1 {
-                tile_idx[0] = e;
-            }
-            let mut idx = Vec::with_capacity(axes.len());
-            let mut k = 0;
-            let mut ok = true;
-            for (ax, (a, (start, limit))) in axes.iter().zip(&starts).enumerate() {
-                let x = match a {
-                    AxisIndex::Index => *start,
-                    AxisIndex::Range { .. } => {
-                        let x = start + tile_idx[k] as i64;
-                        k += 1;
-                        x
+        if !inside {
+            out.resize(n.max(1), None);
+        } else {
+            match ranges.as_slice() {
+                [] => out.push(Some(base as usize)),
+                [r] => out.extend((0..r.3).map(|i| at(r, i).map(|o| (base + o) as usize))),
+                [r0, r1] => {
+                    for i in 0..r0.3 {
+                        match at(r0, i) {
+                            None => out.extend(std::iter::repeat_n(None, r1.3)),
+                            Some(o0) => out.extend((0..r1.3).map(|j| at(r1, j).map(|o1| (base + o0 + o1) as usize))),
+                        }
                     }
-                };
-                if x < 0 || x >= t.shape[ax] as i64 || limit.is_some_and(|l| x >= l) {
-                    ok = false;
                 }
-                idx.push(x.max(0) as usize);
+                _ => return err(format!("a tile of {} axes is not supported by the interpreter", ranges.len())),
             }
-            out.push(if ok { Some(idx) } else { None });
         }
         Ok((tile_shape, out))
     }
@@ -593,9 +614,9 @@ impl<'a> Machine<'a> {
     fn load(&mut self, op: &Op, axes: &[AxisIndex], pad: f64) -> Result<(), InterpError> {
         let ti = self.tensor(op.operands[0])?;
         let Arg::Tensor(t) = &self.args[ti] else { return err("not a tensor".into()) };
-        let (shape, idx) = self.access_indices(t, axes, &op.operands[1..])?;
+        let (shape, idx) = self.access_positions(t, axes, &op.operands[1..])?;
         let pad = t.dtype.round(pad);
-        let data: Vec<f64> = idx.iter().map(|i| i.as_ref().map_or(pad, |i| t.get(i))).collect();
+        let data: Vec<f64> = idx.iter().map(|p| p.map_or(pad, |p| t.data[p])).collect();
         if shape.is_empty() {
             self.set(op.results[0], RVal::Scalar(data[0]));
         } else {
@@ -611,14 +632,14 @@ impl<'a> Machine<'a> {
         let vshape = self.ty(value).shape().to_vec();
         let data = self.elems(value, &vshape)?;
         let Arg::Tensor(t) = &self.args[ti] else { return err("not a tensor".into()) };
-        let (_, idx) = self.access_indices(t, axes, &op.operands[1..n - 1])?;
+        let (_, idx) = self.access_positions(t, axes, &op.operands[1..n - 1])?;
         let Arg::Tensor(t) = &mut self.args[ti] else { return err("not a tensor".into()) };
-        for (x, i) in data.iter().zip(idx) {
-            if let Some(i) = i {
+        for (x, p) in data.iter().zip(idx) {
+            if let Some(p) = p {
                 // Programs run one after another here: an atomic add is a plain one
                 // (rounded to the tensor's f32 as the device's is).
-                let x = if accumulate { t.dtype.round(t.get(&i) + *x) } else { *x };
-                t.set(&i, x);
+                let x = if accumulate { t.data[p] + *x } else { *x };
+                t.data[p] = t.dtype.round(x);
             }
         }
         Ok(())

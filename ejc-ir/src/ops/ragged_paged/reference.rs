@@ -288,10 +288,16 @@ pub fn reference(x: &RpaInputs, scale: f64, soft_cap: Option<f64>, window: Optio
             let keys = &rows[lo..=pos as usize];
             for hq in 0..h {
                 let g = hq / group;
+                // Rows by their first element and the head axis' stride (same sums, in order).
+                let (qs, ks) = (q.strides[2], kv.strides[3]);
+                let q0 = q.position(&[token, hq, 0]) as isize;
                 let scores: Vec<f64> = keys
                     .iter()
                     .map(|&(p, r)| {
-                        let dot: f64 = (0..d).map(|c| q.get(&[token, hq, c]) * kv.get(&[p, r, 2 * g, c])).sum();
+                        let k0 = kv.position(&[p, r, 2 * g, 0]) as isize;
+                        let dot: f64 = (0..d as isize)
+                            .map(|c| q.data[(q0 + c * qs) as usize] * kv.data[(k0 + c * ks) as usize])
+                            .sum();
                         let v = dot * scale;
                         match soft_cap {
                             Some(cap) => cap * (v / cap).tanh(),
@@ -307,8 +313,9 @@ pub fn reference(x: &RpaInputs, scale: f64, soft_cap: Option<f64>, window: Optio
                 let m = scores.iter().chain(&sink_logits).cloned().fold(f64::NEG_INFINITY, f64::max);
                 let w: Vec<f64> = scores.iter().map(|v| (v - m).exp()).collect();
                 let total: f64 = w.iter().sum::<f64>() + sink_logits.iter().map(|v| (v - m).exp()).sum::<f64>();
+                let v0: Vec<isize> = keys.iter().map(|&(p, r)| kv.position(&[p, r, 2 * g + 1, 0]) as isize).collect();
                 for c in 0..d {
-                    let v: f64 = keys.iter().zip(&w).map(|(&(p, r), w)| w * kv.get(&[p, r, 2 * g + 1, c])).sum();
+                    let v: f64 = v0.iter().zip(&w).map(|(v0, w)| w * kv.data[(v0 + c as isize * ks) as usize]).sum();
                     out.set(&[token, hq, c], v / total);
                 }
             }
