@@ -348,6 +348,11 @@ impl Problem {
                 None if first => schedule.values(a).iter().take(1).copied().collect(),
                 None => schedule.values(a).to_vec(),
             };
+            // An axis the schedule does not list (an optional one) is left out, as the
+            // build leaves it out of the tile points (`ScheduleSpace::points`).
+            if vals.is_empty() {
+                continue;
+            }
             out = out
                 .into_iter()
                 .flat_map(|c| {

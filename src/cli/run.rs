@@ -1,6 +1,6 @@
 //! `ejc run SPEC --backend B`: run kernels on random inputs against the reference.
 
-use ejc_ir::op::{compare_outputs, tolerance, Config};
+use ejc_ir::op::{compare_outputs, tolerance};
 use serde_json::json;
 
 use super::common::{unsupported_backend, Prepared, Problem, ProblemFlags};
@@ -80,7 +80,9 @@ use smaller sizes or --backend cpu",
                 p.spec.name
             ));
         };
-        let config: Config = p.plan_configs(&plan, true, &p.host_target(req.backend)).remove(0);
+        let Some(config) = p.plan_configs(&plan, true, &p.host_target(req.backend)).into_iter().next() else {
+            return Outcome::Error(format!("error: plan `{}` of variant `{}` has no configuration", plan.name, v.name));
+        };
         if !req.json && !header {
             header = true;
             let isa = if req.backend == "cpu" { format!(" isa={}", p.isa) } else { String::new() };
