@@ -114,7 +114,9 @@ fn randn(dtype: DType, shape: &[usize], rng: &mut StdRng) -> HostTensor {
 ///
 /// The batch is awkward on purpose: sequence 0 is a prefill chunk (`max_q_len` queries
 /// over `max_context` keys); with at least four sequences, sequence 1 is a decode token
-/// over a random context, sequence 2 one token over one key and sequence 3 empty; the
+/// over a random context, sequence 2 one token over one key and sequence 3 empty;
+/// sequence 4 is a second chunk (`max_q_len` queries over at least half of
+/// `max_context` keys: a large sequence after small ones); the
 /// others draw a context in `[0, max_context]` and a query length in
 /// `[0, min(ctx, max_q_len)]`. With `min_context > 0` it is a serving batch instead (see
 /// [`RpaShape::min_context`]). Two padding tokens follow the last sequence's. Cache
@@ -139,6 +141,12 @@ pub fn random_inputs(dtype: DType, s: &RpaShape, n_sinks: usize, seed: u64) -> R
             }
             2 if four => (1.min(mc), 1.min(mc)),
             3 if four => (0, 0),
+            // A second chunk after the small ones: a large sequence that is not the
+            // first (the classed plans' `classify` must list it after counting them).
+            4 => {
+                let ctx = rng.random_range(mc.div_ceil(2)..=mc);
+                (ctx, s.max_q_len.min(ctx))
+            }
             _ => {
                 let ctx = rng.random_range(0..=mc);
                 (ctx, rng.random_range(0..=ctx.min(s.max_q_len)))
