@@ -17,7 +17,8 @@ use std::collections::BTreeMap;
 
 use common::seed;
 use ejc_ir::op::{
-    self, compare_outputs, run_plan_interp, run_plan_interp_in, Config, KernelInstance, LaunchOrder, Operation,
+    self, compare_outputs, run_plan_interp, run_plan_interp_in, CallView, Config, KernelInstance, LaunchOrder,
+    Operation,
 };
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{self, Spec};
@@ -133,6 +134,35 @@ fn packed_plan_matches(spec: Spec, op: &'static dyn Operation, exact_cache: bool
         })
         .collect();
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// The FLOPs `ejc-gpu bench` reports: `validate` counts the (token, key) pairs each query
+/// head scores, with and without a window, as a plain walk over the call's sequences does.
+#[test]
+fn the_work_counts_every_scored_pair() {
+    let spec = spec();
+    let keys = BTreeMap::from([("head_dim".to_string(), 64u32)]);
+    for name in ["full", "sliding_window"] {
+        let variant = spec.variant(name).unwrap();
+        for (i, dims) in op().check_dims(&keys).into_iter().enumerate() {
+            let call = op().random_call(&variant.features, DType::BF16, &dims, seed() ^ i as u64).unwrap();
+            let sizes = op().validate(&variant.features, DType::BF16, &keys, &call).unwrap();
+            let (lens, qsl) = (call.int_values("context_lens").unwrap(), call.int_values("query_start_loc").unwrap());
+            let w = call.scalar("sliding_window");
+            let mut pairs = 0i64;
+            for s in 0..lens.len() {
+                let (q_len, ctx) = (qsl[s + 1] - qsl[s], lens[s]);
+                for t in 0..q_len {
+                    let p = ctx - q_len + t;
+                    pairs += (0..=p).filter(|&j| w.is_none_or(|w| j > p - w as i64)).count() as i64;
+                }
+            }
+            assert_eq!(sizes["score_pairs"], pairs, "{name} case {i}");
+            let work = op().work(&variant.features, DType::BF16, &sizes);
+            let want = 4.0 * pairs as f64 * sizes["heads_q"] as f64 * 64.0;
+            assert_eq!(work.flops, want, "{name} case {i}");
+        }
+    }
 }
 
 #[test]

@@ -272,11 +272,13 @@ pub(crate) fn check_batch(
     if f.soft_cap {
         check_soft_cap(call)?;
     }
+    let mut window = None;
     if f.window {
         let w = call.scalar("sliding_window").ok_or("scalar argument `sliding_window` is missing")?;
         if !(w >= 1.0 && w.fract() == 0.0 && w <= i32::MAX as f64) {
             return Err(format!("scalar argument `sliding_window` = {w} must be an integer >= 1"));
         }
+        window = Some(w as i64);
     }
     let (lens, qsl, table) =
         (call.int_values(lens_name)?, call.int_values("query_start_loc")?, call.int_values("block_tables")?);
@@ -310,6 +312,14 @@ pub(crate) fn check_batch(
         total_keys += c;
     }
     let group = (hq / hkv) as i64;
+    // (token, key) pairs a query head scores: token i of sequence s (at position
+    // p = ctx − q_len + i) sees p + 1 keys, at most w with a window (for the FLOPs).
+    let score_pairs: i64 = (0..live)
+        .map(|i| {
+            let (q_len, ctx) = (qsl[i + 1] - qsl[i], lens[i]);
+            (ctx - q_len..ctx).map(|p| window.map_or(p + 1, |w| (p + 1).min(w))).sum::<i64>()
+        })
+        .sum();
     // The classed plans' large class (more than SMALL_ROWS packed rows): its launch has a
     // program per large sequence (`classify` lists them on the device by the same rule).
     let large = (0..live).filter(|&i| is_large(qsl[i + 1] - qsl[i], group)).count();
@@ -327,6 +337,7 @@ pub(crate) fn check_batch(
         ("max_context".to_string(), lens[..live].iter().copied().max().unwrap_or(0)),
         ("num_pages".to_string(), pages as i64),
         ("total_keys".to_string(), total_keys),
+        ("score_pairs".to_string(), score_pairs),
     ]);
     Ok(Batch { sizes, heads_q: hq, heads_kv: hkv, page, width, live, lens, qsl, table })
 }
@@ -790,7 +801,9 @@ impl Operation for RaggedPaged {
         };
         let kv = 2.0 * total * g("heads_kv") * g("head_dim");
         let qo = 2.0 * g("total_tokens") * g("heads_q") * g("head_dim");
-        Work { flops: 0.0, bytes: (kv + qo) * dtype.size_bytes() as f64 }
+        // Two products of 2·D FLOPs per scored (token, key) pair and query head.
+        let flops = 4.0 * g("score_pairs") * g("heads_q") * g("head_dim");
+        Work { flops, bytes: (kv + qo) * dtype.size_bytes() as f64 }
     }
 
     fn heuristic(&self, configs: &[Config]) -> Option<usize> {

@@ -289,7 +289,7 @@ impl Operation for RaggedPagedV3 {
         let w = super::op::RaggedPaged.work(f, dtype, sizes);
         // The new tokens read and written once more.
         let writes = 4.0 * g("new_tokens") * g("heads_kv") * g("head_dim") * dtype.size_bytes() as f64;
-        Work { flops: 0.0, bytes: w.bytes + writes }
+        Work { flops: w.flops, bytes: w.bytes + writes }
     }
 
     fn heuristic(&self, configs: &[Config]) -> Option<usize> {
