@@ -48,6 +48,8 @@
 #                                        # EJC_RPA_FILTERS="TEXT ..." checks only matching artifacts, EJC_RPA_CHECKS_ONLY=1
 #                                        # stops after the checks, EJC_RPA_SPLIT_ONLY=1 runs the classed_split samples and
 #                                        # the tuner alone after them
+#   bash scripts/gpu_run.sh --rpa-samples # after `--rpa` with EJC_RPA_CHECKS_ONLY=1: memcheck on every classed plan,
+#                                        # then tune/call on a serving step (carry .gpu, both packs)
 #   bash scripts/gpu_run.sh --rpa-streams # the classed plans, whose decodes and chunks run on two streams: their
 #                                        # checks (v2, v3, both archs) and memcheck samples; then --rpa-bench
 #   bash scripts/gpu_run.sh --ring       # ring attention (`gpu_prepare.sh --ring`; a kind with 2+ GPUs): the block
@@ -411,6 +413,20 @@ if [ "${1:-}" = "--rpa" ]; then
     memcheck rpa "rpa_softcap_f16_d64_m64_n32_split@ptx:sm_80/w4_s2" || status=1
     memcheck rpa3 "rpa3_softcap_f16_d64_m64_n32@ptx:sm_90a/w4_s2_wgmma" || status=1
     racecheck rpa "rpa_full_bf16_d128_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
+    tune_then_call rpa_bench \
+        num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
+        || status=1
+    exit $status
+fi
+if [ "${1:-}" = "--rpa-samples" ]; then
+    # After a --rpa check pass (EJC_RPA_CHECKS_ONLY=1) in an earlier call: memcheck on a sample
+    # of every classed plan (classify, both classes, v3 on sm_80 too), then the tuner on a
+    # serving step of the bench set and its choice reused by a second process (carry
+    # .gpu/artifacts.tar.xz and .gpu/rpa_bench.tar.xz).
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
+    memcheck rpa "rpa_softcap_f16_d64_m16_n16_small_split@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_combine_small@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
+    memcheck rpa3 "rpa3_sliding_window_f16_d64_m16_n16_small@ptx:sm_80/w1_s2 + rpa3_sliding_window_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
     tune_then_call rpa_bench \
         num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
         || status=1

@@ -198,10 +198,20 @@ impl<'r, 'a> Tuner<'r, 'a> {
         }
     }
 
-    /// Median milliseconds on a call of the tuned sizes.
-    fn time(&self, cand: &Candidate, host: &HostCall, sizes: &Sizes) -> Result<f64, String> {
+    /// Median milliseconds on a call of the tuned sizes. On a GPU, `uploaded` holds the
+    /// call's tensors on the device, uploaded by the first candidate timed and reused by
+    /// the others (each overwrites the outputs; a serving step's cache is hundreds of MB,
+    /// and uploading it per candidate cost seconds each).
+    fn time(
+        &self,
+        cand: &Candidate,
+        host: &HostCall,
+        sizes: &Sizes,
+        uploaded: &std::cell::OnceCell<Result<Call, String>>,
+    ) -> Result<f64, String> {
         match &self.device {
             Device::Cpu { libs, threads } => {
+                let _ = uploaded;
                 let mut call = Call::from_host(host);
                 let (owned, kernels) = {
                     let mut libs = libs.borrow_mut();
@@ -221,8 +231,11 @@ impl<'r, 'a> Tuner<'r, 'a> {
             }
             #[cfg(feature = "cuda")]
             Device::Cuda { cuda } => {
-                let dev = crate::cuda::upload_call(cuda, &Call::from_host(host)).map_err(|e| e.to_string())?;
-                let plan = crate::cuda::CudaPlan::for_candidate(cuda, cand, &dev, sizes).map_err(|e| e.to_string())?;
+                let dev = uploaded
+                    .get_or_init(|| crate::cuda::upload_call(cuda, &Call::from_host(host)).map_err(|e| e.to_string()))
+                    .as_ref()
+                    .map_err(|e| e.clone())?;
+                let plan = crate::cuda::CudaPlan::for_candidate(cuda, cand, dev, sizes).map_err(|e| e.to_string())?;
                 plan.median_ms(cuda, self.warmup, self.reps).map_err(|e| e.to_string())
             }
         }
@@ -272,6 +285,7 @@ impl Tunable for Tuner<'_, '_> {
         // so that they are compared on the same data.
         let dims = self.op.dims_of(&self.sizes);
         let sample = self.sample(&dims, self.seed, true);
+        let uploaded = std::cell::OnceCell::new();
         let mut timings = Vec::new();
         // Which candidates are timed: every one of a plan with few, a staged search
         // through a plan with many (`crate::search`); a configuration that was not built
@@ -289,7 +303,7 @@ impl Tunable for Tuner<'_, '_> {
                 Err(e) => Err(format!("no inputs: {e}")),
                 Ok((host, sizes)) => match self.pruned(cand) {
                     Some(why) => Err(why),
-                    None => self.verify(cand).and_then(|()| self.time(cand, host, sizes)),
+                    None => self.verify(cand).and_then(|()| self.time(cand, host, sizes, &uploaded)),
                 },
             };
             if let Some(b) = &bar {
