@@ -365,6 +365,25 @@ if [ "${1:-}" = "--paged" ]; then
         || status=1
     exit $status
 fi
+# Ragged paged attention's classed plans under memcheck: `classed` and `classed_split` on sm_90a
+# (the chunks on the warp-specialised TMA path), `classed_split` on sm_80, v3's `classed` on sm_80
+# (each sample: `classify`, both classes, the split merge where there is one).
+rpa_classed_memchecks() {
+    local rc=0
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || rc=1
+    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || rc=1
+    memcheck rpa "rpa_softcap_f16_d64_m16_n16_small_split@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_combine_small@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || rc=1
+    memcheck rpa3 "rpa3_sliding_window_f16_d64_m16_n16_small@ptx:sm_80/w1_s2 + rpa3_sliding_window_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || rc=1
+    return $rc
+}
+
+# The tuner on a serving step of the bench set (64 sequences of 2k keys in 16-token pages, one
+# 512-token chunk), then its choice reused by a second process.
+rpa_tune_serving_step() {
+    tune_then_call rpa_bench \
+        num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1
+}
+
 if [ "${1:-}" = "--rpa" ]; then
     # Ragged paged attention v2 and v3 (`gpu_prepare.sh --rpa`): every artifact checked (PTX on both
     # archs, MLIR's gpu form), memcheck samples of every role (v3's cache write included), the
@@ -413,9 +432,7 @@ if [ "${1:-}" = "--rpa" ]; then
     memcheck rpa "rpa_softcap_f16_d64_m64_n32_split@ptx:sm_80/w4_s2" || status=1
     memcheck rpa3 "rpa3_softcap_f16_d64_m64_n32@ptx:sm_90a/w4_s2_wgmma" || status=1
     racecheck rpa "rpa_full_bf16_d128_m64_n64@ptx:sm_90a/w4_s2_wgmma" || status=1
-    tune_then_call rpa_bench \
-        num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
-        || status=1
+    rpa_tune_serving_step || status=1
     exit $status
 fi
 if [ "${1:-}" = "--rpa-samples" ]; then
@@ -423,13 +440,8 @@ if [ "${1:-}" = "--rpa-samples" ]; then
     # of every classed plan (classify, both classes, v3 on sm_80 too), then the tuner on a
     # serving step of the bench set and its choice reused by a second process (carry
     # .gpu/artifacts.tar.xz and .gpu/rpa_bench.tar.xz).
-    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
-    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
-    memcheck rpa "rpa_softcap_f16_d64_m16_n16_small_split@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_combine_small@ptx:sm_80/w1_s2 + rpa_softcap_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
-    memcheck rpa3 "rpa3_sliding_window_f16_d64_m16_n16_small@ptx:sm_80/w1_s2 + rpa3_sliding_window_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
-    tune_then_call rpa_bench \
-        num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1 \
-        || status=1
+    rpa_classed_memchecks || status=1
+    rpa_tune_serving_step || status=1
     exit $status
 fi
 if [ "${1:-}" = "--rpa-streams" ]; then
@@ -440,9 +452,7 @@ if [ "${1:-}" = "--rpa-streams" ]; then
     ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
     EJC_FILTER=_small check_set rpa || status=1
     EJC_FILTER=_small check_set rpa3 || status=1
-    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
-    memcheck rpa "rpa_gpt_oss_bf16_d128_m16_n16_small_split@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_combine_small@ptx:sm_90a/w1_s2 + rpa_gpt_oss_bf16_d128_m128_n64_large@ptx:sm_90a/w8_s2_wgmma_ws + " || status=1
-    memcheck rpa3 "rpa3_sliding_window_f16_d64_m16_n16_small@ptx:sm_80/w1_s2 + rpa3_sliding_window_f16_d64_m64_n32_large@ptx:sm_80/w4_s2 + " || status=1
+    rpa_classed_memchecks || status=1
     exit $status
 fi
 if [ "${1:-}" = "--rpa-bench" ]; then
