@@ -199,9 +199,104 @@ pub fn compare(actual: &[f64], expected: &[f64]) -> (f64, f64) {
     (rel, max_abs)
 }
 
+/// Where two tensors of one shape differ, in words, for a failed check: how many
+/// elements are off by more than `tol` times the expected values' RMS (or are NaN), the
+/// indices along each axis that hold one (as ranges), and the worst few elements. A
+/// kernel bug usually has a shape (one tile's rows, the upper half of the head dim, one
+/// page): this shows it without a debugger. Empty when no element is that far off.
+pub fn mismatch_pattern(actual: &HostTensor, expected: &HostTensor, tol: f64) -> String {
+    let (a, e) = (actual.to_vec(), expected.to_vec());
+    if a.len() != e.len() || actual.shape != expected.shape {
+        return format!("shapes differ: {:?} against {:?}", actual.shape, expected.shape);
+    }
+    let finite: Vec<f64> = e.iter().copied().filter(|x| x.is_finite()).collect();
+    let rms = (finite.iter().map(|x| x * x).sum::<f64>() / finite.len().max(1) as f64).sqrt();
+    let limit = tol * rms.max(f64::MIN_POSITIVE);
+    let off = |i: usize| {
+        let d = (a[i] - e[i]).abs();
+        a[i].is_nan() != e[i].is_nan() || (a[i] != e[i] && (d.is_nan() || d > limit))
+    };
+    let shape = &expected.shape;
+    let rank = shape.len();
+    let mut hit: Vec<Vec<bool>> = shape.iter().map(|&n| vec![false; n]).collect();
+    let mut worst: Vec<(f64, usize)> = Vec::new();
+    let mut count = 0usize;
+    for i in (0..e.len()).filter(|&i| off(i)) {
+        count += 1;
+        let mut rest = i;
+        for ax in (0..rank).rev() {
+            hit[ax][rest % shape[ax]] = true;
+            rest /= shape[ax];
+        }
+        let d = if a[i].is_nan() { f64::INFINITY } else { (a[i] - e[i]).abs() };
+        worst.push((d, i));
+        if worst.len() > 64 {
+            worst.sort_by(|x, y| y.0.total_cmp(&x.0));
+            worst.truncate(4);
+        }
+    }
+    if count == 0 {
+        return String::new();
+    }
+    worst.sort_by(|x, y| y.0.total_cmp(&x.0));
+    worst.truncate(4);
+    let index = |mut i: usize| {
+        let mut idx = vec![0usize; rank];
+        for ax in (0..rank).rev() {
+            idx[ax] = i % shape[ax];
+            i /= shape[ax];
+        }
+        idx
+    };
+    let ranges = |h: &[bool]| {
+        let mut out: Vec<String> = Vec::new();
+        let mut i = 0;
+        while i < h.len() {
+            if !h[i] {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < h.len() && h[i] {
+                i += 1;
+            }
+            out.push(if i - 1 == s { s.to_string() } else { format!("{s}-{}", i - 1) });
+        }
+        if out.len() > 8 {
+            let n = out.len();
+            out.truncate(8);
+            out.push(format!("… ({n} runs)"));
+        }
+        out.join(",")
+    };
+    let axes: Vec<String> =
+        hit.iter().enumerate().map(|(ax, h)| format!("axis {ax} of {}: {}", shape[ax], ranges(h))).collect();
+    let w: Vec<String> =
+        worst.iter().map(|&(_, i)| format!("{:?} got {:.4e} want {:.4e}", index(i), a[i], e[i])).collect();
+    format!(
+        "{count} of {} elements off by more than {tol:.0e} x the RMS ({rms:.3e}); {}; worst: {}",
+        e.len(),
+        axes.join("; "),
+        w.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mismatch_is_described_by_its_indices() {
+        let want = HostTensor::from_vec(DType::F32, &[4, 3], (0..12).map(|i| 1.0 + i as f64).collect());
+        let mut got = want.clone();
+        assert_eq!(mismatch_pattern(&got, &want, 1e-3), "");
+        got.data[3 * 2 + 1] += 5.0; // [2, 1]
+        got.data[3 * 3 + 1] = f64::NAN; // [3, 1]
+        let text = mismatch_pattern(&got, &want, 1e-3);
+        assert!(text.starts_with("2 of 12 elements"), "{text}");
+        assert!(text.contains("axis 0 of 4: 2-3; axis 1 of 3: 1;"), "{text}");
+        assert!(text.contains("worst: [3, 1] got NaN"), "{text}");
+    }
 
     #[test]
     fn strided_views_and_broadcast() {

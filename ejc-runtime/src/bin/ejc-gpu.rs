@@ -368,7 +368,16 @@ fn check(args: &[String]) -> ExitCode {
                         }
                         // NaN never passes.
                         if rel.is_nan() || rel > tol {
-                            err = Some(format!("case {}: {name} rel_err {rel:.2e}", ejc_ir::op::dims_text(op, dims)));
+                            // Where the output is wrong (which rows, columns, heads): a bug's shape.
+                            let pattern = match (got.tensors.get(&name), want.get(&name)) {
+                                (Some(g), Some(w)) => ejc_ir::tensor::mismatch_pattern(g, w, tol),
+                                _ => String::new(),
+                            };
+                            err = Some(format!(
+                                "case {}: {name} rel_err {rel:.2e}{}{pattern}",
+                                ejc_ir::op::dims_text(op, dims),
+                                if pattern.is_empty() { "" } else { "\n       " }
+                            ));
                         }
                     }
                 }
