@@ -901,8 +901,9 @@ fn ragged_decode_through_the_command_line() {
 /// back end's accumulator rule lets through): `--drop-spilling` leaves out exactly those.
 #[test]
 fn ragged_page_attention_through_the_command_line() {
-    for (file, variants, variant, per_arch) in
-        [("ragged_paged.yaml", 4, "gpt_oss", 148), ("ragged_paged_v3.yaml", 3, "sliding_window", 150)]
+    // `spilled`: the candidates ptxas's report leaves out (128 rows on 4 warps only).
+    for (file, variants, variant, per_arch, spilled) in
+        [("ragged_paged.yaml", 4, "gpt_oss", 148, 17), ("ragged_paged_v3.yaml", 3, "sliding_window", 150, 22)]
     {
         let spec = format!("{}/specs/{file}", env!("CARGO_MANIFEST_DIR"));
         let sizes = "num_seqs=6,heads_q=10,heads_kv=2,page_size=5,max_context=133,max_q_len=41";
@@ -949,7 +950,6 @@ fn ragged_page_attention_through_the_command_line() {
         }
         let o = ejc(&args);
         assert_eq!(code(&o), 0, "{}", text(&o.stderr));
-        let spilled = 36;
         if have_ptxas {
             let report = text(&o.stdout);
             assert!(report.contains(&format!("left out {spilled} candidate(s)")), "{report}");

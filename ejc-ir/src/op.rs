@@ -395,9 +395,20 @@ pub fn symbols(sizes: &Sizes, config: &Config) -> Sizes {
     s
 }
 
-/// A temporary's dtype and shape for a call.
-pub fn temporary_shape(t: &Temporary, symbols: &Sizes) -> Result<(DType, Vec<usize>), String> {
-    let dtype: DType = t.dtype.parse()?;
+/// A temporary's dtype and shape for a call. Its dtype is a dtype's name, or
+/// `like:<tensor>`: the dtype of the call's tensor of that name (`dtype_of`), so that a
+/// plan's temporary may hold an input's values as they are (ragged paged attention's
+/// packed queries).
+pub fn temporary_shape(
+    t: &Temporary,
+    symbols: &Sizes,
+    dtype_of: impl Fn(&str) -> Option<DType>,
+) -> Result<(DType, Vec<usize>), String> {
+    let dtype: DType = match t.dtype.strip_prefix("like:") {
+        Some(name) => dtype_of(name)
+            .ok_or_else(|| format!("temporary `{}`: its dtype is that of `{name}`, which the call lacks", t.name))?,
+        None => t.dtype.parse()?,
+    };
     let mut shape = Vec::new();
     for e in &t.shape {
         let n = GridExpr::parse(e)?.eval_in(symbols).map_err(|m| format!("temporary `{}`: {m}", t.name))?;
@@ -451,11 +462,16 @@ pub fn bind(
             Type::Tensor(dtype, rank) => {
                 let name = to.cloned().unwrap_or_else(|| p.name.clone());
                 if let Some(t) = temporaries.iter().find(|t| t.name == name) {
-                    if t.dtype != dtype.to_string() || t.shape.len() != *rank {
+                    // `like:<tensor>`: the call's tensor's dtype.
+                    let t_dtype = match t.dtype.strip_prefix("like:") {
+                        Some(like) => tensors(like).map(|x| x.dtype.to_string()).unwrap_or_else(|| t.dtype.clone()),
+                        None => t.dtype.clone(),
+                    };
+                    if t_dtype != dtype.to_string() || t.shape.len() != *rank {
                         return Err(format!(
                             "`{}` takes a {dtype} tensor of rank {rank}, temporary `{name}` is {} of rank {}",
                             p.name,
-                            t.dtype,
+                            t_dtype,
                             t.shape.len()
                         ));
                     }
@@ -614,7 +630,7 @@ pub fn run_plan_interp_in(
     let syms = symbols(sizes, config);
     let mut temps: BTreeMap<String, HostTensor> = BTreeMap::new();
     for t in &plan.temporaries {
-        let (dtype, shape) = temporary_shape(t, &syms)?;
+        let (dtype, shape) = temporary_shape(t, &syms, |n| call.tensors.get(n).map(|x| x.dtype))?;
         let fill = if t.fill == "zero" { 0.0 } else { f64::NAN };
         temps.insert(t.name.clone(), HostTensor::full(dtype, &shape, fill));
     }
@@ -855,4 +871,27 @@ pub fn plan_kernels<'s>(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_temporary_like_a_tensor_takes_its_dtype() {
+        let t = Temporary {
+            name: "q_packed".into(),
+            dtype: "like:queries".into(),
+            shape: vec!["heads_kv".into(), "mul(tokens, 2)".into()],
+            fill: "zero".into(),
+        };
+        let sizes = Sizes::from([("heads_kv".to_string(), 3), ("tokens".to_string(), 5)]);
+        let bf16 = |n: &str| (n == "queries").then_some(DType::BF16);
+        assert_eq!(temporary_shape(&t, &sizes, bf16), Ok((DType::BF16, vec![3, 10])));
+        let none = |_: &str| None;
+        let e = temporary_shape(&t, &sizes, none).unwrap_err();
+        assert!(e.contains("that of `queries`, which the call lacks"), "{e}");
+        let f32 = Temporary { dtype: "f32".into(), ..t };
+        assert_eq!(temporary_shape(&f32, &sizes, none), Ok((DType::F32, vec![3, 10])));
+    }
 }

@@ -730,7 +730,8 @@ impl CudaPlan {
         let mut temps = Vec::new();
         let mut views: std::collections::BTreeMap<String, DevTensor> = std::collections::BTreeMap::new();
         for t in temporaries {
-            let (dtype, shape) = temporary_shape(t, &syms).map_err(bad)?;
+            let (dtype, shape) =
+                temporary_shape(t, &syms, |n| call.tensors.get(n).map(|x| x.info().dtype)).map_err(bad)?;
             let d = cuda.alloc(dtype, &shape)?;
             views.insert(t.name.clone(), d.view());
             temps.push(d);

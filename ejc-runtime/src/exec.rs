@@ -146,7 +146,8 @@ impl<'k> HostPlan<'k> {
         let syms = symbols(sizes, config);
         let mut temps = BTreeMap::new();
         for t in temporaries {
-            let (dtype, shape) = temporary_shape(t, &syms).map_err(invalid)?;
+            let (dtype, shape) =
+                temporary_shape(t, &syms, |n| call.tensors.get(n).map(|x| x.info().dtype)).map_err(invalid)?;
             temps.insert(t.name.clone(), HostBuffer::try_zeros(dtype, &shape).map_err(invalid)?);
         }
         let lookup = |n: &str| call.tensors.get(n).map(Tensor::info);

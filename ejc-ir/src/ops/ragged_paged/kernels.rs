@@ -150,7 +150,8 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ("out", "output: the attention output [T, QH, D], queries' dtype; rows past qsl[S] are 0"),
         (
             "q_packed",
-            "temporary: the queries, a KV head's group of heads per token in consecutive rows [KVH, T * G, D], f32",
+            "temporary: the queries, a KV head's group of heads per token in consecutive rows [KVH, T * G, D], \
+             queries' dtype",
         ),
         ("o_packed", "temporary: the output in the packed order [KVH, T * G, D], f32"),
         ("lse_packed", "temporary: each packed row's log-sum-exp over its keys [KVH, T * G], f32 (with sinks)"),
@@ -333,7 +334,7 @@ fn build_copy(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let (src, dst) = match k.role {
         Role::Pack => {
             let q = b.param("queries", Type::Tensor(k.dtype, 3));
-            (q, b.param("q_packed", Type::Tensor(DType::F32, 3)))
+            (q, b.param("q_packed", Type::Tensor(k.dtype, 3)))
         }
         _ => {
             let o = b.param("o_packed", Type::Tensor(DType::F32, 3));
@@ -394,7 +395,8 @@ fn build_copy(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
         let den = b.expand_dims(den, 1);
         x = b.div(x, den);
     }
-    let x = b.cast(x, if unpack { k.dtype } else { DType::F32 });
+    // Pack copies the queries as they are; unpack rounds the f32 output to their dtype.
+    let x = if unpack { b.cast(x, k.dtype) } else { x };
     b.store(dst, to.to_vec(), x);
     b.finish()
 }
@@ -410,7 +412,7 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     }
     let mut b = KernelBuilder::new(name);
     let tensor = |b: &mut KernelBuilder, n: &str, dt: DType, rank: usize| b.param(n, Type::Tensor(dt, rank));
-    let q_packed = tensor(&mut b, "q_packed", DType::F32, 3);
+    let q_packed = tensor(&mut b, "q_packed", k.dtype, 3);
     let kv_pages = tensor(&mut b, "kv_pages", k.dtype, 4);
     let lens = tensor(&mut b, "context_lens", DType::I32, 1);
     let tables = tensor(&mut b, "block_tables", DType::I32, 2);
@@ -475,7 +477,6 @@ fn build_main(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let cols = Axis::Range { start: c0, size: d, limit: None };
     let rows = Axis::Range { start: row0, size: bm, limit: Some(row_end) };
     let q = b.load(q_packed, vec![Axis::Index(kvh), rows, cols], 0.0);
-    let q = b.cast(q, k.dtype);
 
     // ---- the key positions this block of rows may see: [kv_lo, kv_hi) ----
     let last_row = {

@@ -385,7 +385,10 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
         // row range), so a GPU launcher runs them on two streams at once; `unpack`
         // waits for both. (The interpreter's tests run them in the other order too.)
         let after = |l: &mut Launch, waits: &[usize]| l.after = Some(waits.to_vec());
-        let mut temporaries = vec![temp("q_packed", &rows), temp("o_packed", &rows)];
+        // The packed queries keep the queries' dtype (a copy: nothing to round), so `main`
+        // reads them straight into shared memory as a product's operand.
+        let q_packed = Temporary { dtype: "like:queries".into(), ..temp("q_packed", &rows) };
+        let mut temporaries = vec![q_packed, temp("o_packed", &rows)];
         if sinks {
             temporaries.push(temp("lse_packed", &rows[..2]));
         }
