@@ -672,3 +672,63 @@ fn backward_kernels_compile_with_a_candidate_that_does_not_spill() {
         .sum();
     eprintln!("{compiled} backward candidates compiled");
 }
+
+/// The Hopper paths run no loop unrotated over `a` fragments computed in registers before
+/// it (docs/gpu.md, "Known hazard": wrong results from the loop's second iteration on the
+/// H200). No kernel of any spec has such a product, so no candidate is left out for it;
+/// a kernel that has one (ragged paged attention's main product over its queries cast
+/// from f32, as before 2026-11-29) keeps `mma.sync` and the rotated `wgmma` loop only.
+#[test]
+fn no_hopper_loop_runs_unrotated_over_register_fragments_from_before_it() {
+    use ejc_codegen::build::{select, BuildOptions};
+    use ejc_codegen::ptx::candidates::candidates;
+    use ejc_codegen::ptx::{hopper_hazard, register_a_before_loop};
+    use ejc_ir::builder::{Axis, KernelBuilder};
+    use ejc_ir::types::Type;
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../specs");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let spec = ejc_ir::spec::load_file(&path).unwrap();
+        let opts = BuildOptions { targets: vec!["ptx:sm_90a".parse().unwrap()], ..Default::default() };
+        let Ok(sel) = select(&spec, &opts) else { continue };
+        let pipeline = ejc_ir::passes::default_pipeline();
+        for inst in &sel.kernels {
+            let raw = spec.operation().build(&spec, inst).unwrap();
+            let k = ejc_ir::passes::run_pipeline(&raw, &pipeline).unwrap();
+            assert_eq!(register_a_before_loop(&k), None, "{} ({})", inst.id, path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 1000, "{checked} kernels");
+    // One product per block of a loop, over a query tile cast from f32 before it:
+    // `pipeline-dots` has nothing to rotate, so every Hopper path would run it unrotated.
+    let mut b = KernelBuilder::new("hazard");
+    let q = b.param("q", Type::Tensor(DType::F32, 2));
+    let kt = b.param("k", Type::Tensor(DType::BF16, 2));
+    let o = b.param("o", Type::Tensor(DType::F32, 2));
+    let (c0, c1, c64) = (b.const_i32(0), b.const_i32(1), b.const_i32(64));
+    let full = |start| Axis::Range { start, size: 64, limit: None };
+    let qt = b.load(q, vec![full(c0), full(c0)], 0.0);
+    let qb = b.cast(qt, DType::BF16);
+    let n = b.dim(kt, 0);
+    let blocks = b.div(n, c64);
+    let acc = b.full(0.0, DType::F32, &[64, 64]);
+    let out = b.for_loop(c0, blocks, c1, &[acc], |b, i, carried| {
+        let row0 = b.mul(i, c64);
+        let k = b.load(kt, vec![full(row0), full(c0)], 0.0);
+        vec![b.dot(qb, k, carried[0], false, true)]
+    });
+    b.store(o, vec![full(c0), full(c0)], out[0]);
+    let k = b.finish().unwrap();
+    let why = register_a_before_loop(&k).expect("the query fragments are computed before the loop");
+    assert!(why.contains("register fragments computed before the loop"), "{why}");
+    let ws = PtxConfig { arch: Arch::Sm90a, num_warps: 4, num_stages: 2, path: WS };
+    assert!(hopper_hazard(&k, &ws).is_some());
+    let cands = candidates(&k, Arch::Sm90a, &[4], &[2], &[]).unwrap();
+    let paths: Vec<&str> = cands.iter().map(|c| c.path()).collect();
+    assert_eq!(paths, ["mma"], "only mma.sync: {paths:?}");
+}

@@ -23,6 +23,8 @@
 //! - the softmax sunk into the masks' branch (`sink`) only where the loop-carried
 //!   accumulator is at most 64 columns wide: it keeps more registers live, which the H100
 //!   measurements show pays at 64 columns and costs at 128 (docs/perf.md);
+//! - no Hopper path whose entry would run a loop unrotated over `a` fragments computed in
+//!   registers before it ([`super::hopper_hazard`]; docs/gpu.md, "Known hazard");
 //! - the serial key loop (no `pipeline-dots` rotation: [`super::Overlap::Serial`]) as well
 //!   where the accumulator is more than 128 columns wide (d = 192, 256): the rotated
 //!   loop's second score tile is what makes those spill at 240 registers.
@@ -181,13 +183,17 @@ pub fn candidates(
             let mut cfgs = vec![base];
             if arch == Arch::Sm90a && w % 4 == 0 && !products.is_empty() {
                 let wg = PtxConfig { path: CodePath::Wgmma { overlap: Overlap::Rotated }, ..base };
-                if super::wgmma_applies(kernel, &wg) {
+                // Paths whose loop would run unrotated over register fragments computed
+                // before it are left out (`super::hopper_hazard`).
+                let safe = |c: &PtxConfig| super::hopper_hazard(kernel, c).is_none();
+                if super::wgmma_applies(kernel, &wg) && safe(&wg) {
                     cfgs.push(wg);
-                    if serial_pays {
-                        cfgs.push(PtxConfig { path: CodePath::Wgmma { overlap: Overlap::Serial }, ..base });
+                    let serial = PtxConfig { path: CodePath::Wgmma { overlap: Overlap::Serial }, ..base };
+                    if serial_pays && safe(&serial) {
+                        cfgs.push(serial);
                     }
                     let ws = PtxConfig { path: CodePath::WarpSpecialised { overlap: Overlap::Rotated }, ..wg };
-                    if super::ws_applies(kernel, &ws).is_ok() {
+                    if super::ws_applies(kernel, &ws).is_ok() && safe(&ws) {
                         cfgs.push(ws);
                         if sink_pays {
                             let path = CodePath::WarpSpecialised { overlap: Overlap::Sunk };
@@ -195,7 +201,7 @@ pub fn candidates(
                         }
                     }
                     let ws_serial = PtxConfig { path: CodePath::WarpSpecialised { overlap: Overlap::Serial }, ..wg };
-                    if serial_pays && super::ws_applies(kernel, &ws_serial).is_ok() {
+                    if serial_pays && super::ws_applies(kernel, &ws_serial).is_ok() && safe(&ws_serial) {
                         cfgs.push(ws_serial);
                     }
                 }

@@ -309,22 +309,92 @@ fn ws_plan(kernel: &Kernel, cfg: &PtxConfig) -> Result<Vec<ws::TmaLoad>, String>
 /// that continue a loop's tile stream.
 type Streams = Vec<(ejc_ir::ir::Value, ejc_ir::ir::Value)>;
 fn rotated(kernel: &Kernel, cfg: &PtxConfig) -> Result<(Kernel, Streams), String> {
+    rotated_counted(kernel, cfg).map(|(k, s, _)| (k, s))
+}
+
+/// [`rotated`], and how many loops `pipeline-dots` rotated.
+fn rotated_counted(kernel: &Kernel, cfg: &PtxConfig) -> Result<(Kernel, Streams, usize), String> {
     let mut streams = Vec::new();
     if !wgmma_applies(kernel, cfg) {
-        return Ok((kernel.clone(), streams));
+        return Ok((kernel.clone(), streams, 0));
     }
     let mut pipelined = kernel.clone();
     // `sink`: also move the softmax into the masks' branch, so that ptxas keeps the
     // value product in flight over it (docs/gpu.md).
     if !cfg.path.rotated() {
-        return Ok((kernel.clone(), streams));
+        return Ok((kernel.clone(), streams, 0));
     }
     let sink = cfg.path.sink();
-    for r in ejc_ir::passes::rotate_loops(&mut pipelined, sink) {
+    let rotations = ejc_ir::passes::rotate_loops(&mut pipelined, sink);
+    let n = rotations.len();
+    for r in rotations {
         streams.extend(r.epilogue_loads);
     }
     ejc_ir::verify::verify(&pipelined).map_err(|e| format!("pipeline-dots produced invalid IR: {e}"))?;
-    Ok((pipelined, streams))
+    Ok((pipelined, streams, n))
+}
+
+/// The first product of `kernel` that reads, inside a loop, an `a` operand held in
+/// registers and computed before that loop (in words), or `None`.
+pub fn register_a_before_loop(kernel: &Kernel) -> Option<String> {
+    use ejc_ir::defuse::defined_in;
+    use ejc_ir::ir::{Block, OpKind};
+    use std::collections::HashSet;
+    let plan = layout::plan(kernel).ok()?;
+    fn go(
+        kernel: &Kernel,
+        block: &Block,
+        plan: &layout::Plan,
+        loops: &mut Vec<HashSet<ejc_ir::ir::Value>>,
+    ) -> Option<String> {
+        for op in &block.ops {
+            if let (OpKind::Dot { trans_a: false, .. }, Some(inside)) = (&op.kind, loops.last()) {
+                let a = op.operands[0];
+                let sixteen = kernel.ty(a).dtype().size_bytes() == 2;
+                if sixteen && !plan.smem_loads.contains(&a) && !inside.contains(&a) {
+                    return Some(format!(
+                        "the product %{} in a loop reads %{} as register fragments computed before the loop",
+                        op.results[0].index(),
+                        a.index()
+                    ));
+                }
+            }
+            let is_loop = matches!(op.kind, OpKind::For);
+            for r in &op.regions {
+                if is_loop {
+                    loops.push(defined_in(r));
+                }
+                let found = go(kernel, r, plan, loops);
+                if is_loop {
+                    loops.pop();
+                }
+                if found.is_some() {
+                    return found;
+                }
+            }
+        }
+        None
+    }
+    go(kernel, &kernel.body, &plan, &mut Vec::new())
+}
+
+/// Why `cfg`'s Hopper path must not take `kernel` (`Some`): an entry whose key loop
+/// is emitted unrotated — the serial paths, the warp-specialised artifacts' general entry,
+/// a `_wgmma` loop `pipeline-dots` left as it was — with a product that reads register
+/// fragments computed before the loop. That gave wrong results on the H200 from the loop's
+/// second iteration (docs/gpu.md, "Known hazard"); the rotated loop does not. The
+/// candidate policy leaves such paths out (`mma.sync` stays).
+pub fn hopper_hazard(kernel: &Kernel, cfg: &PtxConfig) -> Option<String> {
+    if !wgmma_applies(kernel, cfg) {
+        return None;
+    }
+    let rotated_loops = rotated_counted(kernel, cfg).map(|(_, _, n)| n).unwrap_or(0);
+    let unrotated_entry = !cfg.path.rotated() || cfg.path.ws() || rotated_loops == 0;
+    if unrotated_entry {
+        register_a_before_loop(kernel)
+    } else {
+        None
+    }
 }
 
 /// Build the (unoptimised) LLVM module of one kernel.
