@@ -395,20 +395,24 @@ pub fn symbols(sizes: &Sizes, config: &Config) -> Sizes {
     s
 }
 
-/// A temporary's dtype and shape for a call. Its dtype is a dtype's name, or
-/// `like:<tensor>`: the dtype of the call's tensor of that name (`dtype_of`), so that a
-/// plan's temporary may hold an input's values as they are (ragged paged attention's
-/// packed queries).
+/// A temporary's dtype for a call: a dtype's name, or `like:<tensor>`, the dtype of the
+/// call's tensor of that name (`dtype_of`), so that a plan's temporary may hold an input's
+/// values as they are (ragged paged attention's packed queries).
+pub fn temporary_dtype(t: &Temporary, dtype_of: impl Fn(&str) -> Option<DType>) -> Result<DType, String> {
+    match t.dtype.strip_prefix("like:") {
+        Some(name) => dtype_of(name)
+            .ok_or_else(|| format!("temporary `{}`: its dtype is that of `{name}`, which the call lacks", t.name)),
+        None => t.dtype.parse(),
+    }
+}
+
+/// A temporary's dtype ([`temporary_dtype`]) and shape for a call.
 pub fn temporary_shape(
     t: &Temporary,
     symbols: &Sizes,
     dtype_of: impl Fn(&str) -> Option<DType>,
 ) -> Result<(DType, Vec<usize>), String> {
-    let dtype: DType = match t.dtype.strip_prefix("like:") {
-        Some(name) => dtype_of(name)
-            .ok_or_else(|| format!("temporary `{}`: its dtype is that of `{name}`, which the call lacks", t.name))?,
-        None => t.dtype.parse()?,
-    };
+    let dtype = temporary_dtype(t, dtype_of)?;
     let mut shape = Vec::new();
     for e in &t.shape {
         let n = GridExpr::parse(e)?.eval_in(symbols).map_err(|m| format!("temporary `{}`: {m}", t.name))?;
@@ -462,12 +466,8 @@ pub fn bind(
             Type::Tensor(dtype, rank) => {
                 let name = to.cloned().unwrap_or_else(|| p.name.clone());
                 if let Some(t) = temporaries.iter().find(|t| t.name == name) {
-                    // `like:<tensor>`: the call's tensor's dtype.
-                    let t_dtype = match t.dtype.strip_prefix("like:") {
-                        Some(like) => tensors(like).map(|x| x.dtype.to_string()).unwrap_or_else(|| t.dtype.clone()),
-                        None => t.dtype.clone(),
-                    };
-                    if t_dtype != dtype.to_string() || t.shape.len() != *rank {
+                    let t_dtype = temporary_dtype(t, |n| tensors(n).map(|x| x.dtype))?;
+                    if t_dtype != *dtype || t.shape.len() != *rank {
                         return Err(format!(
                             "`{}` takes a {dtype} tensor of rank {rank}, temporary `{name}` is {} of rank {}",
                             p.name,

@@ -219,14 +219,20 @@ pub fn mismatch_pattern(actual: &HostTensor, expected: &HostTensor, tol: f64) ->
     let shape = &expected.shape;
     let rank = shape.len();
     let mut hit: Vec<Vec<bool>> = shape.iter().map(|&n| vec![false; n]).collect();
+    let index = |mut i: usize| {
+        let mut idx = vec![0usize; rank];
+        for ax in (0..rank).rev() {
+            idx[ax] = i % shape[ax];
+            i /= shape[ax];
+        }
+        idx
+    };
     let mut worst: Vec<(f64, usize)> = Vec::new();
     let mut count = 0usize;
     for i in (0..e.len()).filter(|&i| off(i)) {
         count += 1;
-        let mut rest = i;
-        for ax in (0..rank).rev() {
-            hit[ax][rest % shape[ax]] = true;
-            rest /= shape[ax];
+        for (ax, &x) in index(i).iter().enumerate() {
+            hit[ax][x] = true;
         }
         let d = if a[i].is_nan() { f64::INFINITY } else { (a[i] - e[i]).abs() };
         worst.push((d, i));
@@ -240,14 +246,6 @@ pub fn mismatch_pattern(actual: &HostTensor, expected: &HostTensor, tol: f64) ->
     }
     worst.sort_by(|x, y| y.0.total_cmp(&x.0));
     worst.truncate(4);
-    let index = |mut i: usize| {
-        let mut idx = vec![0usize; rank];
-        for ax in (0..rank).rev() {
-            idx[ax] = i % shape[ax];
-            i /= shape[ax];
-        }
-        idx
-    };
     let ranges = |h: &[bool]| {
         let mut out: Vec<String> = Vec::new();
         let mut i = 0;

@@ -176,6 +176,8 @@ pub fn candidates(
     // Wide accumulators (more than 128 columns: d = 192, 256) leave no room for the
     // rotated loop's second score tile; the serial loop is a candidate there.
     let serial_pays = acc_cols > 128;
+    // Almost every kernel has no such product: then no path is checked further.
+    let register_a = super::register_a_before_loop(kernel).is_some();
     let mut out = Vec::new();
     for &w in &warps {
         for &s in &stages {
@@ -185,7 +187,7 @@ pub fn candidates(
                 let wg = PtxConfig { path: CodePath::Wgmma { overlap: Overlap::Rotated }, ..base };
                 // Paths whose loop would run unrotated over register fragments computed
                 // before it are left out (`super::hopper_hazard`).
-                let safe = |c: &PtxConfig| super::hopper_hazard(kernel, c).is_none();
+                let safe = |c: &PtxConfig| !register_a || super::hopper_hazard(kernel, c).is_none();
                 if super::wgmma_applies(kernel, &wg) && safe(&wg) {
                     cfgs.push(wg);
                     let serial = PtxConfig { path: CodePath::Wgmma { overlap: Overlap::Serial }, ..base };

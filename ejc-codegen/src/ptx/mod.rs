@@ -388,13 +388,10 @@ pub fn hopper_hazard(kernel: &Kernel, cfg: &PtxConfig) -> Option<String> {
     if !wgmma_applies(kernel, cfg) {
         return None;
     }
-    let rotated_loops = rotated_counted(kernel, cfg).map(|(_, _, n)| n).unwrap_or(0);
-    let unrotated_entry = !cfg.path.rotated() || cfg.path.ws() || rotated_loops == 0;
-    if unrotated_entry {
-        register_a_before_loop(kernel)
-    } else {
-        None
-    }
+    let why = register_a_before_loop(kernel)?;
+    let unrotated_entry =
+        !cfg.path.rotated() || cfg.path.ws() || rotated_counted(kernel, cfg).map(|(_, _, n)| n).unwrap_or(0) == 0;
+    unrotated_entry.then_some(why)
 }
 
 /// Build the (unoptimised) LLVM module of one kernel.
