@@ -397,7 +397,7 @@ pub fn symbols(sizes: &Sizes, config: &Config) -> Sizes {
 
 /// A temporary's dtype for a call: a dtype's name, or `like:<tensor>`, the dtype of the
 /// call's tensor of that name (`dtype_of`), so that a plan's temporary may hold an input's
-/// values as they are (ragged paged attention's packed queries).
+/// values as they are (a copy of an input that needs no rounding).
 pub fn temporary_dtype(t: &Temporary, dtype_of: impl Fn(&str) -> Option<DType>) -> Result<DType, String> {
     match t.dtype.strip_prefix("like:") {
         Some(name) => dtype_of(name)
