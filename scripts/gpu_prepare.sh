@@ -27,6 +27,10 @@
 #                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
 #   bash scripts/gpu_prepare.sh --rpa      # ragged_page_attention v2 and v3: their check sets (PTX, MLIR) and the bench set
 #                                          # (gpu_run.sh --rpa, then --rpa-bench; FA4's halves as for --paged)
+#   bash scripts/gpu_prepare.sh --bs       # blocksparse_attention: the check set (every variant; bf16 d128 on sm_90a and
+#                                          # sm_80, f16 d64 on both; MLIR's gpu form) and the bench set (bf16, d64/d128,
+#                                          # sm_90a, the Hopper paths) with flash's dense `full` beside it
+#                                          # (gpu_run.sh --bs, then --bs-bench; FA4's halves as for --paged)
 #   bash scripts/gpu_prepare.sh --ring     # ring attention (issue 23): `ejc-ring` and the ring specs' blocks (bf16,
 #                                          # d64/d128, sm_90a), for gpu_run.sh --ring and --ring-bench on a kind
 #                                          # with several GPUs (nvidia-h100-x4: 2 and 4 ranks)
@@ -146,6 +150,28 @@ if [ "${1:-}" = "--paged" ]; then
     # travels with FA4's first half.)
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz paged paged_mlir paged_bench ragged ragged_mlir ragged_bench
     rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--bs" ]; then
+    # Block-sparse attention: every variant against the reference on both archs (bf16 at d 128,
+    # f16 at d 64), the gpu form of MLIR, and the bench set. --drop-spilling: a tuned
+    # configuration must not spill.
+    $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --head-dim 128 \
+        -o .gpu/bs --report --drop-spilling > .gpu/bs_ptxas.txt
+    $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype f16 --head-dim 64 \
+        -o .gpu/bs16 --report --drop-spilling > .gpu/bs16_ptxas.txt
+    $EJC build specs/blocksparse.yaml -q --target mlir:gpu --dtype bf16 --head-dim 64 -o .gpu/bs_mlir
+    # The bench set (bench/blocksparse_gpu.py's patterns) on the Hopper paths, and flash's dense
+    # forward at the same sizes.
+    $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 64 --head-dim 128 \
+        --variant causal --variant sliding_window --variant chunked --variant document --variant strided \
+        --path wgmma --path ws -o .gpu/bs_bench --report --drop-spilling > .gpu/bs_bench_ptxas.txt
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 64 --head-dim 128 \
+        --path wgmma --path ws -o .gpu/bs_dense --report --drop-spilling > .gpu/bs_dense_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bs bs16 bs_mlir
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/bs_bench.tar.xz bs_bench bs_dense
+    rm -rf .gpu/bs .gpu/bs16 .gpu/bs_mlir .gpu/bs_bench .gpu/bs_dense
     du -sh .gpu/*
     exit 0
 fi

@@ -52,6 +52,12 @@
 #                                        # then tune/call on a serving step (carry .gpu, both packs)
 #   bash scripts/gpu_run.sh --rpa-streams # the classed plans, whose decodes and chunks run on two streams: their
 #                                        # checks (v2, v3, both archs) and memcheck samples; then --rpa-bench
+#   bash scripts/gpu_run.sh --bs         # blocksparse_attention (`gpu_prepare.sh --bs`; carry .gpu/ejc-gpu,
+#                                        # .gpu/artifacts.tar.xz and .anchors/fa4/part-aa): every artifact checked (PTX
+#                                        # on both archs, MLIR's gpu form), memcheck and racecheck samples, tune/call;
+#                                        # then --bs-bench at once (carry .gpu/ejc-gpu, .gpu/bs_bench.tar.xz,
+#                                        # .anchors/fa4/part-ab, whl): bench/blocksparse_gpu.py against FlexAttention,
+#                                        # FA4, cuDNN and ejc's dense flash (EJC_BS_ROWS=all: the longer grid)
 #   bash scripts/gpu_run.sh --ring       # ring attention (`gpu_prepare.sh --ring`; a kind with 2+ GPUs): the block
 #                                        # artifacts checked, then `ejc-ring check` on 2 and on every GPU (NCCL ranks
 #                                        # vs the one-GPU simulation bit for bit, and vs the f64 reference)
@@ -69,7 +75,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/ejc-gpu-out}
 mkdir -p "$OUT" /tmp/ejc-art
-for pack in .gpu/artifacts.tgz .gpu/artifacts.tar.xz .gpu/rpa_bench.tar.xz; do
+for pack in .gpu/artifacts.tgz .gpu/artifacts.tar.xz .gpu/rpa_bench.tar.xz .gpu/bs_bench.tar.xz; do
     [ -f "$pack" ] && tar -C /tmp/ejc-art -xf "$pack"
 done
 nvidia-smi -L | tee "$OUT/device.txt"
@@ -384,6 +390,30 @@ rpa_tune_serving_step() {
         num_seqs=64,heads_q=32,heads_kv=8,head_dim=128,page_size=16,max_context=2048,min_context=2048,max_q_len=512,prefill_seqs=1
 }
 
+if [ "${1:-}" = "--bs" ]; then
+    [ -f .anchors/fa4/part-aa ] && cp .anchors/fa4/part-aa /tmp/
+    ./.gpu/ejc-gpu info | tee "$OUT/info.txt"
+    check_set bs || status=1
+    check_set bs16 || status=1
+    check_set bs_mlir || status=1
+    memcheck bs "blocksparse_document_bf16_d128_m128_n64_layout@ptx:sm_90a/w8_s2 + blocksparse_document_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    memcheck bs16 "blocksparse_array_mask_f16_d64_m64_n64_layout@ptx:sm_80/w4_s2 + blocksparse_array_mask_f16_d64_m64_n64@ptx:sm_80/w4_s2" || status=1
+    racecheck bs "blocksparse_strided_bf16_d128_m128_n64_layout@ptx:sm_90a/w8_s2 + blocksparse_strided_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
+    for step in tune call; do
+        timeout 300 ./.gpu/ejc-gpu $step /tmp/ejc-art/bs --variant document --dtype bf16 \
+            --size batch=2,heads_q=8,heads_kv=2,seq_q=3000,seq_k=3000,head_dim=128 --cache-dir /tmp/ejc-cache 2>&1 \
+            | tail -6 | tee -a "$OUT/tune.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    exit $status
+fi
+if [ "${1:-}" = "--bs-bench" ]; then
+    source .anchors/fa4/whl/install.sh || echo "fa4: not installed (its column stays empty)"
+    timeout 560 python3 bench/blocksparse_gpu.py /tmp/ejc-art/bs_bench --flash /tmp/ejc-art/bs_dense \
+        --json "$OUT/blocksparse.json" --reps "${EJC_BENCH_REPS:-20}" --rows "${EJC_BS_ROWS:-quick}" \
+        2>&1 | tee "$OUT/blocksparse.txt" || status=1
+    exit $status
+fi
 if [ "${1:-}" = "--rpa" ]; then
     # Ragged paged attention v2 and v3 (`gpu_prepare.sh --rpa`): every artifact checked (PTX on both
     # archs, MLIR's gpu form), memcheck samples of every role (v3's cache write included), the

@@ -968,6 +968,56 @@ fn ragged_page_attention_through_the_command_line() {
     }
 }
 
+/// Block-sparse attention from the command line: every variant on the CPU (bf16) and MLIR
+/// (f32) back ends against the reference on an awkward call (a mask per head, Sq ≠ Sk,
+/// lengths off the blocks, GQA), and the PTX of one variant and tiling through ptxas
+/// (its layout and attention kernels on both archs, Hopper's paths among them).
+#[test]
+fn blocksparse_attention_through_the_command_line() {
+    let spec = format!("{}/specs/blocksparse.yaml", env!("CARGO_MANIFEST_DIR"));
+    let sizes = "batch=2,heads_q=4,heads_kv=2,seq_q=211,seq_k=190,mask_heads=4";
+    for (backend, dtype) in [("cpu", "bf16"), ("mlir", "f32")] {
+        let o = ejc(&["run", &spec, "--backend", backend, "--dtype", dtype, "--size", sizes]);
+        let out = text(&o.stdout);
+        assert_eq!(code(&o), 0, "{backend} {dtype}: {out}{}", text(&o.stderr));
+        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 8, "{backend}: {out}");
+        assert!(out.contains("plan=layout"), "{out}");
+    }
+    let out = temp_dir("blocksparse-build");
+    let mut args = vec!["build", &spec, "-o", out.to_str().unwrap(), "--target", "ptx:sm_80", "--target", "ptx:sm_90a"];
+    args.extend([
+        "--dtype",
+        "bf16",
+        "--head-dim",
+        "64",
+        "--variant",
+        "document",
+        "--block-m",
+        "64",
+        "--block-n",
+        "64",
+        "-q",
+    ]);
+    let have_ptxas = ejc_codegen::ptx::find_ptxas().is_some();
+    if have_ptxas {
+        args.push("--report");
+    } else {
+        eprintln!("skipped the ptxas report: no ptxas (run scripts/setup.sh); PTX is still generated");
+    }
+    let o = ejc(&args);
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    if have_ptxas {
+        let report = text(&o.stdout);
+        assert!(!report.contains("SPILLS"), "64 x 64 tiles at d = 64 spill nowhere: {report}");
+        assert!(report.contains("_layout@ptx:sm_90a/w4_s2"), "{report}");
+        assert!(report.contains("blocksparse_document_bf16_d64_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws"), "{report}");
+    }
+    let m = ejc_runtime::manifest::load(&out).unwrap().manifest;
+    assert_eq!(m.plans.len(), 1, "the layout plan");
+    assert!(m.artifacts.iter().any(|a| a.grid[0] == "cdiv(seq_q, 64)"), "the grid over query blocks");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// `ejc build` with its compiled-code cache in `cache`; stdout's last line.
 fn build_cached(spec: &std::path::Path, out: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
     let o = Command::new(env!("CARGO_BIN_EXE_ejc"))

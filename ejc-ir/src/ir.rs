@@ -61,6 +61,9 @@ pub enum GridExpr {
     Sym(String),
     /// ceil(a / b), b > 0.
     CeilDiv(Box<GridExpr>, i64),
+    /// ceil(a / b) for a formula `b` (e.g. a tile size of the configuration), which must
+    /// be positive when evaluated.
+    CeilDivBy(Box<GridExpr>, Box<GridExpr>),
     Mul(Box<GridExpr>, Box<GridExpr>),
     Add(Box<GridExpr>, Box<GridExpr>),
     Max(Box<GridExpr>, Box<GridExpr>),
@@ -98,6 +101,13 @@ impl GridExpr {
                 let a = a.eval(lookup)?;
                 a.checked_add(b - 1).ok_or_else(overflow)?.div_euclid(*b)
             }
+            GridExpr::CeilDivBy(a, b) => {
+                let (a, d) = (a.eval(lookup)?, b.eval(lookup)?);
+                if d <= 0 {
+                    return Err(format!("`{self}` divides by {b} = {d}, which is not positive"));
+                }
+                a.checked_add(d - 1).ok_or_else(overflow)?.div_euclid(d)
+            }
             GridExpr::Mul(a, b) => a.eval(lookup)?.checked_mul(b.eval(lookup)?).ok_or_else(overflow)?,
             GridExpr::Add(a, b) => a.eval(lookup)?.checked_add(b.eval(lookup)?).ok_or_else(overflow)?,
             GridExpr::Max(a, b) => a.eval(lookup)?.max(b.eval(lookup)?),
@@ -119,7 +129,7 @@ impl GridExpr {
                 }
             }
             GridExpr::CeilDiv(a, _) => a.symbols(out),
-            GridExpr::Mul(a, b) | GridExpr::Add(a, b) | GridExpr::Max(a, b) => {
+            GridExpr::Mul(a, b) | GridExpr::Add(a, b) | GridExpr::Max(a, b) | GridExpr::CeilDivBy(a, b) => {
                 a.symbols(out);
                 b.symbols(out)
             }
@@ -186,10 +196,10 @@ impl GridExpr {
                 let a = self.expr()?;
                 self.eat(b',')?;
                 let e = if w == "cdiv" {
-                    let b = self.word().to_string();
-                    match b.parse::<i64>() {
-                        Ok(b) if b > 0 => GridExpr::cdiv(a, b),
-                        _ => return Err(self.err("cdiv's divisor must be a positive integer")),
+                    match self.expr()? {
+                        GridExpr::Const(b) if b > 0 => GridExpr::cdiv(a, b),
+                        GridExpr::Const(_) => return Err(self.err("cdiv's divisor must be positive")),
+                        b => GridExpr::CeilDivBy(Box::new(a), Box::new(b)),
                     }
                 } else {
                     let b = self.expr()?;
@@ -221,6 +231,7 @@ impl fmt::Display for GridExpr {
             GridExpr::Const(c) => write!(f, "{c}"),
             GridExpr::Sym(s) => f.write_str(s),
             GridExpr::CeilDiv(a, b) => write!(f, "cdiv({a}, {b})"),
+            GridExpr::CeilDivBy(a, b) => write!(f, "cdiv({a}, {b})"),
             GridExpr::Mul(a, b) => write!(f, "mul({a}, {b})"),
             GridExpr::Add(a, b) => write!(f, "add({a}, {b})"),
             GridExpr::Max(a, b) => write!(f, "max({a}, {b})"),

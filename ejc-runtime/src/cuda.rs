@@ -903,6 +903,27 @@ impl CudaPlan {
     }
 
     /// Median milliseconds of `reps` runs (CUDA events) after `warmup` untimed ones.
+    /// Each launch's median time alone, in order, on the default stream: the plan runs
+    /// once first, so every launch finds what earlier ones write (a multi-launch plan's
+    /// breakdown: a layout against the attention that reads it, a partial against its
+    /// combine).
+    pub fn median_ms_per_launch(&self, cuda: &Cuda, warmup: usize, reps: usize) -> Result<Vec<f64>, CudaError> {
+        self.launch(cuda)?;
+        cuda.synchronize()?;
+        let mut out = Vec::with_capacity(self.launches.len());
+        for l in &self.launches {
+            // Safety: as in `launch`; run alone, after the whole plan has run once.
+            let mut run = || unsafe { cuda.launch(&l.kernel, l.grid, &l.tensors, &l.scalars, &l.maps) };
+            if warmup > 0 {
+                cuda.time(warmup, &mut run)?;
+            }
+            let mut ts = cuda.time(reps.max(1), &mut run)?;
+            ts.sort_by(|a, b| a.total_cmp(b));
+            out.push(ts[ts.len() / 2] as f64);
+        }
+        Ok(out)
+    }
+
     pub fn median_ms(&self, cuda: &Cuda, warmup: usize, reps: usize) -> Result<f64, CudaError> {
         let mut run = || self.launch(cuda);
         if warmup > 0 {

@@ -494,7 +494,7 @@ pub(super) fn band_terms(
     terms
 }
 
-pub(super) fn enter_sinks(
+pub(crate) fn enter_sinks(
     b: &mut KernelBuilder,
     sinks: Value,
     head: Value,

@@ -279,6 +279,60 @@ pub fn problem_of(sizes: &Sizes) -> FlashShape {
     }
 }
 
+/// The spec's `head_dims`: multiples of 16 from 16 to 256, or `{qk: D, v: DV}` where the
+/// value head dim differs (the keys `head_dim`, and `head_dim_v` with one key set per
+/// pair where any differs). Shared by the operations whose value head dim may differ.
+pub(crate) fn decode_head_dim_pairs(
+    d: &mut Decoder,
+    f: &Fields,
+    keys: &mut Vec<(String, Vec<u32>)>,
+    sets: &mut Vec<Keys>,
+) {
+    let allowed = "a multiple of 16 from 16 to 256";
+    let list_allowed = "a non-empty list of head dimensions: multiples of 16 from 16 to 256, or \
+                        `{qk: D, v: DV}` where the value head dimension differs";
+    let check = |v: i64| {
+        if v % 16 != 0 {
+            Some("head dimension is not a multiple of 16")
+        } else if !(16..=256).contains(&v) {
+            Some("head dimension is out of range")
+        } else {
+            None
+        }
+    };
+    if let Some(v) = d.required(f, "head_dims", list_allowed) {
+        // Each entry: (q/k head dim, value head dim).
+        let pairs = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
+            if !matches!(node.kind, crate::spec::yaml::NodeKind::Map(_)) {
+                let v = u32::try_from(d.int(node, path, allowed, check)?).ok()?;
+                return Some((v, v));
+            }
+            let pair_allowed = "`{qk: D, v: DV}`: the q/k and the value head dimension";
+            let f = d.fields(node, path, &["qk", "v"], "head dimension field", pair_allowed)?;
+            let qk = d.required(&f, "qk", allowed);
+            let vv = d.required(&f, "v", allowed);
+            let qk = u32::try_from(d.int(qk?, &f.path("qk"), allowed, check)?).ok()?;
+            let vv = u32::try_from(d.int(vv?, &f.path("v"), allowed, check)?).ok()?;
+            Some((qk, vv))
+        });
+        let mut qk: Vec<u32> = Vec::new();
+        let mut dv: Vec<u32> = Vec::new();
+        for &(a, b) in &pairs {
+            if !qk.contains(&a) {
+                qk.push(a);
+            }
+            if a != b && !dv.contains(&b) {
+                dv.push(b);
+            }
+        }
+        keys.push(("head_dim".into(), qk));
+        if !dv.is_empty() {
+            keys.push(("head_dim_v".into(), dv));
+            sets.extend(pairs.iter().map(|&(a, b)| key_set(a, b)));
+        }
+    }
+}
+
 pub(super) fn expect_shape(call: &dyn CallView, name: &str, want: &[usize]) -> Result<(), String> {
     let t = call.tensor(name).ok_or_else(|| format!("argument `{name}` is missing"))?;
     if t.shape != want {
@@ -312,49 +366,7 @@ impl Operation for FlashAttentionFwd {
         if let Some(v) = f.value("layout") {
             d.choice(v, "layout", "layout", &["bshd"]);
         }
-        let allowed = "a multiple of 16 from 16 to 256";
-        let list_allowed = "a non-empty list of head dimensions: multiples of 16 from 16 to 256, or \
-                            `{qk: D, v: DV}` where the value head dimension differs";
-        let check = |v: i64| {
-            if v % 16 != 0 {
-                Some("head dimension is not a multiple of 16")
-            } else if !(16..=256).contains(&v) {
-                Some("head dimension is out of range")
-            } else {
-                None
-            }
-        };
-        if let Some(v) = d.required(f, "head_dims", list_allowed) {
-            // Each entry: (q/k head dim, value head dim).
-            let pairs = d.unique_list(v, "head_dims", "head dimension", list_allowed, |d, node, path| {
-                if !matches!(node.kind, crate::spec::yaml::NodeKind::Map(_)) {
-                    let v = u32::try_from(d.int(node, path, allowed, check)?).ok()?;
-                    return Some((v, v));
-                }
-                let pair_allowed = "`{qk: D, v: DV}`: the q/k and the value head dimension";
-                let f = d.fields(node, path, &["qk", "v"], "head dimension field", pair_allowed)?;
-                let qk = d.required(&f, "qk", allowed);
-                let vv = d.required(&f, "v", allowed);
-                let qk = u32::try_from(d.int(qk?, &f.path("qk"), allowed, check)?).ok()?;
-                let vv = u32::try_from(d.int(vv?, &f.path("v"), allowed, check)?).ok()?;
-                Some((qk, vv))
-            });
-            let mut qk: Vec<u32> = Vec::new();
-            let mut dv: Vec<u32> = Vec::new();
-            for &(a, b) in &pairs {
-                if !qk.contains(&a) {
-                    qk.push(a);
-                }
-                if a != b && !dv.contains(&b) {
-                    dv.push(b);
-                }
-            }
-            keys.push(("head_dim".into(), qk));
-            if !dv.is_empty() {
-                keys.push(("head_dim_v".into(), dv));
-                sets.extend(pairs.iter().map(|&(a, b)| key_set(a, b)));
-            }
-        }
+        decode_head_dim_pairs(d, f, keys, sets);
     }
 
     fn variant_fields(&self) -> &'static [&'static str] {

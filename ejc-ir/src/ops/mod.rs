@@ -3,11 +3,12 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention", "ragged_page_attention", "ragged_page_attention_v3"]);
+//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention", "ragged_page_attention", "ragged_page_attention_v3", "blocksparse_attention"]);
 //! ```
 
 use crate::op::Operation;
 
+pub mod blocksparse;
 pub mod mean_pooling;
 pub mod page_attention;
 pub mod ragged_decode;
@@ -23,6 +24,7 @@ pub fn all() -> &'static [&'static dyn Operation] {
         &ragged_decode::op::RaggedDecode,
         &ragged_paged::op::RaggedPaged,
         &ragged_paged::op_v3::RaggedPagedV3,
+        &blocksparse::op::BlockSparse,
     ]
 }
 

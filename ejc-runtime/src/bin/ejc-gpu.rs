@@ -572,12 +572,24 @@ fn bench(args: &[String]) -> ExitCode {
     // Where the best candidate's plan runs launches on several streams, the same candidate
     // on one stream, in order (what the streams bought, measured in the same run).
     // And enqueued in the other order (the latest-listed ready launch first).
-    let (mut one_stream_ms, mut late_ms) = (None, None);
+    let (mut one_stream_ms, mut late_ms, mut launch_ms) = (None, None, None);
     if let Some(best) = rows.first() {
         println!("best: {} {:.4} ms {:.1} TFLOP/s {:.0} GB/s", best.0, best.2, best.3, best.4);
         let c = &cands[best.5];
         let plan = || CudaPlan::for_candidate(&cuda, c, &dev, &sizes);
         if let Ok(p) = plan() {
+            if c.launches.len() > 1 {
+                // The best plan's launches timed one by one (each alone, after a whole run).
+                match p.median_ms_per_launch(&cuda, 3, reps) {
+                    Ok(ms) => {
+                        let parts: Vec<String> =
+                            c.launches.iter().zip(&ms).map(|(e, t)| format!("{} {t:.4} ms", e.artifact_id)).collect();
+                        println!("best, each launch alone: {}", parts.join(", "));
+                        launch_ms = Some(ms);
+                    }
+                    Err(e) => println!("best, each launch alone: {e}"),
+                }
+            }
             let lanes = p.lanes.count;
             if lanes > 1 {
                 match p.on_one_stream().median_ms(&cuda, 3, reps) {
@@ -601,7 +613,7 @@ fn bench(args: &[String]) -> ExitCode {
     if let Some(path) = flag(args, "--json") {
         let j = serde_json::json!({
             "device": cuda.device_name(), "op": op.name(), "instance": t.fam.instance, "dims": t.dims,
-            "flops": work.flops, "bytes": work.bytes, "best_one_stream_ms": one_stream_ms, "best_late_order_ms": late_ms,
+            "flops": work.flops, "bytes": work.bytes, "best_one_stream_ms": one_stream_ms, "best_late_order_ms": late_ms, "best_launch_ms": launch_ms,
             "candidates": rows.iter().map(|r| serde_json::json!({"artifact": r.0, "config": r.1, "ms": r.2, "tflops": r.3, "gbs": r.4})).collect::<Vec<_>>(),
         });
         if let Err(e) = std::fs::write(&path, serde_json::to_string_pretty(&j).unwrap_or_default()) {

@@ -1,0 +1,339 @@
+//! The tile programs of block-sparse attention: the layout builder and the attention
+//! kernel that follows a layout.
+//!
+//! **The layout** (role `layout`). A query block `[i0, i0 + block_m)` and a key block
+//! `[j0, j0 + block_n)` are *skipped* when no query row of the sequence in the block
+//! sees any key of the block, *full* when every such row sees every key of it (so no key
+//! past `seq_k`), and *partial* otherwise. Program `(qb, lh, lb)` evaluates the variant's
+//! element mask (its mask algebra, segment ids, attention mask) on every key block of
+//! query block `qb` and writes the block indices of the full ones, in order, to
+//! `full_idx[lb, lh, qb, ..]` and their count to `full_count[lb, lh, qb]` (the partial
+//! ones to `part_idx` / `part_count`). A layout is per batch entry only where the mask
+//! reads the call's tensors (`lb` = 0 otherwise) and per head only with an attention
+//! mask (`lh` = 0 otherwise). Its cost is that of reading the mask once, element by
+//! element, with no product.
+//!
+//! **The attention kernel** (role `main`). Program `(qb, h, b)` computes rows
+//! `[qb · block_m, ..)` of head `h` of batch entry `b`: it loads its query tile once,
+//! runs the online softmax over the full key blocks with no mask at all, then over the
+//! partial ones with the element mask, and stores the output and the log-sum-exp.
+//! Skipped blocks are never loaded. GQA: head `h` reads KV head `h / (H / KVH)`.
+//!
+//! ```
+//! use ejc_ir::ops::blocksparse::kernels::{build, BsKernel, Role};
+//! use ejc_ir::ops::blocksparse::reference::BsFeatures;
+//! use ejc_ir::types::DType;
+//! let k = BsKernel { role: Role::Main, features: BsFeatures::default(), dtype: DType::BF16, head_dim: 64, head_dim_v: 64, block_m: 64, block_n: 64 };
+//! let kernel = build("bs_causal", &k).unwrap();
+//! let names: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
+//! assert_eq!(names, ["query", "key", "value", "out", "lse", "full_count", "full_idx", "part_count", "part_idx", "softmax_scale"]);
+//! ```
+
+use std::f64::consts::LOG2_E;
+
+use super::reference::BsFeatures;
+use crate::builder::{Axis, KernelBuilder};
+use crate::ir::{CmpPred, GridExpr, Kernel, ReduceOp, UnOp, Value};
+use crate::types::{DType, Type};
+use crate::verify::VerifyError;
+
+/// Which kernel of the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Layout,
+    Main,
+}
+
+/// One kernel to build.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BsKernel {
+    pub role: Role,
+    pub features: BsFeatures,
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    pub block_m: usize,
+    pub block_n: usize,
+}
+
+/// Every parameter's meaning (`ejc list`, the manifest's docs).
+pub fn param_docs() -> &'static [(&'static str, &'static str)] {
+    &[
+        ("query", "input: queries [B, H, Sq, D] (BHSD, any strides)"),
+        ("key", "input: keys [B, KVH, Sk, D]"),
+        ("value", "input: values [B, KVH, Sk, Dv] (Dv may differ from D)"),
+        ("out", "output: attention output [B, H, Sq, Dv], queries' dtype; a row that sees nothing is 0"),
+        ("lse", "output: log-sum-exp (natural log) [B, H, Sq], f32; -inf for a row that sees nothing"),
+        ("q_segment_ids", "input: query segment ids [B, Sq], i32; -1 = padding (sees nothing)"),
+        ("kv_segment_ids", "input: key segment ids [B, Sk], i32; equal ids attend"),
+        ("attention_mask", "input: boolean mask [B, H, Sq, Sk], true = attend (stride 0 on the head axis shares one)"),
+        ("sinks", "input: sink logits [H, n_sinks], f32"),
+        ("full_count", "temporary (layout): full key blocks per query block [LB, LH, NQ], i32"),
+        ("full_idx", "temporary (layout): the full key blocks' indices, in order [LB, LH, NQ, NK], i32"),
+        ("part_count", "temporary (layout): partial key blocks per query block [LB, LH, NQ], i32"),
+        ("part_idx", "temporary (layout): the partial key blocks' indices, in order [LB, LH, NQ, NK], i32"),
+        ("seq_q", "scalar: query rows per sequence (bound from the call's sizes)"),
+        ("seq_k", "scalar: keys per sequence (bound from the call's sizes)"),
+        ("softmax_scale", "scalar: multiplies q.k (1 / sqrt(D) by default)"),
+        ("logits_soft_cap", "scalar: c in c * tanh(x / c) (> 0)"),
+    ]
+}
+
+/// The layout's four temporaries (i32), in parameter order, with their rank.
+pub const LAYOUT_TENSORS: [(&str, usize); 4] = [("full_count", 3), ("full_idx", 4), ("part_count", 3), ("part_idx", 4)];
+
+/// The tile IR of one kernel (verified), named `name`.
+pub fn build(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
+    match k.role {
+        Role::Layout => build_layout(name, k),
+        Role::Main => build_main(name, k),
+    }
+}
+
+/// The mask's data-dependent inputs, declared in ABI order.
+struct MaskInputs {
+    segment_ids: Option<(Value, Value)>,
+    attention_mask: Option<Value>,
+}
+
+fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
+    let segment_ids = f.segment_ids.then(|| {
+        let q = b.param("q_segment_ids", Type::Tensor(DType::I32, 2));
+        let k = b.param("kv_segment_ids", Type::Tensor(DType::I32, 2));
+        (q, k)
+    });
+    let attention_mask = f.attention_mask.then(|| b.param("attention_mask", Type::Tensor(DType::I1, 4)));
+    MaskInputs { segment_ids, attention_mask }
+}
+
+fn layout_params(b: &mut KernelBuilder) -> [Value; 4] {
+    LAYOUT_TENSORS.map(|(n, rank)| b.param(n, Type::Tensor(DType::I32, rank)))
+}
+
+/// The rows of a query block and what of them is loop-invariant for the mask: row
+/// indices `[bm, 1]`, and the query segment ids with their validity.
+struct RowMask {
+    q_idx: Value,
+    q_seg: Option<(Value, Value)>,
+}
+
+fn row_mask(b: &mut KernelBuilder, m: &MaskInputs, batch: Value, i0: Value, bm: usize) -> RowMask {
+    let r = b.arange(bm);
+    let r = b.add(r, i0);
+    let q_idx = b.expand_dims(r, 1);
+    let q_seg = m.segment_ids.map(|(qs, _)| {
+        let ids = b.load(qs, vec![Axis::Index(batch), Axis::Range { start: i0, size: bm, limit: None }], -1.0);
+        let ids = b.expand_dims(ids, 1);
+        let pad = b.const_i32(-1);
+        let valid = b.cmp(CmpPred::Ne, ids, pad);
+        (ids, valid)
+    });
+    RowMask { q_idx, q_seg }
+}
+
+/// Which keys of block `[j0, j0 + bn)` each row sees: `[bm, bn]` i1, keys past `seq_k`
+/// hidden, every condition of the variant applied.
+#[allow(clippy::too_many_arguments)]
+fn block_visibility(
+    b: &mut KernelBuilder,
+    f: &BsFeatures,
+    m: &MaskInputs,
+    rows: &RowMask,
+    (batch, head): (Value, Value),
+    (i0, bm): (Value, usize),
+    (j0, bn): (Value, usize),
+    seq_k: Value,
+) -> Value {
+    let c = b.arange(bn);
+    let c = b.add(c, j0);
+    let kv_idx = b.expand_dims(c, 0);
+    let in_seq = b.cmp(CmpPred::Lt, kv_idx, seq_k);
+    let mut vis = b.broadcast(in_seq, &[bm, bn]);
+    if let Some(v) = f.mask.emit(b, rows.q_idx, kv_idx) {
+        vis = b.and(vis, v);
+    }
+    if let (Some((q_ids, q_valid)), Some((_, ks))) = (rows.q_seg, m.segment_ids) {
+        let kv_ids = b.load(ks, vec![Axis::Index(batch), Axis::Range { start: j0, size: bn, limit: None }], -1.0);
+        let kv_ids = b.expand_dims(kv_ids, 0);
+        let same = b.cmp(CmpPred::Eq, q_ids, kv_ids);
+        let ok = b.and(same, q_valid);
+        vis = b.and(vis, ok);
+    }
+    if let Some(am) = m.attention_mask {
+        let rows = Axis::Range { start: i0, size: bm, limit: None };
+        let cols = Axis::Range { start: j0, size: bn, limit: None };
+        let t = b.load(am, vec![Axis::Index(batch), Axis::Index(head), rows, cols], 0.0);
+        vis = b.and(vis, t);
+    }
+    vis
+}
+
+/// The layout builder: see the module's docs.
+fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
+    let f = &k.features;
+    let (bm, bn) = (k.block_m, k.block_n);
+    let mut b = KernelBuilder::new(name);
+    let m = mask_inputs(&mut b, f);
+    let [full_count, full_idx, part_count, part_idx] = layout_params(&mut b);
+    let seq_q = b.param("seq_q", Type::Scalar(DType::I32));
+    let seq_k = b.param("seq_k", Type::Scalar(DType::I32));
+    b.set_grid([
+        GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64),
+        if f.attention_mask { GridExpr::sym("heads_q") } else { GridExpr::Const(1) },
+        if f.data_dependent() { GridExpr::sym("batch") } else { GridExpr::Const(1) },
+    ]);
+    let qb = b.program_id(0);
+    let lh = b.program_id(1);
+    let lb = b.program_id(2);
+    let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
+    let bm_c = b.const_i32(bm as i64);
+    let bn_c = b.const_i32(bn as i64);
+    let i0 = b.mul(qb, bm_c);
+    let rows = row_mask(&mut b, &m, lb, i0, bm);
+    let row_in = b.cmp(CmpPred::Lt, rows.q_idx, seq_q);
+    let row_out = b.unary(UnOp::Not, row_in);
+    let one = b.full(1.0, DType::F32, &[bm, bn]);
+    let zero = b.full(0.0, DType::F32, &[bm, bn]);
+    let t = b.add(seq_k, bn_c);
+    let t = b.sub(t, c1);
+    let nk = b.div(t, bn_c);
+    let z = b.const_f32(0.0);
+    let at = |b: &mut KernelBuilder, count: Value| {
+        let n = b.cast(count, DType::I32);
+        [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb), Axis::Range { start: n, size: 1, limit: None }]
+    };
+    let counts = b.for_loop(c0, nk, c1, &[z, z], |b, kb, carried| {
+        let (nf, np) = (carried[0], carried[1]);
+        let j0 = b.mul(kb, bn_c);
+        let vis = block_visibility(b, f, &m, &rows, (lb, lh), (i0, bm), (j0, bn), seq_k);
+        // Over the rows of the sequence: does any see a key, does every one see every key?
+        let seen = b.and(vis, row_in);
+        let seen = b.select(seen, one, zero);
+        let any = b.reduce(ReduceOp::Max, seen, 1);
+        let any = b.reduce(ReduceOp::Max, any, 0);
+        let all = b.binary(crate::ir::BinOp::Or, vis, row_out);
+        let all = b.select(all, one, zero);
+        let all = b.reduce(ReduceOp::Min, all, 1);
+        let all = b.reduce(ReduceOp::Min, all, 0);
+        let part = b.sub(any, all);
+        // The block's index goes to the next free slot of each list; a slot counts only
+        // if the block is of that kind, else the next block overwrites it (a count never
+        // passes the blocks seen, so the slot is inside the list).
+        let id = b.splat(kb, &[1]);
+        let full_at = at(b, nf);
+        b.store(full_idx, full_at.to_vec(), id);
+        let part_at = at(b, np);
+        b.store(part_idx, part_at.to_vec(), id);
+        let nf = b.add(nf, all);
+        let np = b.add(np, part);
+        vec![nf, np]
+    });
+    let c = |b: &mut KernelBuilder, v: Value| {
+        let n = b.cast(v, DType::I32);
+        b.splat(n, &[1])
+    };
+    let nf = c(&mut b, counts[0]);
+    let np = c(&mut b, counts[1]);
+    let here = [Axis::Index(lb), Axis::Index(lh), Axis::Range { start: qb, size: 1, limit: None }];
+    b.store(full_count, here.to_vec(), nf);
+    b.store(part_count, here.to_vec(), np);
+    b.finish()
+}
+
+/// The attention kernel: see the module's docs.
+fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
+    let f = &k.features;
+    let (bm, bn, d, dv) = (k.block_m, k.block_n, k.head_dim, k.head_dim_v);
+    let mut b = KernelBuilder::new(name);
+    let t4 = Type::Tensor(k.dtype, 4);
+    let query = b.param("query", t4.clone());
+    let key = b.param("key", t4.clone());
+    let value = b.param("value", t4.clone());
+    let out = b.param("out", t4);
+    let lse = b.param("lse", Type::Tensor(DType::F32, 3));
+    let m = mask_inputs(&mut b, f);
+    let sinks = f.sinks.then(|| b.param("sinks", Type::Tensor(DType::F32, 2)));
+    let [full_count, full_idx, part_count, part_idx] = layout_params(&mut b);
+    let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
+    let softcap = f.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
+    b.set_grid([GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64), GridExpr::sym("heads_q"), GridExpr::sym("batch")]);
+    let qb = b.program_id(0);
+    let head = b.program_id(1);
+    let batch = b.program_id(2);
+    let c0 = b.const_i32(0);
+    let c1 = b.const_i32(1);
+    let heads_q = b.dim(query, 1);
+    let heads_kv = b.dim(key, 1);
+    let group = b.div(heads_q, heads_kv);
+    let kv_head = b.div(head, group);
+    let seq_k = b.dim(key, 2);
+    let bm_c = b.const_i32(bm as i64);
+    let bn_c = b.const_i32(bn as i64);
+    let i0 = b.mul(qb, bm_c);
+    let lb = if f.data_dependent() { batch } else { c0 };
+    let lh = if f.attention_mask { head } else { c0 };
+    let cols = |n: usize| Axis::Range { start: c0, size: n, limit: None };
+    let q_tile = b.load(
+        query,
+        vec![Axis::Index(batch), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: None }, cols(d)],
+        0.0,
+    );
+    let rows = row_mask(&mut b, &m, batch, i0, bm);
+
+    let mut m_i = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
+    let mut l_i = b.full(0.0, DType::F32, &[bm]);
+    let acc = b.full(0.0, DType::F32, &[bm, dv]);
+    let log2e = b.const_f32(LOG2_E);
+    if let Some(sinks) = sinks {
+        (m_i, l_i) = crate::flash::frontend::enter_sinks(&mut b, sinks, head, bm, (c0, c1, log2e), (m_i, l_i));
+    }
+    // Scores into the exp2 domain: scale · log2(e) folded into one multiply, or with a
+    // soft cap c, s · (scale / c), its tanh, and a multiply by c · log2(e).
+    let (qk_scale, cap_out) = match softcap {
+        None => (b.mul(scale, log2e), None),
+        Some(c) => {
+            let s = b.div(scale, c);
+            let o = b.mul(c, log2e);
+            (s, Some(o))
+        }
+    };
+    let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
+    let zero_s = b.full(0.0, DType::F32, &[bm, bn]);
+    let list_at = |count: Value| [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb), Axis::Index(count)];
+    let mut carried = vec![acc, m_i, l_i];
+    for (count, idx, masked) in [(full_count, full_idx, false), (part_count, part_idx, true)] {
+        let n = b.load(count, vec![Axis::Index(lb), Axis::Index(lh), Axis::Index(qb)], 0.0);
+        carried = b.for_loop(c0, n, c1, &carried, |b, t, st| {
+            let (acc, m_i, l_i) = (st[0], st[1], st[2]);
+            let kb = b.load(idx, list_at(t).to_vec(), 0.0);
+            let j0 = b.mul(kb, bn_c);
+            let kv_rows = Axis::Range { start: j0, size: bn, limit: None };
+            let k_tile = b.load(key, vec![Axis::Index(batch), Axis::Index(kv_head), kv_rows, cols(d)], 0.0);
+            let qk = b.dot(q_tile, k_tile, zero_s, false, true);
+            let mut s = b.mul(qk, qk_scale);
+            if let Some(o) = cap_out {
+                let t = b.unary(UnOp::Tanh, s);
+                s = b.mul(t, o);
+            }
+            if masked {
+                let vis = block_visibility(b, f, &m, &rows, (batch, head), (i0, bm), (j0, bn), seq_k);
+                s = b.select(vis, s, neg_inf);
+            }
+            let (p, alpha, m_new, l_new) = b.softmax_update(s, m_i, l_i);
+            let acc = b.softmax_rescale(acc, alpha);
+            let p = b.cast(p, k.dtype);
+            let kv_rows = Axis::Range { start: j0, size: bn, limit: None };
+            let v_tile = b.load(value, vec![Axis::Index(batch), Axis::Index(kv_head), kv_rows, cols(dv)], 0.0);
+            let acc = b.dot(p, v_tile, acc, false, false);
+            vec![acc, m_new, l_new]
+        });
+    }
+    let (o, l) = b.softmax_finalize(carried[0], carried[1], carried[2]);
+    let o = b.cast(o, k.dtype);
+    let row_range = Axis::Range { start: i0, size: bm, limit: None };
+    b.store(out, vec![Axis::Index(batch), Axis::Index(head), row_range, cols(dv)], o);
+    let row_range = Axis::Range { start: i0, size: bm, limit: None };
+    b.store(lse, vec![Axis::Index(batch), Axis::Index(head), row_range], l);
+    b.finish()
+}

@@ -1,0 +1,648 @@
+//! Block-sparse attention as an [`Operation`]: see [`super`] and docs/semantics.md.
+//!
+//! ```
+//! use ejc_ir::op::Operation;
+//! let op = ejc_ir::ops::get("blocksparse_attention").unwrap();
+//! assert_eq!(op.plan_names(), ["layout"]);
+//! let dims: Vec<&str> = op.dims().iter().map(|d| d.name).collect();
+//! assert_eq!(dims, ["batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "head_dim_v", "doc_len", "mask_heads"]);
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::kernels::{build, param_docs, BsKernel, Role, LAYOUT_TENSORS};
+use super::mask::{self, MaskExpr};
+use super::reference::{random_inputs, reference, BsFeatures, BsInputs, BsShape};
+use crate::flash::op::{decode_head_dim_pairs, head_dim_v, key_set};
+use crate::ir::Kernel;
+use crate::manifest::{Launch, Temporary};
+use crate::op::{
+    self, AxisDecl, AxisKind, CallView, Config, DimDecl, HostCall, KernelInstance, Keys, Operation, PlanDecl, RoleDecl,
+    ScalarDecl, Sizes, Work,
+};
+use crate::spec::{Decoder, Fields, Spec};
+use crate::tensor::HostTensor;
+use crate::types::DType;
+
+/// The operation (registered in [`crate::ops`]).
+pub struct BlockSparse;
+
+const VARIANT_FIELDS: &[&str] = &["mask", "segment_ids", "attention_mask", "sinks", "logits_soft_cap"];
+
+impl BsFeatures {
+    /// The spec's vocabulary: `mask` (the algebra's JSON form) and the flags where set.
+    pub fn to_json(&self) -> op::Features {
+        let mut m = op::Features::new();
+        m.insert("mask".into(), self.mask.to_json());
+        for (k, on) in
+            [("segment_ids", self.segment_ids), ("attention_mask", self.attention_mask), ("sinks", self.sinks)]
+        {
+            if on {
+                m.insert(k.into(), json!(true));
+            }
+        }
+        if self.soft_cap {
+            m.insert("logits_soft_cap".into(), json!("runtime"));
+        }
+        m
+    }
+
+    pub fn from_json(m: &op::Features) -> Result<BsFeatures, String> {
+        for k in m.keys() {
+            if !VARIANT_FIELDS.contains(&k.as_str()) {
+                return Err(format!("unknown blocksparse_attention feature `{k}`"));
+            }
+        }
+        let flag = |k: &str| m.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+        let mask = match m.get("mask") {
+            Some(v) => MaskExpr::from_json(v)?,
+            None => MaskExpr::Causal { offset: 0 },
+        };
+        let soft_cap = match m.get("logits_soft_cap") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::String(s)) if s == "runtime" => true,
+            Some(v) => return Err(format!("blocksparse_attention's logits_soft_cap is `runtime`, not {v}")),
+        };
+        Ok(BsFeatures {
+            mask,
+            segment_ids: flag("segment_ids"),
+            attention_mask: flag("attention_mask"),
+            sinks: flag("sinks"),
+            soft_cap,
+        })
+    }
+
+    /// `causal & local(128, 0) + segment_ids + sinks`.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![self.mask.describe()];
+        for (k, on) in [
+            ("segment_ids", self.segment_ids),
+            ("attention_mask", self.attention_mask),
+            ("sinks", self.sinks),
+            ("logits_soft_cap=runtime", self.soft_cap),
+        ] {
+            if on {
+                parts.push(k.into());
+            }
+        }
+        parts.join(" + ")
+    }
+}
+
+fn features(f: &op::Features) -> Result<BsFeatures, String> {
+    BsFeatures::from_json(f)
+}
+
+fn block_check(v: i64) -> Option<&'static str> {
+    (![16, 32, 64, 128].contains(&v)).then_some("unsupported block size")
+}
+
+const AXES: &[AxisDecl] = &[
+    AxisDecl {
+        name: "block_m",
+        kind: AxisKind::Tile,
+        required: true,
+        noun: "block size",
+        allowed: "16, 32, 64 or 128 (query rows per block of the layout and per program)",
+        list_allowed: "a non-empty list of query blocks from 16, 32, 64 or 128",
+        check: block_check,
+    },
+    AxisDecl {
+        name: "block_n",
+        kind: AxisKind::Tile,
+        required: true,
+        noun: "block size",
+        allowed: "16, 32, 64 or 128 (keys per block of the layout)",
+        list_allowed: "a non-empty list of key blocks from 16, 32, 64 or 128",
+        check: block_check,
+    },
+    AxisDecl {
+        name: "num_warps",
+        kind: AxisKind::Launch,
+        required: true,
+        noun: "warp count",
+        allowed: "1, 2, 4 or 8",
+        list_allowed: "a non-empty list of warp counts from 1, 2, 4 or 8",
+        check: |v| (![1, 2, 4, 8].contains(&v)).then_some("unsupported warp count"),
+    },
+    AxisDecl {
+        name: "num_stages",
+        kind: AxisKind::Launch,
+        required: true,
+        noun: "stage count",
+        allowed: "an integer from 1 to 8",
+        list_allowed: "a non-empty list of stage counts from 1 to 8",
+        check: |v| (!(1..=8).contains(&v)).then_some("pipeline stage count is out of range"),
+    },
+];
+
+const DIMS: &[DimDecl] = &[
+    DimDecl { name: "batch", default: 2, optional: false, doc: "batch size" },
+    DimDecl { name: "heads_q", default: 4, optional: false, doc: "query heads" },
+    DimDecl { name: "heads_kv", default: 2, optional: false, doc: "key/value heads (divides heads_q: GQA/MQA)" },
+    DimDecl { name: "seq_q", default: 150, optional: false, doc: "query rows" },
+    DimDecl { name: "seq_k", default: 170, optional: false, doc: "keys" },
+    DimDecl {
+        name: "head_dim",
+        default: 64,
+        optional: false,
+        doc: "head dimension of query and key (compiled in: one of the spec's head_dims)",
+    },
+    DimDecl {
+        name: "head_dim_v",
+        default: 0,
+        optional: true,
+        doc: "head dimension of value and the output (compiled in; default: head_dim)",
+    },
+    DimDecl {
+        name: "doc_len",
+        default: 0,
+        optional: true,
+        doc: "segment_ids variants: 0 for random documents, else documents of lengths cycling through (2, 6, 4, 3, 5) x doc_len / 4",
+    },
+    DimDecl {
+        name: "mask_heads",
+        default: 1,
+        optional: true,
+        doc: "attention_mask variants: 1 (one mask for every head, a stride-0 view) or heads_q (a mask per head)",
+    },
+];
+
+fn shape_of(dims: &Sizes) -> Result<BsShape, String> {
+    let g = |k: &str| -> Result<usize, String> {
+        dims.get(k).map(|v| (*v).max(0) as usize).ok_or_else(|| format!("size `{k}` is missing"))
+    };
+    let head_dim = g("head_dim")?;
+    let s = BsShape {
+        batch: g("batch")?,
+        heads_q: g("heads_q")?,
+        heads_kv: g("heads_kv")?,
+        seq_q: g("seq_q")?,
+        seq_k: g("seq_k")?,
+        head_dim,
+        head_dim_v: dims.get("head_dim_v").copied().filter(|v| *v > 0).map_or(head_dim, |v| v as usize),
+        doc_len: dims.get("doc_len").copied().unwrap_or(0).max(0) as usize,
+        mask_heads: dims.get("mask_heads").copied().unwrap_or(1).max(1) as usize,
+    };
+    if s.heads_kv == 0 || s.heads_q == 0 || !s.heads_q.is_multiple_of(s.heads_kv) {
+        return Err(format!("heads_q ({}) must be a positive multiple of heads_kv ({})", s.heads_q, s.heads_kv));
+    }
+    if s.mask_heads != 1 && s.mask_heads != s.heads_q {
+        return Err(format!("mask_heads ({}) must be 1 or heads_q ({})", s.mask_heads, s.heads_q));
+    }
+    Ok(s)
+}
+
+fn dims_of(s: &BsShape) -> Sizes {
+    Sizes::from([
+        ("batch".to_string(), s.batch as i64),
+        ("heads_q".to_string(), s.heads_q as i64),
+        ("heads_kv".to_string(), s.heads_kv as i64),
+        ("seq_q".to_string(), s.seq_q as i64),
+        ("seq_k".to_string(), s.seq_k as i64),
+        ("head_dim".to_string(), s.head_dim as i64),
+        ("head_dim_v".to_string(), s.head_dim_v as i64),
+        ("doc_len".to_string(), s.doc_len as i64),
+        ("mask_heads".to_string(), s.mask_heads as i64),
+    ])
+}
+
+fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
+    let need = |n: &str| call.tensors.get(n).cloned().ok_or_else(|| format!("the call has no `{n}`"));
+    let opt = |n: &str| call.tensors.get(n).cloned();
+    Ok(BsInputs {
+        query: need("query")?,
+        key: need("key")?,
+        value: need("value")?,
+        q_segment_ids: opt("q_segment_ids"),
+        kv_segment_ids: opt("kv_segment_ids"),
+        attention_mask: opt("attention_mask"),
+        sinks: opt("sinks"),
+    })
+}
+
+fn expect_shape(call: &dyn CallView, name: &str, want: &[usize], dtype: DType) -> Result<(), String> {
+    let t = call.tensor(name).ok_or_else(|| format!("argument `{name}` is missing"))?;
+    if t.dtype != dtype {
+        return Err(format!("argument `{name}` has dtype {}, the kernel takes {dtype}", t.dtype));
+    }
+    if t.shape != want {
+        return Err(format!("argument `{name}` has shape {:?}, expected {want:?}", t.shape));
+    }
+    Ok(())
+}
+
+impl Operation for BlockSparse {
+    fn name(&self) -> &'static str {
+        "blocksparse_attention"
+    }
+
+    fn summary(&self) -> &'static str {
+        "block-sparse attention (BHSD): a mask algebra, segment ids and boolean masks turned into a block layout \
+         (full / partial key blocks per query block) that the attention kernel follows"
+    }
+
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::BF16, DType::F16, DType::F32]
+    }
+
+    fn dtype_refusal(&self) -> &'static str {
+        "cannot be an attention input (bf16, f16 and f32 can)"
+    }
+
+    fn fields(&self) -> &'static [&'static str] {
+        &["head_dims"]
+    }
+
+    fn decode_fields(&self, d: &mut Decoder, f: &Fields, keys: &mut Vec<(String, Vec<u32>)>, sets: &mut Vec<Keys>) {
+        decode_head_dim_pairs(d, f, keys, sets);
+    }
+
+    fn variant_fields(&self) -> &'static [&'static str] {
+        VARIANT_FIELDS
+    }
+
+    fn variant_allowed(&self) -> &'static str {
+        "a mapping such as `mask: {local: [128, 0]}`, `segment_ids: true`; `{}` is causal attention (the seed's default)"
+    }
+
+    fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> op::Features {
+        let flag = |d: &mut Decoder, name: &str| match f.value(name) {
+            Some(v) => d.bool(v, &f.path(name)).unwrap_or(false),
+            None => false,
+        };
+        let mut out = BsFeatures {
+            segment_ids: flag(d, "segment_ids"),
+            attention_mask: flag(d, "attention_mask"),
+            sinks: flag(d, "sinks"),
+            ..Default::default()
+        };
+        if let Some(v) = f.value("mask") {
+            if let Some(m) = mask::decode(d, v, &f.path("mask")) {
+                out.mask = m;
+            }
+        }
+        if let Some(v) = f.value("logits_soft_cap") {
+            out.soft_cap = d.choice(v, &f.path("logits_soft_cap"), "soft cap", &["runtime"]).is_some();
+        }
+        out.to_json()
+    }
+
+    fn describe(&self, f: &op::Features) -> String {
+        features(f).map(|f| f.describe()).unwrap_or_else(|e| e)
+    }
+
+    fn axes(&self) -> &'static [AxisDecl] {
+        AXES
+    }
+
+    fn plan_names(&self) -> &'static [&'static str] {
+        &["layout"]
+    }
+
+    fn plans(&self, _spec: &Spec, _f: &op::Features) -> Vec<PlanDecl> {
+        let tile = vec!["block_m", "block_n"];
+        let lists = ["layout_batch", "layout_heads", "cdiv(seq_q, block_m)", "cdiv(seq_k, block_n)"];
+        let temporaries = LAYOUT_TENSORS
+            .iter()
+            .map(|(name, rank)| Temporary {
+                name: name.to_string(),
+                dtype: "i32".into(),
+                shape: lists[..*rank].iter().map(|s| s.to_string()).collect(),
+                fill: "none".into(),
+            })
+            .collect();
+        vec![PlanDecl {
+            name: "layout",
+            roles: vec![
+                RoleDecl { name: "layout", tile_axes: tile.clone(), fixed: Config::new() },
+                RoleDecl { name: "main", tile_axes: tile, fixed: Config::new() },
+            ],
+            temporaries,
+            launches: vec![Launch::of("layout"), Launch::of("main")],
+            runtime_axes: vec![],
+        }]
+    }
+
+    fn kernel_id(&self, spec_name: &str, k: &KernelInstance) -> String {
+        let hd = k.keys.get("head_dim").copied().unwrap_or(0);
+        let dv = match k.keys.get("head_dim_v") {
+            Some(v) => format!("v{v}"),
+            None => String::new(),
+        };
+        let (m, n) = (k.tile.get("block_m").copied().unwrap_or(0), k.tile.get("block_n").copied().unwrap_or(0));
+        let base = format!("{spec_name}_{}_{}_d{hd}{dv}_m{m}_n{n}", k.variant.name, k.dtype);
+        match k.role {
+            "layout" => format!("{base}_layout"),
+            _ => base,
+        }
+    }
+
+    fn build(&self, spec: &Spec, k: &KernelInstance) -> Result<Kernel, String> {
+        let f = features(&k.variant.features)?;
+        let hd = *k.keys.get("head_dim").ok_or("the instance has no head_dim")? as usize;
+        let dv = head_dim_v(&k.keys).unwrap_or(hd as u32) as usize;
+        let tile = |n: &str| k.tile.get(n).copied().map(|v| v as usize).ok_or(format!("no `{n}` for {}", k.id));
+        let role = match k.role {
+            "layout" => Role::Layout,
+            "main" => Role::Main,
+            other => return Err(format!("blocksparse_attention has no role `{other}`")),
+        };
+        let (block_m, block_n) = (tile("block_m")?, tile("block_n")?);
+        let bk = BsKernel { role, features: f, dtype: k.dtype, head_dim: hd, head_dim_v: dv, block_m, block_n };
+        let mut kernel = build(&k.id, &bk).map_err(|e| e.to_string())?;
+        kernel.attrs = vec![
+            ("op".into(), spec.op.clone()),
+            ("variant".into(), k.variant.name.clone()),
+            ("dtype".into(), k.dtype.to_string()),
+            ("head_dim".into(), hd.to_string()),
+            ("role".into(), k.role.to_string()),
+            ("block_m".into(), block_m.to_string()),
+            ("block_n".into(), block_n.to_string()),
+        ];
+        if dv != hd {
+            kernel.attrs.push(("head_dim_v".into(), dv.to_string()));
+        }
+        Ok(kernel)
+    }
+
+    fn param_doc(&self, name: &str) -> &'static str {
+        param_docs().iter().find(|(n, _)| *n == name).map(|(_, d)| *d).unwrap_or("")
+    }
+
+    fn dims(&self) -> &'static [DimDecl] {
+        DIMS
+    }
+
+    fn call_dtype(&self, call: &dyn CallView) -> Result<DType, String> {
+        call.tensor("query").map(|t| t.dtype).ok_or_else(|| "argument `query` is missing".into())
+    }
+
+    fn keys_of(&self, dims: &Sizes) -> Keys {
+        let d = dims.get("head_dim").copied().unwrap_or(0).max(0) as u32;
+        let dv = dims.get("head_dim_v").copied().filter(|v| *v > 0).map_or(d, |v| v as u32);
+        key_set(d, dv)
+    }
+
+    fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String> {
+        let q = call.tensor("query").ok_or("argument `query` is missing")?;
+        if q.shape.len() != 4 {
+            return Err(format!("argument `query`: shape {:?} is not [batch, heads, seq, head_dim]", q.shape));
+        }
+        let dv = match call.tensor("value") {
+            Some(v) if v.shape.len() == 4 => v.shape[3] as u32,
+            _ => q.shape[3] as u32,
+        };
+        Ok(key_set(q.shape[3] as u32, dv))
+    }
+
+    fn dims_of(&self, sizes: &Sizes) -> Sizes {
+        let mut d = sizes.clone();
+        d.retain(|k, _| DIMS.iter().any(|x| x.name == k));
+        d.entry("mask_heads".into()).or_insert(1);
+        d.entry("doc_len".into()).or_insert(0);
+        d
+    }
+
+    fn scalars(&self, f: &op::Features) -> Vec<ScalarDecl> {
+        let mut out = vec![ScalarDecl { name: "softmax_scale", doc: "multiplies q.k (default 1/sqrt(head_dim))" }];
+        if features(f).map(|f| f.soft_cap).unwrap_or(false) {
+            out.push(ScalarDecl { name: "logits_soft_cap", doc: "soft cap c > 0" });
+        }
+        out
+    }
+
+    fn validate(&self, f: &op::Features, dtype: DType, keys: &Keys, call: &dyn CallView) -> Result<Sizes, String> {
+        let f = features(f)?;
+        let head_dim = keys.get("head_dim").copied().unwrap_or(0) as usize;
+        let want_dv = head_dim_v(keys).unwrap_or(0) as usize;
+        let get = |n: &str, dt: DType, what: &str| op::tensor_arg(call, n, self.param_doc(n), dt, 4, what);
+        let q = get("query", dtype, "[batch, heads_q, seq_q, head_dim]")?;
+        let k = get("key", dtype, "[batch, heads_kv, seq_k, head_dim]")?;
+        let v = get("value", dtype, "[batch, heads_kv, seq_k, head_dim_v]")?;
+        let (b, hq, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+        let (hkv, sk) = (k.shape[1], k.shape[2]);
+        if d != head_dim {
+            return Err(format!(
+                "argument `query` has head_dim {d}, but this kernel is compiled for head_dim {head_dim}"
+            ));
+        }
+        if k.shape[0] != b || k.shape[3] != d {
+            return Err(format!(
+                "argument `key` has shape {:?}; with query {:?} it must be [{b}, KVH, Sk, {d}]",
+                k.shape, q.shape
+            ));
+        }
+        if v.shape[..3] != k.shape[..3] {
+            return Err(format!(
+                "argument `value` has shape {:?}; with key {:?} it must be [{b}, {hkv}, {sk}, Dv]",
+                v.shape, k.shape
+            ));
+        }
+        let dv = v.shape[3];
+        if dv != want_dv {
+            return Err(format!(
+                "argument `value` has head_dim {dv}, but this kernel is compiled for a value head_dim of {want_dv}"
+            ));
+        }
+        if hkv == 0 || !hq.is_multiple_of(hkv) {
+            return Err(format!("heads_q ({hq}) must be a multiple of heads_kv ({hkv})"));
+        }
+        if i32::try_from(sq.max(sk)).is_err() {
+            return Err(format!("sequence lengths ({sq}, {sk}) must fit in i32"));
+        }
+        expect_shape(call, "out", &[b, hq, sq, dv], dtype)?;
+        expect_shape(call, "lse", &[b, hq, sq], DType::F32)?;
+        if f.segment_ids {
+            expect_shape(call, "q_segment_ids", &[b, sq], DType::I32)?;
+            expect_shape(call, "kv_segment_ids", &[b, sk], DType::I32)?;
+        }
+        if f.attention_mask {
+            expect_shape(call, "attention_mask", &[b, hq, sq, sk], DType::I1)?;
+        }
+        if f.sinks {
+            let s = call.tensor("sinks").ok_or("argument `sinks` is missing")?;
+            if s.dtype != DType::F32 || s.shape.len() != 2 || s.shape[0] != hq {
+                return Err(format!(
+                    "argument `sinks` has shape {:?} ({}), expected [{hq}, n_sinks] f32",
+                    s.shape, s.dtype
+                ));
+            }
+        }
+        let scale = call.scalar("softmax_scale").ok_or("scalar argument `softmax_scale` is missing")?;
+        if !(scale as f32).is_finite() {
+            return Err(format!("scalar argument `softmax_scale` = {scale} must be finite"));
+        }
+        if f.soft_cap {
+            let c = call.scalar("logits_soft_cap").ok_or("scalar argument `logits_soft_cap` is missing")?;
+            if !(c > 0.0 && (c as f32).is_finite()) {
+                return Err(format!("scalar argument `logits_soft_cap` = {c} must be positive and finite"));
+            }
+        }
+        Ok(Sizes::from([
+            ("batch".to_string(), b as i64),
+            ("heads_q".to_string(), hq as i64),
+            ("heads_kv".to_string(), hkv as i64),
+            ("seq_q".to_string(), sq as i64),
+            ("seq_k".to_string(), sk as i64),
+            ("head_dim".to_string(), d as i64),
+            ("head_dim_v".to_string(), dv as i64),
+            ("layout_batch".to_string(), if f.data_dependent() { b as i64 } else { 1 }),
+            ("layout_heads".to_string(), if f.attention_mask { hq as i64 } else { 1 }),
+        ]))
+    }
+
+    fn cache_desc(&self, wanted: &op::Features, dtype: DType, sizes: &Sizes) -> serde_json::Value {
+        let g = |k: &str| sizes.get(k).copied().unwrap_or(0);
+        let b = |n: i64| (n.max(16) as u64).next_power_of_two();
+        json!({
+            "batch": g("batch"), "heads_q": g("heads_q"), "heads_kv": g("heads_kv"),
+            "seq_q": b(g("seq_q")), "seq_k": b(g("seq_k")),
+            "head_dim": g("head_dim"), "head_dim_v": g("head_dim_v"),
+            "dtype": dtype.to_string(), "features": wanted,
+        })
+    }
+
+    fn random_call(&self, f: &op::Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String> {
+        let f = features(f)?;
+        let s = shape_of(dims)?;
+        let x = random_inputs(&f, dtype, &s, seed);
+        let mut tensors = BTreeMap::from([
+            ("query".to_string(), x.query),
+            ("key".to_string(), x.key),
+            ("value".to_string(), x.value),
+            ("out".to_string(), HostTensor::full(dtype, &[s.batch, s.heads_q, s.seq_q, s.head_dim_v], f64::NAN)),
+            ("lse".to_string(), HostTensor::full(DType::F32, &[s.batch, s.heads_q, s.seq_q], f64::NAN)),
+        ]);
+        for (n, t) in [
+            ("q_segment_ids", x.q_segment_ids),
+            ("kv_segment_ids", x.kv_segment_ids),
+            ("attention_mask", x.attention_mask),
+            ("sinks", x.sinks),
+        ] {
+            if let Some(t) = t {
+                tensors.insert(n.to_string(), t);
+            }
+        }
+        let mut scalars = BTreeMap::from([("softmax_scale".to_string(), 1.0 / (s.head_dim.max(1) as f64).sqrt())]);
+        if f.soft_cap {
+            scalars.insert("logits_soft_cap".to_string(), 2.5);
+        }
+        Ok(HostCall { tensors, scalars })
+    }
+
+    fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
+        let f = features(f)?;
+        let s = shape_of(dims)?;
+        let mut counts = vec![
+            op::elements(&[s.batch, s.heads_q + 1, s.seq_q, s.head_dim])?,
+            op::elements(&[s.batch, s.heads_kv, s.seq_k, s.head_dim])?,
+            op::elements(&[s.batch, s.heads_kv, s.seq_k, s.head_dim_v])?,
+            op::elements(&[s.batch, s.heads_q, s.seq_q, s.head_dim_v])?,
+            op::elements(&[s.batch, s.heads_q, s.seq_q])?,
+        ];
+        if f.segment_ids {
+            counts.push(op::elements(&[s.batch, s.seq_q + s.seq_k])?);
+        }
+        if f.attention_mask {
+            counts.push(op::elements(&[s.batch, s.mask_heads, s.seq_q, s.seq_k])?);
+        }
+        op::total_elements(&counts)
+    }
+
+    fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {
+        let f = features(f)?;
+        let x = inputs_of(call)?;
+        let scale = call.scalars.get("softmax_scale").copied().ok_or("the call has no `softmax_scale`")?;
+        let cap = if f.soft_cap {
+            Some(call.scalars.get("logits_soft_cap").copied().ok_or("the call has no `logits_soft_cap`")?)
+        } else {
+            None
+        };
+        let (out, lse) = reference(&f, &x, scale, cap)?;
+        Ok(BTreeMap::from([("out".to_string(), out), ("lse".to_string(), lse)]))
+    }
+
+    fn outputs(&self, _f: &op::Features) -> Vec<&'static str> {
+        vec!["out", "lse"]
+    }
+
+    fn small_dims(&self, sizes: &Sizes) -> Sizes {
+        let mut d = self.dims_of(sizes);
+        d.insert("batch".into(), d.get("batch").copied().unwrap_or(1).min(2));
+        d.insert("seq_q".into(), d.get("seq_q").copied().unwrap_or(1).min(150));
+        d.insert("seq_k".into(), d.get("seq_k").copied().unwrap_or(1).min(170));
+        d
+    }
+
+    fn check_dims(&self, keys: &Keys) -> Vec<Sizes> {
+        let d = keys.get("head_dim").copied().unwrap_or(64) as usize;
+        let dv = head_dim_v(keys).unwrap_or(d as u32) as usize;
+        // [batch, heads_q, heads_kv, seq_q, seq_k, mask_heads]: Sq ≠ Sk both ways, lengths
+        // off every block size, GQA and MQA, one query row, a mask per head.
+        [
+            [2, 4, 2, 150, 170, 1],
+            [1, 4, 1, 333, 200, 4],
+            [2, 2, 2, 77, 301, 1],
+            [1, 8, 2, 1, 45, 1],
+            [1, 2, 1, 129, 129, 2],
+        ]
+        .iter()
+        .map(|&[b, hq, hkv, sq, sk, mh]| {
+            dims_of(&BsShape {
+                batch: b,
+                heads_q: hq,
+                heads_kv: hkv,
+                seq_q: sq,
+                seq_k: sk,
+                head_dim: d,
+                head_dim_v: dv,
+                doc_len: 0,
+                mask_heads: mh,
+            })
+        })
+        .collect()
+    }
+
+    fn work(&self, f: &op::Features, dtype: DType, sizes: &Sizes) -> Work {
+        // The dense count (FlexAttention's convention for its TFLOP/s is the visited
+        // blocks'; the bench reports both where it can): two products per visible pair,
+        // counted from the mask algebra alone (segment ids and array masks unknown here).
+        let g = |k: &str| sizes.get(k).copied().unwrap_or(0).max(0) as f64;
+        let (sq, sk) = (g("seq_q"), g("seq_k"));
+        let dv = if g("head_dim_v") > 0.0 { g("head_dim_v") } else { g("head_dim") };
+        let density = features(f).map(|f| mask_density(&f.mask, sq as i64, sk as i64)).unwrap_or(1.0);
+        let flops = 2.0 * g("batch") * g("heads_q") * sq * sk * (g("head_dim") + dv) * density;
+        let bytes = g("batch") * (g("heads_q") * sq * (g("head_dim") + dv) + g("heads_kv") * sk * (g("head_dim") + dv));
+        Work { flops, bytes: bytes * dtype.size_bytes() as f64 }
+    }
+
+    /// 64 × 64 blocks where built, else the first.
+    fn heuristic(&self, configs: &[Config]) -> Option<usize> {
+        configs
+            .iter()
+            .position(|c| c.get("block_m") == Some(&64) && c.get("block_n") == Some(&64))
+            .or((!configs.is_empty()).then_some(0))
+    }
+}
+
+/// The fraction of (row, key) pairs the mask algebra shows, sampled on a grid of at most
+/// 256 × 256 positions (the work count of a benchmark row, not a correctness matter).
+pub fn mask_density(m: &MaskExpr, sq: i64, sk: i64) -> f64 {
+    if sq <= 0 || sk <= 0 {
+        return 0.0;
+    }
+    let (ny, nx) = (sq.min(256), sk.min(256));
+    let mut seen = 0u64;
+    for y in 0..ny {
+        let i = y * sq / ny;
+        for x in 0..nx {
+            if m.visible(i, x * sk / nx) {
+                seen += 1;
+            }
+        }
+    }
+    seen as f64 / (ny * nx) as f64
+}

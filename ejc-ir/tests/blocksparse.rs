@@ -1,0 +1,291 @@
+//! Block-sparse attention on the interpreter: the layout kernel's lists against a block
+//! classification written out on the host (skipped blocks in no list, full and partial
+//! blocks in order), the whole plan (layout, then attention) after the pass pipeline
+//! against the f64 reference on every variant of `specs/blocksparse.yaml` (f32 and bf16,
+//! the operation's awkward cases: lengths off every block size, Sq ≠ Sk both ways, GQA and
+//! MQA, one query row, a mask per head), a layout that lies (the test can fail), the mask
+//! algebra's forms and the spec's diagnostics.
+//!
+//! Inputs are fresh random numbers; the seed is printed (`EJC_TEST_SEED` replays).
+//! Outputs and temporaries start as NaN, so an element no program writes fails.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::seed;
+use ejc_ir::ir::GridExpr;
+use ejc_ir::manifest::Launch;
+use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, KernelInstance, Operation, PlanDecl, Sizes};
+use ejc_ir::ops::blocksparse::mask::MaskExpr;
+use ejc_ir::ops::blocksparse::reference::{visible, BsFeatures, BsInputs};
+use ejc_ir::passes::{default_pipeline, run_pipeline};
+use ejc_ir::spec::{self, Spec, Variant};
+use ejc_ir::tensor::HostTensor;
+use ejc_ir::types::DType;
+use rayon::prelude::*;
+
+fn spec() -> Spec {
+    let path = format!("{}/../specs/blocksparse.yaml", env!("CARGO_MANIFEST_DIR"));
+    spec::load_file(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn op() -> &'static dyn Operation {
+    ejc_ir::ops::get("blocksparse_attention").unwrap()
+}
+
+fn keys() -> op::Keys {
+    BTreeMap::from([("head_dim".to_string(), 64u32)])
+}
+
+/// The plan's kernels of `variant` at a tiling, after the pass pipeline.
+fn kernels(spec: &Spec, variant: &Variant, dtype: DType, bm: u32, bn: u32) -> BTreeMap<String, ejc_ir::ir::Kernel> {
+    let plan = &op().plans(spec, &variant.features)[0];
+    let tile = Config::from([("block_m".to_string(), bm), ("block_n".to_string(), bn)]);
+    let mut out = BTreeMap::new();
+    for role in &plan.roles {
+        let mut k =
+            KernelInstance { id: String::new(), variant, dtype, keys: keys(), role: role.name, tile: tile.clone() };
+        k.id = op().kernel_id(&spec.name, &k);
+        let built = op().build(spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
+        out.insert(role.name.to_string(), run_pipeline(&built, &default_pipeline()).unwrap());
+    }
+    out
+}
+
+fn features(v: &Variant) -> BsFeatures {
+    BsFeatures::from_json(&v.features).unwrap()
+}
+
+fn inputs(call: &op::HostCall) -> BsInputs {
+    let t = |n: &str| call.tensors.get(n).cloned();
+    BsInputs {
+        query: t("query").unwrap(),
+        key: t("key").unwrap(),
+        value: t("value").unwrap(),
+        q_segment_ids: t("q_segment_ids"),
+        kv_segment_ids: t("kv_segment_ids"),
+        attention_mask: t("attention_mask"),
+        sinks: t("sinks"),
+    }
+}
+
+/// Every variant, f32 and bf16, two tilings, every awkward case: the plan against the
+/// reference.
+#[test]
+fn every_variant_matches_the_reference_on_awkward_calls() {
+    let (spec, seed) = (spec(), seed());
+    let mut cases = Vec::new();
+    for variant in &spec.variants {
+        for (dtype, bm, bn) in [(DType::F32, 16, 32), (DType::BF16, 32, 16)] {
+            for (i, dims) in op().check_dims(&keys()).into_iter().enumerate() {
+                cases.push((variant, dtype, bm, bn, i, dims));
+            }
+        }
+    }
+    let failures: Vec<String> = cases
+        .par_iter()
+        .filter_map(|(variant, dtype, bm, bn, i, dims)| {
+            let ks = kernels(&spec, variant, *dtype, *bm, *bn);
+            let plan = &op().plans(&spec, &variant.features)[0];
+            let mut call = op().random_call(&variant.features, *dtype, dims, seed ^ (*i as u64 * 7919)).unwrap();
+            let sizes = op().validate(&variant.features, *dtype, &keys(), &call).unwrap();
+            let want = op().reference(&variant.features, &call).unwrap();
+            let what = format!("{} {dtype} m{bm} n{bn} case {i} {dims:?}", variant.name);
+            let tile = Config::from([("block_m".to_string(), *bm), ("block_n".to_string(), *bn)]);
+            if let Err(e) = run_plan_interp(plan, &ks, &mut call, &sizes, &tile) {
+                return Some(format!("{what}: {e}"));
+            }
+            let tol = op::tolerance(*dtype);
+            compare_outputs(op(), &variant.features, &call, &want)
+                .into_iter()
+                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
+                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// One query block's lists: its (layout batch, layout head, block), full and partial
+/// key blocks.
+type Lists = ((usize, usize, usize), Vec<i64>, Vec<i64>);
+
+/// The layout kernel alone, its lists as call tensors.
+fn run_layout(
+    spec: &Spec,
+    variant: &Variant,
+    call: &mut op::HostCall,
+    sizes: &Sizes,
+    (bm, bn): (u32, u32),
+) -> Vec<Lists> {
+    let ks = kernels(spec, variant, DType::F32, bm, bn);
+    let full_plan = &op().plans(spec, &variant.features)[0];
+    let tile = Config::from([("block_m".to_string(), bm), ("block_n".to_string(), bn)]);
+    let syms = op::symbols(sizes, &tile);
+    for t in &full_plan.temporaries {
+        let (dtype, shape) = op::temporary_shape(t, &syms, |_| None).unwrap();
+        call.tensors.insert(t.name.clone(), HostTensor::full(dtype, &shape, f64::NAN));
+    }
+    let plan = PlanDecl {
+        name: "layout",
+        roles: full_plan.roles[..1].to_vec(),
+        temporaries: vec![],
+        launches: vec![Launch::of("layout")],
+        runtime_axes: vec![],
+    };
+    run_plan_interp(&plan, &ks, call, sizes, &tile).unwrap();
+    let (fc, fi, pc, pi) = (
+        &call.tensors["full_count"],
+        &call.tensors["full_idx"],
+        &call.tensors["part_count"],
+        &call.tensors["part_idx"],
+    );
+    let mut out = Vec::new();
+    for lb in 0..fc.shape[0] {
+        for lh in 0..fc.shape[1] {
+            for qb in 0..fc.shape[2] {
+                let list = |c: &HostTensor, x: &HostTensor| {
+                    let n = c.get(&[lb, lh, qb]);
+                    assert!(n.is_finite(), "count ({lb}, {lh}, {qb}) unwritten");
+                    (0..n as usize).map(|t| x.get(&[lb, lh, qb, t]) as i64).collect::<Vec<_>>()
+                };
+                out.push(((lb, lh, qb), list(fc, fi), list(pc, pi)));
+            }
+        }
+    }
+    out
+}
+
+/// Each variant's layout on an awkward call against the classification written out: a
+/// block is full when every row of the sequence in it sees every key of it, skipped when
+/// none sees any, partial otherwise; the lists hold the block indices in order.
+#[test]
+fn the_layout_lists_exactly_the_full_and_partial_blocks() {
+    let (spec, seed) = (spec(), seed());
+    let dims = &op().check_dims(&keys())[1]; // 333 x 200, four heads, a mask per head
+    for variant in &spec.variants {
+        let f = features(variant);
+        let mut call = op().random_call(&variant.features, DType::F32, dims, seed).unwrap();
+        let sizes = op().validate(&variant.features, DType::F32, &keys(), &call).unwrap();
+        let x = inputs(&call);
+        let (sq, sk) = (sizes["seq_q"] as usize, sizes["seq_k"] as usize);
+        let (mut n_full, mut n_part, mut n_skip) = (0, 0, 0);
+        for (bm, bn) in [(16u32, 32u32), (64, 16)] {
+            let got = run_layout(&spec, variant, &mut call, &sizes, (bm, bn));
+            let (bm, bn) = (bm as usize, bn as usize);
+            for ((lb, lh, qb), full, part) in got {
+                let (mut want_full, mut want_part) = (Vec::new(), Vec::new());
+                for kb in 0..sk.div_ceil(bn) {
+                    let (mut any, mut all) = (false, true);
+                    for i in qb * bm..((qb + 1) * bm).min(sq) {
+                        for j in kb * bn..(kb + 1) * bn {
+                            let v = j < sk && visible(&f, &x, lb, lh, i, j);
+                            any |= v;
+                            all &= v;
+                        }
+                    }
+                    if all {
+                        want_full.push(kb as i64);
+                    } else if any {
+                        want_part.push(kb as i64);
+                    } else {
+                        n_skip += 1;
+                    }
+                }
+                assert_eq!(full, want_full, "{} m{bm} n{bn}: full blocks of ({lb}, {lh}, {qb})", variant.name);
+                assert_eq!(part, want_part, "{} m{bm} n{bn}: partial blocks of ({lb}, {lh}, {qb})", variant.name);
+                n_full += full.len();
+                n_part += part.len();
+            }
+        }
+        // Every sparse variant has blocks of all three kinds on this call, over the two
+        // tilings (full attention skips none).
+        if variant.name != "full" {
+            assert!(n_full > 0 && n_part > 0 && n_skip > 0, "{}: {n_full} {n_part} {n_skip}", variant.name);
+        }
+    }
+}
+
+/// A layout that calls partial blocks full makes the kernel skip their mask: the
+/// result must then differ from the reference (the end-to-end test can fail).
+#[test]
+fn a_layout_that_lies_gives_a_wrong_result() {
+    let spec = spec();
+    let variant = spec.variant("strided").unwrap();
+    let dims = &op().check_dims(&keys())[0];
+    let mut call = op().random_call(&variant.features, DType::F32, dims, 5).unwrap();
+    let sizes = op().validate(&variant.features, DType::F32, &keys(), &call).unwrap();
+    let want = op().reference(&variant.features, &call).unwrap();
+    let mut plan = op().plans(&spec, &variant.features)[0].clone();
+    // The main kernel reads the partial list as its full list.
+    plan.launches[1].bind.insert("full_count".into(), "part_count".into());
+    plan.launches[1].bind.insert("full_idx".into(), "part_idx".into());
+    let ks = kernels(&spec, variant, DType::F32, 32, 32);
+    let tile = Config::from([("block_m".to_string(), 32), ("block_n".to_string(), 32)]);
+    run_plan_interp(&plan, &ks, &mut call, &sizes, &tile).unwrap();
+    let (_, rel, _) = compare_outputs(op(), &variant.features, &call, &want)[0];
+    assert!(rel > 1e-2, "a lying layout still matched (rel {rel:e})");
+}
+
+#[test]
+fn the_mask_algebra_round_trips_and_means_what_the_seed_means() {
+    let m = MaskExpr::And(vec![
+        MaskExpr::Causal { offset: -2 },
+        MaskExpr::Or(vec![MaskExpr::Local { left: 3, right: 1 }, MaskExpr::ChunkedCausal { chunk: 8 }]),
+    ]);
+    assert_eq!(MaskExpr::from_json(&m.to_json()).unwrap(), m);
+    assert_eq!(m.describe(), "causal(-2) & (local(3, 1) | chunked_causal(8))");
+    // Causal(offset): kv <= q + offset, top-left aligned.
+    let c = MaskExpr::Causal { offset: 0 };
+    assert!(c.visible(5, 5) && !c.visible(5, 6) && c.visible(0, 0));
+    // Local(left, right): inclusive on both sides.
+    let l = MaskExpr::Local { left: 2, right: 1 };
+    assert!(l.visible(10, 8) && !l.visible(10, 7) && l.visible(10, 11) && !l.visible(10, 12));
+    // ChunkedCausal: same chunk and causal.
+    let ch = MaskExpr::ChunkedCausal { chunk: 4 };
+    assert!(ch.visible(7, 4) && !ch.visible(8, 7) && !ch.visible(5, 6));
+    // Strided: (q − kv) mod s == 0, both ways.
+    let s = MaskExpr::Strided { stride: 3 };
+    assert!(s.visible(9, 3) && s.visible(3, 9) && !s.visible(9, 4));
+    for bad in [r#"{"local": [1]}"#, r#"{"chunked_causal": 0}"#, r#"{"and": []}"#, r#""causl""#, r#"{"x": 1}"#] {
+        assert!(MaskExpr::from_json(&serde_json::from_str(bad).unwrap()).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn a_bad_mask_in_a_spec_is_a_located_diagnostic() {
+    let yaml = |mask: &str| {
+        format!(
+            "name: bs\nop: blocksparse_attention\nversion: 1\ndtypes: [f32]\nhead_dims: [64]\nvariants:\n  v:\n    \
+             mask: {mask}\nschedule:\n  block_m: [64]\n  block_n: [64]\n  num_warps: [4]\n  num_stages: [2]\n\
+             targets: [cpu]\n"
+        )
+    };
+    for (mask, expect) in [
+        ("{lokal: [1, 2]}", "unknown mask `lokal`; did you mean `local`?"),
+        ("{local: [1]}", "a local mask is `[left, right]`"),
+        ("{chunked_causal: 0}", "a chunk is from 1 to 2^30"),
+        ("{and: [causal, {strided: -3}]}", "a stride is from 1 to 2^30"),
+        ("causl", "causl"),
+    ] {
+        let e = spec::load_str("bs.yaml", &yaml(mask)).unwrap_err().to_string();
+        assert!(e.contains(expect) && e.contains("bs.yaml:8:"), "{mask}: {e}");
+    }
+    let ok = spec::load_str("bs.yaml", &yaml("{or: [causal, {local: [4, 4]}]}")).unwrap();
+    let f = features(&ok.variants[0]);
+    assert_eq!(f.mask, MaskExpr::Or(vec![MaskExpr::Causal { offset: 0 }, MaskExpr::Local { left: 4, right: 4 }]));
+}
+
+/// The layout's temporaries are sized by the tiling: `cdiv(seq_q, block_m)` divides by a
+/// configuration value.
+#[test]
+fn a_size_formula_divides_by_a_configuration_value() {
+    let e = GridExpr::parse("cdiv(seq_q, block_m)").unwrap();
+    assert_eq!(e.to_string(), "cdiv(seq_q, block_m)");
+    let v = |q: i64, m: i64| e.eval_in(&BTreeMap::from([("seq_q".to_string(), q), ("block_m".to_string(), m)]));
+    assert_eq!(v(333, 64), Ok(6));
+    assert_eq!(v(0, 64), Ok(0));
+    assert!(v(10, 0).unwrap_err().contains("not positive"));
+    assert_eq!(GridExpr::parse("cdiv(a, 4)").unwrap(), GridExpr::cdiv(GridExpr::sym("a"), 4));
+    assert!(GridExpr::parse("cdiv(a, 0)").is_err());
+}
