@@ -221,9 +221,9 @@ def main():
                 f"flex_mask {rec.get('flex_mask_us', 0):6.0f} us  [{rec.get('ejc_artifact', '-')} {rec.get('ejc_config', '')}]",
                 flush=True,
             )
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(records, fh, indent=1)
+            if args.json:  # after every row: a run cut short keeps what it measured
+                with open(args.json, "w") as fh:
+                    json.dump(records, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -289,3 +289,32 @@ fn a_size_formula_divides_by_a_configuration_value() {
     assert_eq!(GridExpr::parse("cdiv(a, 4)").unwrap(), GridExpr::cdiv(GridExpr::sym("a"), 4));
     assert!(GridExpr::parse("cdiv(a, 0)").is_err());
 }
+
+/// The key range the layout kernel limits its loop to is a bound: no row of a block sees
+/// a key outside it, for every mask of the spec and a few more.
+#[test]
+fn the_key_range_bounds_every_visible_key() {
+    let mut masks: Vec<MaskExpr> = spec().variants.iter().map(|v| features(v).mask).collect();
+    masks.extend([
+        MaskExpr::Or(vec![MaskExpr::ChunkedCausal { chunk: 7 }, MaskExpr::Local { left: 3, right: 9 }]),
+        MaskExpr::And(vec![MaskExpr::Causal { offset: -5 }, MaskExpr::Local { left: 0, right: 40 }]),
+        MaskExpr::Or(vec![MaskExpr::Causal { offset: 2 }, MaskExpr::Strided { stride: 5 }]),
+    ]);
+    for m in &masks {
+        for (first, last) in [(0, 15), (16, 31), (100, 163), (37, 37)] {
+            let (lo, hi) = m.key_range(first, last);
+            for q in first..=last {
+                for kv in 0..400 {
+                    if m.visible(q, kv) {
+                        assert!(
+                            lo.is_none_or(|lo| kv >= lo) && hi.is_none_or(|hi| kv < hi),
+                            "{m:?} rows {first}..={last}: ({q}, {kv}) outside {lo:?}..{hi:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(MaskExpr::Causal { offset: 0 }.key_range(64, 127), (None, Some(128)));
+    assert_eq!(MaskExpr::Local { left: 256, right: 0 }.key_range(512, 575), (Some(256), Some(576)));
+}

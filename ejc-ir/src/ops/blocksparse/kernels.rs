@@ -5,8 +5,9 @@
 //! `[j0, j0 + block_n)` are *skipped* when no query row of the sequence in the block
 //! sees any key of the block, *full* when every such row sees every key of it (so no key
 //! past `seq_k`), and *partial* otherwise. Program `(qb, lh, lb)` evaluates the variant's
-//! element mask (its mask algebra, segment ids, attention mask) on every key block of
-//! query block `qb` and writes the block indices of the full ones, in order, to
+//! element mask (its mask algebra, segment ids, attention mask) on the key blocks of query
+//! block `qb` that the mask algebra's key range ([`super::mask::MaskExpr::key_range`])
+//! leaves (the others are skipped unseen) and writes the block indices of the full ones, in order, to
 //! `full_idx[lb, lh, qb, ..]` and their count to `full_count[lb, lh, qb]` (the partial
 //! ones to `part_idx` / `part_count`). A layout is per batch entry only where the mask
 //! reads the call's tensors (`lb` = 0 otherwise) and per head only with an attention
@@ -198,12 +199,36 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let t = b.add(seq_k, bn_c);
     let t = b.sub(t, c1);
     let nk = b.div(t, bn_c);
+    // Only the key blocks the mask algebra can show to some row of the block are
+    // evaluated (the rest are skipped without a look): [lo, hi) keys, clamped to the
+    // sequence, as blocks.
+    let last = b.add(i0, bm_c);
+    let last = b.min(last, seq_q);
+    let last = b.sub(last, c1);
+    let (lo, hi) = f.mask.emit_key_range(&mut b, i0, last);
+    let kb_lo = match lo {
+        Some(lo) => {
+            let lo = b.max(lo, c0);
+            b.div(lo, bn_c)
+        }
+        None => c0,
+    };
+    let kb_hi = match hi {
+        Some(hi) => {
+            let hi = b.max(hi, c0);
+            let t = b.add(hi, bn_c);
+            let t = b.sub(t, c1);
+            let h = b.div(t, bn_c);
+            b.min(h, nk)
+        }
+        None => nk,
+    };
     let z = b.const_f32(0.0);
     let at = |b: &mut KernelBuilder, count: Value| {
         let n = b.cast(count, DType::I32);
         [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb), Axis::Range { start: n, size: 1, limit: None }]
     };
-    let counts = b.for_loop(c0, nk, c1, &[z, z], |b, kb, carried| {
+    let counts = b.for_loop(kb_lo, kb_hi, c1, &[z, z], |b, kb, carried| {
         let (nf, np) = (carried[0], carried[1]);
         let j0 = b.mul(kb, bn_c);
         let vis = block_visibility(b, f, &m, &rows, (lb, lh), (i0, bm), (j0, bn), seq_k);

@@ -122,6 +122,75 @@ impl MaskExpr {
         }
     }
 
+    /// Keys `[lo, hi)` outside which no row of `[first, last]` sees any key (a bound, not
+    /// necessarily tight: `None` on a side means unbounded there), on the host.
+    pub fn key_range(&self, first: i64, last: i64) -> (Option<i64>, Option<i64>) {
+        match self {
+            MaskExpr::Full | MaskExpr::Strided { .. } => (None, None),
+            MaskExpr::Causal { offset } => (None, Some(last + offset + 1)),
+            MaskExpr::Local { left, right } => (Some(first - left), Some(last + right + 1)),
+            MaskExpr::ChunkedCausal { chunk } => (Some(first.div_euclid(*chunk) * chunk), Some(last + 1)),
+            MaskExpr::And(ms) => ms
+                .iter()
+                .map(|m| m.key_range(first, last))
+                .fold((None, None), |(a, b), (c, d)| (max_opt(a, c), min_opt(b, d))),
+            MaskExpr::Or(ms) => {
+                let rs: Vec<_> = ms.iter().map(|m| m.key_range(first, last)).collect();
+                let lo = rs.iter().map(|r| r.0).try_fold(i64::MAX, |acc, x| x.map(|x| acc.min(x)));
+                let hi = rs.iter().map(|r| r.1).try_fold(i64::MIN, |acc, x| x.map(|x| acc.max(x)));
+                (lo, hi)
+            }
+        }
+    }
+
+    /// [`MaskExpr::key_range`] in tile IR, for rows `[first, last]` (i32 scalars):
+    /// `(lo, hi)`, `None` where unbounded.
+    pub fn emit_key_range(&self, b: &mut KernelBuilder, first: Value, last: Value) -> (Option<Value>, Option<Value>) {
+        match self {
+            MaskExpr::Full | MaskExpr::Strided { .. } => (None, None),
+            MaskExpr::Causal { offset } => (None, Some(add_const(b, last, offset + 1))),
+            MaskExpr::Local { left, right } => (Some(add_const(b, first, -left)), Some(add_const(b, last, right + 1))),
+            MaskExpr::ChunkedCausal { chunk } => {
+                // Rows are non-negative: truncating division is the floor.
+                let c = b.const_i32(*chunk);
+                let q = b.div(first, c);
+                (Some(b.mul(q, c)), Some(add_const(b, last, 1)))
+            }
+            MaskExpr::And(ms) => {
+                let (mut lo, mut hi) = (None, None);
+                for m in ms {
+                    let (l, h) = m.emit_key_range(b, first, last);
+                    lo = match (lo, l) {
+                        (Some(a), Some(c)) => Some(b.max(a, c)),
+                        (a, c) => a.or(c),
+                    };
+                    hi = match (hi, h) {
+                        (Some(a), Some(c)) => Some(b.min(a, c)),
+                        (a, c) => a.or(c),
+                    };
+                }
+                (lo, hi)
+            }
+            MaskExpr::Or(ms) => {
+                let (mut lo, mut hi) = (Some(None), Some(None));
+                for m in ms {
+                    let (l, h) = m.emit_key_range(b, first, last);
+                    lo = match (lo, l) {
+                        (Some(None), Some(x)) => Some(Some(x)),
+                        (Some(Some(a)), Some(x)) => Some(Some(b.min(a, x))),
+                        _ => None,
+                    };
+                    hi = match (hi, h) {
+                        (Some(None), Some(x)) => Some(Some(x)),
+                        (Some(Some(a)), Some(x)) => Some(Some(b.max(a, x))),
+                        _ => None,
+                    };
+                }
+                (lo.flatten(), hi.flatten())
+            }
+        }
+    }
+
     /// The spec's and the manifest's form: `"full"`, `"causal"`, `{"causal": k}`,
     /// `{"local": [l, r]}`, `{"chunked_causal": c}`, `{"strided": s}`, `{"and": [..]}`,
     /// `{"or": [..]}`.
@@ -193,6 +262,20 @@ impl MaskExpr {
             MaskExpr::And(ms) => group(ms, " & "),
             MaskExpr::Or(ms) => group(ms, " | "),
         }
+    }
+}
+
+fn max_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    }
+}
+
+fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
     }
 }
 
