@@ -108,6 +108,14 @@ def ejc_bench(args, build, variant, size):
     return best
 
 
+def parse_config(text):
+    """A candidate's config id (`ejc_ir::op::config_id`): `m64_n32` or `k=v,k=v`."""
+    if "=" not in text and text.startswith("m") and "_n" in text:
+        m, n = text[1:].split("_n")
+        return {"block_m": int(m), "block_n": int(n)}
+    return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if "=" in kv)}
+
+
 def load_fa4():
     try:
         from flash_attn.cute import flash_attn_func
@@ -128,6 +136,12 @@ def main():
     ap.add_argument("--patterns", default=",".join(PATTERNS))
     args = ap.parse_args()
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    import torch._dynamo
+    # Every row's mask is a new function: without room for the recompilations, dynamo
+    # falls back to the unfused path (a materialised score matrix) after eight.
+    for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 1 << 20)
     flex = torch.compile(flex_attention)
     fa4 = load_fa4()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
@@ -142,6 +156,7 @@ def main():
         if args.flash:
             best = ejc_bench(args, args.flash, "full", f"batch={b},seq_q={s},seq_k={s},heads_q={h},heads_kv={h},head_dim={d}")
             dense = best["ms"] * 1e3 if best else None
+        torch.cuda.empty_cache()
         docs = cycled_documents(s, s // 8)
         for pattern in args.patterns.split(","):
             fn = mask_fn(pattern, docs)
@@ -157,8 +172,8 @@ def main():
                 lm = best.get("launch_ms") or []
                 if len(lm) == 2:
                     rec.update(ejc_layout_us=lm[0] * 1e3, ejc_us=lm[1] * 1e3)
-            bm = int(best["config"].get("block_m", 128)) if best else 128
-            bn = int(best["config"].get("block_n", 128)) if best else 128
+            cfg = parse_config(best["config"]) if best else {}
+            bm, bn = cfg.get("block_m", 128), cfg.get("block_n", 128)
             pairs, frac = visible_stats(fn, s, bm, bn)
             rec.update(pairs=pairs, visited=frac, flops=4.0 * b * h * d * pairs)
             # FlexAttention, the same mask.

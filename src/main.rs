@@ -125,6 +125,7 @@ EJC_DUMP_MLIR=<dir> the MLIR module after every stage."
         plans: Vec<String>,
         /// PTX targets: only this code path (repeat for several): mma (mma.sync), wgmma
         /// (sm_90a), ws (sm_90a, warp-specialised: a producer warpgroup with TMA copies).
+        /// Kernels without a product (a plan's layout or pack step) have one path and stay.
         #[arg(long = "path", value_name = "PATH", value_parser = ["mma", "wgmma", "ws"])]
         paths: Vec<String>,
         /// Assemble every PTX file with ptxas and print registers, spills and shared

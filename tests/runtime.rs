@@ -490,6 +490,58 @@ fn decode_operations_run_through_the_generic_call() {
     }
 }
 
+/// Block-sparse attention's plan pairs a layout only with the attention kernel of its own
+/// tiling (the plan's shared tile axes): with four tilings built, the registry offers four
+/// candidates, not sixteen, and whichever the tuner keeps matches the reference.
+#[test]
+fn blocksparse_candidates_pair_layout_and_attention_of_one_tiling() {
+    use ejc_ir::op::{compare_outputs, Sizes};
+    use ejc_ir::types::DType;
+    use ejc_runtime::api::{CallOptions, Runtime, RuntimeOptions};
+    use ejc_runtime::call::Call;
+    use ejc_runtime::registry::{Query, Registry};
+    let dir = temp("blocksparse");
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = dir.join("bs.yaml");
+    std::fs::write(
+        &spec,
+        "name: bs\nop: blocksparse_attention\nversion: 1\ndtypes: [f32]\nhead_dims: [64]\nvariants:\n  document:\n    \
+         segment_ids: true\nschedule:\n  block_m: [16, 32]\n  block_n: [16, 32]\n  num_warps: [4]\n  num_stages: [2]\n\
+         targets: [cpu]\n",
+    )
+    .unwrap();
+    let (kernels, cache, f) = build_variant(spec.to_str().unwrap(), "blocksparse-kernels", "document", &[]);
+    let mut reg = Registry::new();
+    assert_eq!(reg.load_manifest(&kernels).unwrap(), 8, "4 tilings x (layout, main)");
+    let fams = reg.families(&Query::new("blocksparse_attention")).unwrap();
+    let cands = fams[0].candidates();
+    assert_eq!(cands.len(), 4, "one candidate per tiling: {:?}", cands.iter().map(|c| c.id()).collect::<Vec<_>>());
+    for c in &cands {
+        let tile = |i: usize| (c.launches[i].config.get("block_m"), c.launches[i].config.get("block_n"));
+        assert_eq!(tile(0), tile(1), "{}", c.id());
+    }
+    let op = ejc_ir::ops::get("blocksparse_attention").unwrap();
+    let dims: Sizes = [("batch", 2), ("heads_q", 4), ("heads_kv", 2), ("seq_q", 93), ("seq_k", 77), ("head_dim", 64)]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    let host = op.random_call(&f, DType::F32, &dims, 9).unwrap();
+    let want = op.reference(&f, &host).unwrap();
+    let opts = RuntimeOptions { kernels: vec![kernels.clone()], cache_dir: Some(cache.clone()), ..Default::default() };
+    let mut call = Call::from_host(&host);
+    let r = Runtime::new(opts).unwrap().call("blocksparse_attention", &f, &mut call, &CallOptions::default()).unwrap();
+    let mut got = host.clone();
+    for name in op.outputs(&f) {
+        got.tensors.insert(name.into(), call.host_tensor(name).unwrap());
+    }
+    for (out, rel, _) in compare_outputs(op, &f, &got, &want) {
+        assert!(rel <= 1e-5, "{} {:?}: {out} rel_err {rel:e}", r.plan, r.config);
+    }
+    for d in [dir, kernels, cache] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 /// `specs/flash_decode.yaml` through the runtime's generic call on the CPU: the tuner's
 /// candidates hold both plans (one kernel; split-KV at every split count), whichever it
 /// keeps matches the reference, and an explicit split-KV configuration runs two kernels

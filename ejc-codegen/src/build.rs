@@ -37,6 +37,7 @@ pub struct BuildOptions {
     pub plans: Vec<String>,
     /// Only these code paths of PTX targets (empty = all): `mma` (`mma.sync`), `wgmma`
     /// (sm_90a), `ws` (sm_90a, warp-specialised, with or without the sunk softmax).
+    /// Kernels without a product have one path and are always kept.
     pub ptx_paths: Vec<String>,
 }
 
@@ -197,6 +198,7 @@ pub fn select<'s>(spec: &'s Spec, opts: &BuildOptions) -> Result<Selection<'s>, 
                                 temporaries: decl.temporaries.clone(),
                                 launches: decl.launches.clone(),
                                 axes,
+                                shared: decl.shared_axes.iter().map(|a| a.to_string()).collect(),
                             }),
                         }
                         for k in these {

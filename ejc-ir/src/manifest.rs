@@ -188,6 +188,11 @@ pub struct Plan {
     /// time (e.g. `num_splits`): the autotuner tries each.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub axes: BTreeMap<String, Vec<u32>>,
+    /// Configuration keys (tile axes) every launch's artifact must agree on: a launcher
+    /// pairs only such artifacts (the layout and the attention kernel of block-sparse
+    /// attention share `block_m`, `block_n`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<String>,
 }
 
 /// One kernel × candidate configuration × target.

@@ -135,6 +135,10 @@ pub struct PlanDecl {
     pub temporaries: Vec<Temporary>,
     pub launches: Vec<Launch>,
     pub runtime_axes: Vec<&'static str>,
+    /// Tile axes every role of the plan takes the same value of: a candidate pairs only
+    /// artifacts that agree on them (block-sparse attention's layout and attention
+    /// kernels share their block sizes). Empty: each role's tiling is free.
+    pub shared_axes: Vec<&'static str>,
 }
 
 impl PlanDecl {
@@ -147,6 +151,7 @@ impl PlanDecl {
             temporaries: Vec::new(),
             launches: vec![Launch::of("main")],
             runtime_axes: Vec::new(),
+            shared_axes: Vec::new(),
         }
     }
 }

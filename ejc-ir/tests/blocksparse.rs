@@ -132,6 +132,7 @@ fn run_layout(
         temporaries: vec![],
         launches: vec![Launch::of("layout")],
         runtime_axes: vec![],
+        shared_axes: vec![],
     };
     run_plan_interp(&plan, &ks, call, sizes, &tile).unwrap();
     let (fc, fi, pc, pi) = (

@@ -278,6 +278,7 @@ impl DslBuild {
                 temporaries: Vec::new(),
                 launches: vec![Launch::of("main")],
                 axes: BTreeMap::new(),
+                shared: Vec::new(),
             })
             .collect();
         let manifest = Manifest {

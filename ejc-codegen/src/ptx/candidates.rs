@@ -215,7 +215,9 @@ pub fn candidates(
                     config.insert(flag.to_string(), 1);
                 }
                 let c = Candidate { cfg, suffix, config };
-                if paths.is_empty() || paths.iter().any(|p| p == c.path()) {
+                // A path filter chooses how products run: a kernel without one (a layout,
+                // a pack) has its one path and stays, so its plans survive the filter.
+                if paths.is_empty() || products.is_empty() || paths.iter().any(|p| p == c.path()) {
                     out.push(c);
                 }
             }

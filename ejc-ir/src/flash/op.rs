@@ -428,6 +428,7 @@ impl Operation for FlashAttentionFwd {
                 ],
                 launches: vec![Launch::of("partial"), Launch::of("combine")],
                 runtime_axes: vec!["num_splits"],
+                shared_axes: vec![],
             });
         }
         plans

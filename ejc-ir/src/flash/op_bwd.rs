@@ -204,7 +204,7 @@ impl Operation for FlashAttentionBwd {
                         last.bind.insert("delta".into(), "pdp".into());
                     }
                 }
-                PlanDecl { name: plan.name(), roles, temporaries, launches, runtime_axes: vec![] }
+                PlanDecl { name: plan.name(), roles, temporaries, launches, runtime_axes: vec![], shared_axes: vec![] }
             })
             .collect()
     }

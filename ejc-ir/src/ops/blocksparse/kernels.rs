@@ -14,8 +14,9 @@
 //! mask (`lh` = 0 otherwise). Its cost is that of reading the mask once, element by
 //! element, with no product.
 //!
-//! **The attention kernel** (role `main`). Program `(qb, h, b)` computes rows
-//! `[qb · block_m, ..)` of head `h` of batch entry `b`: it loads its query tile once,
+//! **The attention kernel** (role `main`). Program `(p, h, b)` computes rows
+//! `[qb · block_m, ..)` of head `h` of batch entry `b`, `qb` = the last query block − `p`
+//! (the longest rows of a causal-like mask first): it loads its query tile once,
 //! runs the online softmax over the full key blocks with no mask at all, then over the
 //! partial ones with the element mask, and stores the output and the log-sum-exp.
 //! Skipped blocks are never loaded. GQA: head `h` reads KV head `h / (H / KVH)`.
@@ -283,17 +284,26 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let softcap = f.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
     b.set_grid([GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64), GridExpr::sym("heads_q"), GridExpr::sym("batch")]);
-    let qb = b.program_id(0);
+    let pid = b.program_id(0);
     let head = b.program_id(1);
     let batch = b.program_id(2);
     let c0 = b.const_i32(0);
     let c1 = b.const_i32(1);
+    // The last query block first: under a causal-like mask the last rows visit the most
+    // key blocks, and a grid that starts them first ends with short programs, not long
+    // ones (FlashAttention's order).
+    let seq_q = b.dim(query, 2);
+    let bm_c = b.const_i32(bm as i64);
+    let t = b.add(seq_q, bm_c);
+    let t = b.sub(t, c1);
+    let nq = b.div(t, bm_c);
+    let last = b.sub(nq, c1);
+    let qb = b.sub(last, pid);
     let heads_q = b.dim(query, 1);
     let heads_kv = b.dim(key, 1);
     let group = b.div(heads_q, heads_kv);
     let kv_head = b.div(head, group);
     let seq_k = b.dim(key, 2);
-    let bm_c = b.const_i32(bm as i64);
     let bn_c = b.const_i32(bn as i64);
     let i0 = b.mul(qb, bm_c);
     let lb = if f.data_dependent() { batch } else { c0 };

@@ -323,6 +323,7 @@ impl Operation for BlockSparse {
             temporaries,
             launches: vec![Launch::of("layout"), Launch::of("main")],
             runtime_axes: vec![],
+            shared_axes: vec!["block_m", "block_n", "num_warps"],
         }]
     }
 

@@ -236,6 +236,7 @@ pub(crate) fn decode_plans(spec: &Spec) -> Vec<PlanDecl> {
             ],
             launches: vec![Launch::of("partial"), Launch::of("combine")],
             runtime_axes: vec!["num_splits"],
+            shared_axes: vec![],
         });
     }
     plans

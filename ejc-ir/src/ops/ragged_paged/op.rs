@@ -470,6 +470,7 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             temporaries,
             launches,
             runtime_axes: if split { vec!["num_splits"] } else { vec![] },
+            shared_axes: vec![],
         }
     };
     let mut plans = vec![plan(false, false), plan(false, true)];
