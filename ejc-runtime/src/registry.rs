@@ -158,9 +158,9 @@ impl<'r> Family<'r> {
                     for e in &entries {
                         // Artifacts that disagree on a shared tile axis never pair.
                         let clash = plan.plan.shared.iter().any(|k| {
-                            e.config.get(k).is_some_and(|v| {
-                                chosen.iter().any(|p| p.config.get(k).is_some_and(|w| w != v))
-                            })
+                            e.config
+                                .get(k)
+                                .is_some_and(|v| chosen.iter().any(|p| p.config.get(k).is_some_and(|w| w != v)))
                         });
                         if clash {
                             continue;
