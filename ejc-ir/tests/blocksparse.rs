@@ -135,22 +135,21 @@ fn run_layout(
         shared_axes: vec![],
     };
     run_plan_interp(&plan, &ks, call, sizes, &tile).unwrap();
-    let (fc, fi, pc, pi) = (
-        &call.tensors["full_count"],
-        &call.tensors["full_idx"],
-        &call.tensors["part_count"],
-        &call.tensors["part_idx"],
-    );
+    let (count, idx) = (&call.tensors["block_count"], &call.tensors["block_idx"]);
+    let last = idx.shape[3] - 1;
     let mut out = Vec::new();
-    for lb in 0..fc.shape[0] {
-        for lh in 0..fc.shape[1] {
-            for qb in 0..fc.shape[2] {
-                let list = |c: &HostTensor, x: &HostTensor| {
-                    let n = c.get(&[lb, lh, qb]);
-                    assert!(n.is_finite(), "count ({lb}, {lh}, {qb}) unwritten");
-                    (0..n as usize).map(|t| x.get(&[lb, lh, qb, t]) as i64).collect::<Vec<_>>()
+    for lb in 0..count.shape[0] {
+        for lh in 0..count.shape[1] {
+            for qb in 0..count.shape[2] {
+                let n = |i: usize| {
+                    let n = count.get(&[lb, lh, qb, i]);
+                    assert!(n.is_finite(), "count ({lb}, {lh}, {qb}, {i}) unwritten");
+                    n as usize
                 };
-                out.push(((lb, lh, qb), list(fc, fi), list(pc, pi)));
+                // Full blocks from the front, partial ones from the back.
+                let full = (0..n(0)).map(|t| idx.get(&[lb, lh, qb, t]) as i64).collect();
+                let part = (0..n(1)).map(|t| idx.get(&[lb, lh, qb, last - t]) as i64).collect();
+                out.push(((lb, lh, qb), full, part));
             }
         }
     }
@@ -208,24 +207,46 @@ fn the_layout_lists_exactly_the_full_and_partial_blocks() {
 }
 
 /// A layout that calls partial blocks full makes the kernel skip their mask: the
-/// result must then differ from the reference (the end-to-end test can fail).
+/// result must then differ from the reference (the end-to-end test can fail), while the
+/// true layout matches.
 #[test]
 fn a_layout_that_lies_gives_a_wrong_result() {
     let spec = spec();
     let variant = spec.variant("strided").unwrap();
     let dims = &op().check_dims(&keys())[0];
-    let mut call = op().random_call(&variant.features, DType::F32, dims, 5).unwrap();
+    let fresh = || op().random_call(&variant.features, DType::F32, dims, 5).unwrap();
+    let mut call = fresh();
     let sizes = op().validate(&variant.features, DType::F32, &keys(), &call).unwrap();
     let want = op().reference(&variant.features, &call).unwrap();
-    let mut plan = op().plans(&spec, &variant.features)[0].clone();
-    // The main kernel reads the partial list as its full list.
-    plan.launches[1].bind.insert("full_count".into(), "part_count".into());
-    plan.launches[1].bind.insert("full_idx".into(), "part_idx".into());
+    let lists = run_layout(&spec, variant, &mut call, &sizes, (32, 32));
+    // Every listed block moved to the front, as if full.
+    for ((lb, lh, qb), full, part) in &lists {
+        let all: Vec<i64> = full.iter().chain(part).copied().collect();
+        let count = call.tensors.get_mut("block_count").unwrap();
+        count.set(&[*lb, *lh, *qb, 0], all.len() as f64);
+        count.set(&[*lb, *lh, *qb, 1], 0.0);
+        let idx = call.tensors.get_mut("block_idx").unwrap();
+        for (t, kb) in all.iter().enumerate() {
+            idx.set(&[*lb, *lh, *qb, t], *kb as f64);
+        }
+    }
     let ks = kernels(&spec, variant, DType::F32, 32, 32);
+    let plan = PlanDecl {
+        name: "layout",
+        roles: op().plans(&spec, &variant.features)[0].roles[1..].to_vec(),
+        temporaries: vec![],
+        launches: vec![Launch::of("main")],
+        runtime_axes: vec![],
+        shared_axes: vec![],
+    };
     let tile = Config::from([("block_m".to_string(), 32), ("block_n".to_string(), 32)]);
     run_plan_interp(&plan, &ks, &mut call, &sizes, &tile).unwrap();
     let (_, rel, _) = compare_outputs(op(), &variant.features, &call, &want)[0];
     assert!(rel > 1e-2, "a lying layout still matched (rel {rel:e})");
+    let mut call = fresh();
+    run_plan_interp(&op().plans(&spec, &variant.features)[0], &ks, &mut call, &sizes, &tile).unwrap();
+    let (_, rel, _) = compare_outputs(op(), &variant.features, &call, &want)[0];
+    assert!(rel < 1e-5, "the true layout: rel {rel:e}");
 }
 
 #[test]

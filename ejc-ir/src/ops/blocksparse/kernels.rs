@@ -7,9 +7,10 @@
 //! past `seq_k`), and *partial* otherwise. Program `(qb, lh, lb)` evaluates the variant's
 //! element mask (its mask algebra, segment ids, attention mask) on the key blocks of query
 //! block `qb` that the mask algebra's key range ([`super::mask::MaskExpr::key_range`])
-//! leaves (the others are skipped unseen) and writes the block indices of the full ones, in order, to
-//! `full_idx[lb, lh, qb, ..]` and their count to `full_count[lb, lh, qb]` (the partial
-//! ones to `part_idx` / `part_count`). A layout is per batch entry only where the mask
+//! leaves (the others are skipped unseen) and writes the indices of the full blocks, in
+//! order, to the front of `block_idx[lb, lh, qb, ..]` and those of the partial ones, in
+//! order, to its back (the last slot holds the first), with both counts in
+//! `block_count[lb, lh, qb, 0..2]`. A layout is per batch entry only where the mask
 //! reads the call's tensors (`lb` = 0 otherwise) and per head only with an attention
 //! mask (`lh` = 0 otherwise). Its cost is that of reading the mask once, element by
 //! element, with no product.
@@ -17,8 +18,9 @@
 //! **The attention kernel** (role `main`). Program `(p, h, b)` computes rows
 //! `[qb · block_m, ..)` of head `h` of batch entry `b`, `qb` = the last query block − `p`
 //! (the longest rows of a causal-like mask first): it loads its query tile once,
-//! runs the online softmax over the full key blocks with no mask at all, then over the
-//! partial ones with the element mask, and stores the output and the log-sum-exp.
+//! runs the online softmax over the full key blocks and then the partial ones in one
+//! loop — a block's element mask is applied only when it is partial (a branch per block,
+//! as flash's classified loop has) — and stores the output and the log-sum-exp.
 //! Skipped blocks are never loaded. GQA: head `h` reads KV head `h / (H / KVH)`.
 //!
 //! ```
@@ -28,7 +30,7 @@
 //! let k = BsKernel { role: Role::Main, features: BsFeatures::default(), dtype: DType::BF16, head_dim: 64, head_dim_v: 64, block_m: 64, block_n: 64 };
 //! let kernel = build("bs_causal", &k).unwrap();
 //! let names: Vec<&str> = kernel.params.iter().map(|p| p.name.as_str()).collect();
-//! assert_eq!(names, ["query", "key", "value", "out", "lse", "full_count", "full_idx", "part_count", "part_idx", "softmax_scale"]);
+//! assert_eq!(names, ["query", "key", "value", "out", "lse", "block_count", "block_idx", "softmax_scale"]);
 //! ```
 
 use std::f64::consts::LOG2_E;
@@ -70,10 +72,12 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ("kv_segment_ids", "input: key segment ids [B, Sk], i32; equal ids attend"),
         ("attention_mask", "input: boolean mask [B, H, Sq, Sk], true = attend (stride 0 on the head axis shares one)"),
         ("sinks", "input: sink logits [H, n_sinks], f32"),
-        ("full_count", "temporary (layout): full key blocks per query block [LB, LH, NQ], i32"),
-        ("full_idx", "temporary (layout): the full key blocks' indices, in order [LB, LH, NQ, NK], i32"),
-        ("part_count", "temporary (layout): partial key blocks per query block [LB, LH, NQ], i32"),
-        ("part_idx", "temporary (layout): the partial key blocks' indices, in order [LB, LH, NQ, NK], i32"),
+        ("block_count", "temporary (layout): full and partial key blocks per query block [LB, LH, NQ, 2], i32"),
+        (
+            "block_idx",
+            "temporary (layout): key block indices [LB, LH, NQ, NK], i32: the full ones in order from slot 0, the \
+             partial ones in order from slot NK - 1 down",
+        ),
         ("seq_q", "scalar: query rows per sequence (bound from the call's sizes)"),
         ("seq_k", "scalar: keys per sequence (bound from the call's sizes)"),
         ("softmax_scale", "scalar: multiplies q.k (1 / sqrt(D) by default)"),
@@ -81,8 +85,8 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
     ]
 }
 
-/// The layout's four temporaries (i32), in parameter order, with their rank.
-pub const LAYOUT_TENSORS: [(&str, usize); 4] = [("full_count", 3), ("full_idx", 4), ("part_count", 3), ("part_idx", 4)];
+/// The layout's temporaries (i32), in parameter order, with their rank.
+pub const LAYOUT_TENSORS: [(&str, usize); 2] = [("block_count", 4), ("block_idx", 4)];
 
 /// The tile IR of one kernel (verified), named `name`.
 pub fn build(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
@@ -108,7 +112,7 @@ fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
     MaskInputs { segment_ids, attention_mask }
 }
 
-fn layout_params(b: &mut KernelBuilder) -> [Value; 4] {
+fn layout_params(b: &mut KernelBuilder) -> [Value; 2] {
     LAYOUT_TENSORS.map(|(n, rank)| b.param(n, Type::Tensor(DType::I32, rank)))
 }
 
@@ -176,7 +180,7 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let (bm, bn) = (k.block_m, k.block_n);
     let mut b = KernelBuilder::new(name);
     let m = mask_inputs(&mut b, f);
-    let [full_count, full_idx, part_count, part_idx] = layout_params(&mut b);
+    let [block_count, block_idx] = layout_params(&mut b);
     let seq_q = b.param("seq_q", Type::Scalar(DType::I32));
     let seq_k = b.param("seq_k", Type::Scalar(DType::I32));
     b.set_grid([
@@ -225,9 +229,10 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
         None => nk,
     };
     let z = b.const_f32(0.0);
-    let at = |b: &mut KernelBuilder, count: Value| {
-        let n = b.cast(count, DType::I32);
-        [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb), Axis::Range { start: n, size: 1, limit: None }]
+    let last_slot = b.dim(block_idx, 3);
+    let last_slot = b.sub(last_slot, c1);
+    let at = |slot: Value| {
+        [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb), Axis::Range { start: slot, size: 1, limit: None }]
     };
     let counts = b.for_loop(kb_lo, kb_hi, c1, &[z, z], |b, kb, carried| {
         let (nf, np) = (carried[0], carried[1]);
@@ -243,14 +248,15 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
         let all = b.reduce(ReduceOp::Min, all, 1);
         let all = b.reduce(ReduceOp::Min, all, 0);
         let part = b.sub(any, all);
-        // The block's index goes to the next free slot of each list; a slot counts only
-        // if the block is of that kind, else the next block overwrites it (a count never
-        // passes the blocks seen, so the slot is inside the list).
+        // The block's index goes to the next free slot at each end of the row; a slot
+        // counts only if the block is of that kind, else the next block overwrites it.
+        // Neither reaches the other's claimed slots: nf + np < the blocks seen <= NK.
         let id = b.splat(kb, &[1]);
-        let full_at = at(b, nf);
-        b.store(full_idx, full_at.to_vec(), id);
-        let part_at = at(b, np);
-        b.store(part_idx, part_at.to_vec(), id);
+        let front = b.cast(nf, DType::I32);
+        let back = b.cast(np, DType::I32);
+        let back = b.sub(last_slot, back);
+        b.store(block_idx, at(front).to_vec(), id);
+        b.store(block_idx, at(back).to_vec(), id);
         let nf = b.add(nf, all);
         let np = b.add(np, part);
         vec![nf, np]
@@ -261,9 +267,10 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     };
     let nf = c(&mut b, counts[0]);
     let np = c(&mut b, counts[1]);
-    let here = [Axis::Index(lb), Axis::Index(lh), Axis::Range { start: qb, size: 1, limit: None }];
-    b.store(full_count, here.to_vec(), nf);
-    b.store(part_count, here.to_vec(), np);
+    for (i, n) in [(c0, nf), (c1, np)] {
+        let here = [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb), Axis::Range { start: i, size: 1, limit: None }];
+        b.store(block_count, here.to_vec(), n);
+    }
     b.finish()
 }
 
@@ -280,7 +287,7 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let lse = b.param("lse", Type::Tensor(DType::F32, 3));
     let m = mask_inputs(&mut b, f);
     let sinks = f.sinks.then(|| b.param("sinks", Type::Tensor(DType::F32, 2)));
-    let [full_count, full_idx, part_count, part_idx] = layout_params(&mut b);
+    let [block_count, block_idx] = layout_params(&mut b);
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let softcap = f.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
     b.set_grid([GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64), GridExpr::sym("heads_q"), GridExpr::sym("batch")]);
@@ -335,35 +342,48 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     };
     let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
     let zero_s = b.full(0.0, DType::F32, &[bm, bn]);
-    let list_at = |count: Value| [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb), Axis::Index(count)];
-    let mut carried = vec![acc, m_i, l_i];
-    for (count, idx, masked) in [(full_count, full_idx, false), (part_count, part_idx, true)] {
-        let n = b.load(count, vec![Axis::Index(lb), Axis::Index(lh), Axis::Index(qb)], 0.0);
-        carried = b.for_loop(c0, n, c1, &carried, |b, t, st| {
-            let (acc, m_i, l_i) = (st[0], st[1], st[2]);
-            let kb = b.load(idx, list_at(t).to_vec(), 0.0);
-            let j0 = b.mul(kb, bn_c);
-            let kv_rows = Axis::Range { start: j0, size: bn, limit: None };
-            let k_tile = b.load(key, vec![Axis::Index(batch), Axis::Index(kv_head), kv_rows, cols(d)], 0.0);
-            let qk = b.dot(q_tile, k_tile, zero_s, false, true);
-            let mut s = b.mul(qk, qk_scale);
-            if let Some(o) = cap_out {
-                let t = b.unary(UnOp::Tanh, s);
-                s = b.mul(t, o);
-            }
-            if masked {
+    let row = [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb)];
+    let n_full = b.load(block_count, [&row[..], &[Axis::Index(c0)]].concat(), 0.0);
+    let n_part = b.load(block_count, [&row[..], &[Axis::Index(c1)]].concat(), 0.0);
+    let n = b.add(n_full, n_part);
+    let last_slot = b.dim(block_idx, 3);
+    let last_slot = b.sub(last_slot, c1);
+    let s_ty = Type::tile(DType::F32, &[bm, bn]);
+    let carried = b.for_loop(c0, n, c1, &[acc, m_i, l_i], |b, t, st| {
+        let (acc, m_i, l_i) = (st[0], st[1], st[2]);
+        // Full blocks from the front of the row, then partial ones from its back.
+        let full = b.cmp(CmpPred::Lt, t, n_full);
+        let past = b.sub(t, n_full);
+        let back = b.sub(last_slot, past);
+        let slot = b.select(full, t, back);
+        let kb = b.load(block_idx, [&row[..], &[Axis::Index(slot)]].concat(), 0.0);
+        let j0 = b.mul(kb, bn_c);
+        let kv_rows = Axis::Range { start: j0, size: bn, limit: None };
+        let k_tile = b.load(key, vec![Axis::Index(batch), Axis::Index(kv_head), kv_rows, cols(d)], 0.0);
+        let qk = b.dot(q_tile, k_tile, zero_s, false, true);
+        let mut s = b.mul(qk, qk_scale);
+        if let Some(o) = cap_out {
+            let t = b.unary(UnOp::Tanh, s);
+            s = b.mul(t, o);
+        }
+        // Only a partial block evaluates the element mask.
+        let s = b.if_else(
+            full,
+            std::slice::from_ref(&s_ty),
+            |_| vec![s],
+            |b| {
                 let vis = block_visibility(b, f, &m, &rows, (batch, head), (i0, bm), (j0, bn), seq_k);
-                s = b.select(vis, s, neg_inf);
-            }
-            let (p, alpha, m_new, l_new) = b.softmax_update(s, m_i, l_i);
-            let acc = b.softmax_rescale(acc, alpha);
-            let p = b.cast(p, k.dtype);
-            let kv_rows = Axis::Range { start: j0, size: bn, limit: None };
-            let v_tile = b.load(value, vec![Axis::Index(batch), Axis::Index(kv_head), kv_rows, cols(dv)], 0.0);
-            let acc = b.dot(p, v_tile, acc, false, false);
-            vec![acc, m_new, l_new]
-        });
-    }
+                vec![b.select(vis, s, neg_inf)]
+            },
+        )[0];
+        let (p, alpha, m_new, l_new) = b.softmax_update(s, m_i, l_i);
+        let acc = b.softmax_rescale(acc, alpha);
+        let p = b.cast(p, k.dtype);
+        let kv_rows = Axis::Range { start: j0, size: bn, limit: None };
+        let v_tile = b.load(value, vec![Axis::Index(batch), Axis::Index(kv_head), kv_rows, cols(dv)], 0.0);
+        let acc = b.dot(p, v_tile, acc, false, false);
+        vec![acc, m_new, l_new]
+    });
     let (o, l) = b.softmax_finalize(carried[0], carried[1], carried[2]);
     let o = b.cast(o, k.dtype);
     let row_range = Axis::Range { start: i0, size: bm, limit: None };

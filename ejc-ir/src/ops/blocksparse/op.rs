@@ -304,13 +304,16 @@ impl Operation for BlockSparse {
 
     fn plans(&self, _spec: &Spec, _f: &op::Features) -> Vec<PlanDecl> {
         let tile = vec!["block_m", "block_n"];
-        let lists = ["layout_batch", "layout_heads", "cdiv(seq_q, block_m)", "cdiv(seq_k, block_n)"];
+        let shape = |last: &str| {
+            ["layout_batch", "layout_heads", "cdiv(seq_q, block_m)", last].iter().map(|s| s.to_string()).collect()
+        };
         let temporaries = LAYOUT_TENSORS
             .iter()
-            .map(|(name, rank)| Temporary {
+            .zip(["2", "cdiv(seq_k, block_n)"])
+            .map(|((name, _), last)| Temporary {
                 name: name.to_string(),
                 dtype: "i32".into(),
-                shape: lists[..*rank].iter().map(|s| s.to_string()).collect(),
+                shape: shape(last),
                 fill: "none".into(),
             })
             .collect();
