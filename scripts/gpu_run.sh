@@ -132,12 +132,12 @@ racecheck() {  # racecheck SET FILTER: shared-memory hazards on one sample
     echo "compute-sanitizer not found: racecheck skipped" | tee -a "$OUT/summary.txt"
 }
 
-# tune_then_call SET SIZES: `ejc-gpu tune` on one call of SIZES (the full variant, bf16) stores
-# its winner; then `ejc-gpu call`, a second process, must find it in the persistent cache.
+# tune_then_call SET SIZES [VARIANT]: `ejc-gpu tune` on one call of SIZES (VARIANT, default full;
+# bf16) stores its winner; then `ejc-gpu call`, a second process, must find it in the persistent cache.
 tune_then_call() {
     local step rc=0
     for step in tune call; do
-        timeout 300 ./.gpu/ejc-gpu $step "/tmp/ejc-art/$1" --variant full --dtype bf16 --size "$2" \
+        timeout 300 ./.gpu/ejc-gpu $step "/tmp/ejc-art/$1" --variant "${3:-full}" --dtype bf16 --size "$2" \
             --cache-dir /tmp/ejc-cache 2>&1 | tail -8 | tee -a "$OUT/tune.log"
         [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
     done
@@ -402,12 +402,7 @@ if [ "${1:-}" = "--bs" ]; then
     memcheck bs "blocksparse_document_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
     memcheck bs16 "blocksparse_array_mask_f16_d64_m64_n64@ptx:sm_80/w4_s2" || status=1
     racecheck bs "blocksparse_strided_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
-    for step in tune call; do
-        timeout 300 ./.gpu/ejc-gpu $step /tmp/ejc-art/bs --variant document --dtype bf16 \
-            --size batch=2,heads_q=8,heads_kv=2,seq_q=3000,seq_k=3000,head_dim=128 --cache-dir /tmp/ejc-cache 2>&1 \
-            | tail -6 | tee -a "$OUT/tune.log"
-        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-    done
+    tune_then_call bs batch=2,heads_q=8,heads_kv=2,seq_q=3000,seq_k=3000,head_dim=128 document || status=1
     exit $status
 fi
 if [ "${1:-}" = "--bs-bench-check" ]; then

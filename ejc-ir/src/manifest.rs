@@ -189,8 +189,8 @@ pub struct Plan {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub axes: BTreeMap<String, Vec<u32>>,
     /// Configuration keys (tile axes) every launch's artifact must agree on: a launcher
-    /// pairs only such artifacts (the layout and the attention kernel of block-sparse
-    /// attention share `block_m`, `block_n`).
+    /// pairs only such artifacts (roles that exchange a table laid out per tile share
+    /// the tile's sizes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shared: Vec<String>,
 }

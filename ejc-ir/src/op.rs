@@ -136,8 +136,8 @@ pub struct PlanDecl {
     pub launches: Vec<Launch>,
     pub runtime_axes: Vec<&'static str>,
     /// Tile axes every role of the plan takes the same value of: a candidate pairs only
-    /// artifacts that agree on them (block-sparse attention's layout and attention
-    /// kernels share their block sizes). Empty: each role's tiling is free.
+    /// artifacts that agree on them (a role that writes a table per tile for another
+    /// role to read). Empty: each role's tiling is free.
     pub shared_axes: Vec<&'static str>,
 }
 

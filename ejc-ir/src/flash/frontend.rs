@@ -437,7 +437,7 @@ fn build_flash(
 }
 
 /// `ceil(a / d)` for i32 `a >= 0`, `d > 0` (`c1`: the constant 1).
-pub(super) fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
+pub(crate) fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
     let t = b.add(a, d);
     let t = b.sub(t, c1);
     b.div(t, d)

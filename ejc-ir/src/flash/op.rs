@@ -142,6 +142,27 @@ pub fn key_set(d: u32, dv: u32) -> Keys {
     k
 }
 
+/// The keys of sizes `head_dim` and (where given and positive) `head_dim_v`.
+pub(crate) fn head_dim_keys(dims: &Sizes) -> Keys {
+    let d = dims.get("head_dim").copied().unwrap_or(0).max(0) as u32;
+    let dv = dims.get("head_dim_v").copied().filter(|v| *v > 0).map_or(d, |v| v as u32);
+    key_set(d, dv)
+}
+
+/// The keys of a call whose rank-4 query and value tensors (`names`) end in their head
+/// dims (`shape`: the query's axes in words, for the error).
+pub(crate) fn qv_keys(call: &dyn CallView, (q, v): (&str, &str), shape: &str) -> Result<Keys, String> {
+    let qt = call.tensor(q).ok_or_else(|| format!("argument `{q}` is missing"))?;
+    if qt.shape.len() != 4 {
+        return Err(format!("argument `{q}`: shape {:?} is not {shape}", qt.shape));
+    }
+    let dv = match call.tensor(v) {
+        Some(vt) if vt.shape.len() == 4 => vt.shape[3] as u32,
+        _ => qt.shape[3] as u32,
+    };
+    Ok(key_set(qt.shape[3] as u32, dv))
+}
+
 /// The value head dim of an instance's keys.
 pub fn head_dim_v(keys: &Keys) -> Option<u32> {
     keys.get("head_dim_v").or(keys.get("head_dim")).copied()
@@ -498,21 +519,11 @@ impl Operation for FlashAttentionFwd {
     }
 
     fn keys_of(&self, dims: &Sizes) -> Keys {
-        let d = dims.get("head_dim").copied().unwrap_or(0).max(0) as u32;
-        let dv = dims.get("head_dim_v").copied().filter(|v| *v > 0).map_or(d, |v| v as u32);
-        key_set(d, dv)
+        head_dim_keys(dims)
     }
 
     fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String> {
-        let q = call.tensor("q").ok_or("argument `q` is missing")?;
-        if q.shape.len() != 4 {
-            return Err(format!("argument `q`: shape {:?} is not [batch, seq, heads, head_dim]", q.shape));
-        }
-        let dv = match call.tensor("v") {
-            Some(v) if v.shape.len() == 4 => v.shape[3] as u32,
-            _ => q.shape[3] as u32,
-        };
-        Ok(key_set(q.shape[3] as u32, dv))
+        qv_keys(call, ("q", "v"), "[batch, seq, heads, head_dim]")
     }
 
     fn dims_of(&self, sizes: &Sizes) -> Sizes {

@@ -37,6 +37,7 @@ use std::f64::consts::LOG2_E;
 
 use super::reference::BsFeatures;
 use crate::builder::{Axis, KernelBuilder};
+use crate::flash::frontend::cdiv;
 use crate::ir::{CmpPred, GridExpr, Kernel, ReduceOp, UnOp, Value};
 use crate::types::{DType, Type};
 use crate::verify::VerifyError;
@@ -201,9 +202,7 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let row_out = b.unary(UnOp::Not, row_in);
     let one = b.full(1.0, DType::F32, &[bm, bn]);
     let zero = b.full(0.0, DType::F32, &[bm, bn]);
-    let t = b.add(seq_k, bn_c);
-    let t = b.sub(t, c1);
-    let nk = b.div(t, bn_c);
+    let nk = cdiv(&mut b, seq_k, bn_c, c1);
     // Only the key blocks the mask algebra can show to some row of the block are
     // evaluated (the rest are skipped without a look): [lo, hi) keys, clamped to the
     // sequence, as blocks.
@@ -221,9 +220,7 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let kb_hi = match hi {
         Some(hi) => {
             let hi = b.max(hi, c0);
-            let t = b.add(hi, bn_c);
-            let t = b.sub(t, c1);
-            let h = b.div(t, bn_c);
+            let h = cdiv(&mut b, hi, bn_c, c1);
             b.min(h, nk)
         }
         None => nk,
@@ -301,9 +298,7 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     // ones (FlashAttention's order).
     let seq_q = b.dim(query, 2);
     let bm_c = b.const_i32(bm as i64);
-    let t = b.add(seq_q, bm_c);
-    let t = b.sub(t, c1);
-    let nq = b.div(t, bm_c);
+    let nq = cdiv(&mut b, seq_q, bm_c, c1);
     let last = b.sub(nq, c1);
     let qb = b.sub(last, pid);
     let heads_q = b.dim(query, 1);

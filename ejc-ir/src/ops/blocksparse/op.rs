@@ -15,7 +15,7 @@ use serde_json::json;
 use super::kernels::{build, param_docs, BsKernel, Role, LAYOUT_TENSORS};
 use super::mask::{self, MaskExpr};
 use super::reference::{random_inputs, reference, BsFeatures, BsInputs, BsShape};
-use crate::flash::op::{decode_head_dim_pairs, head_dim_v, key_set};
+use crate::flash::op::{decode_head_dim_pairs, head_dim_keys, head_dim_v, qv_keys};
 use crate::ir::Kernel;
 use crate::manifest::{Launch, Temporary};
 use crate::op::{
@@ -385,21 +385,11 @@ impl Operation for BlockSparse {
     }
 
     fn keys_of(&self, dims: &Sizes) -> Keys {
-        let d = dims.get("head_dim").copied().unwrap_or(0).max(0) as u32;
-        let dv = dims.get("head_dim_v").copied().filter(|v| *v > 0).map_or(d, |v| v as u32);
-        key_set(d, dv)
+        head_dim_keys(dims)
     }
 
     fn call_keys(&self, call: &dyn CallView) -> Result<Keys, String> {
-        let q = call.tensor("query").ok_or("argument `query` is missing")?;
-        if q.shape.len() != 4 {
-            return Err(format!("argument `query`: shape {:?} is not [batch, heads, seq, head_dim]", q.shape));
-        }
-        let dv = match call.tensor("value") {
-            Some(v) if v.shape.len() == 4 => v.shape[3] as u32,
-            _ => q.shape[3] as u32,
-        };
-        Ok(key_set(q.shape[3] as u32, dv))
+        qv_keys(call, ("query", "value"), "[batch, heads, seq, head_dim]")
     }
 
     fn dims_of(&self, sizes: &Sizes) -> Sizes {

@@ -51,6 +51,7 @@
 use std::f64::consts::LOG2_E;
 
 use crate::builder::{Axis, KernelBuilder};
+use crate::flash::frontend::cdiv;
 use crate::ir::{BinOp, CmpPred, GridExpr, Kernel, MaskTerm, ReduceOp, UnOp, Value};
 use crate::types::{DType, Type};
 use crate::verify::VerifyError;
@@ -159,13 +160,6 @@ pub fn build(name: &str, k: &DecodeKernel) -> Result<Kernel, VerifyError> {
 
 fn grid_heads(block_h: usize) -> GridExpr {
     GridExpr::times(GridExpr::sym("heads_kv"), GridExpr::cdiv(GridExpr::sym("group"), block_h as i64))
-}
-
-/// `ceil(a / d)` for i32 `a >= 0`, `d > 0`.
-fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
-    let t = b.add(a, d);
-    let t = b.sub(t, c1);
-    b.div(t, d)
 }
 
 /// The values that place a program's key blocks.

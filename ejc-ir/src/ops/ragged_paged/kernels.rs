@@ -54,6 +54,7 @@
 use std::f64::consts::LOG2_E;
 
 use crate::builder::{Axis, KernelBuilder};
+use crate::flash::frontend::cdiv;
 use crate::ir::{CmpPred, GridExpr, Kernel, UnOp, Value};
 use crate::types::{DType, Type};
 use crate::verify::VerifyError;
@@ -283,13 +284,6 @@ fn build_write(name: &str, k: &RpaKernel) -> Result<Kernel, VerifyError> {
     let vt = b.load(values, src(tok), 0.0);
     b.store(kv_pages, at(v_head), vt);
     b.finish()
-}
-
-/// `ceil(a / d)` for i32 `a >= 0`, `d > 0`.
-fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Value {
-    let t = b.add(a, d);
-    let t = b.sub(t, c1);
-    b.div(t, d)
 }
 
 /// The class rule, on the host: a sequence of `tokens` new tokens, `group` query heads per
