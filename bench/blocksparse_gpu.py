@@ -31,6 +31,12 @@ Columns are times (µs) and TFLOP/s counted over the visible (row, key) pairs on
 * **dense**: ejc's flash forward (`full`, no mask) at the same size; `per_block` is ejc's
   throughput per visited key block against it (the issue's goal: ≥ 0.9), the visited blocks
   counted at ejc's chosen tiling.
+
+With `--backward`, BS_BUILD holds `specs/blocksparse_bwd.yaml`'s artifacts and every column is a
+backward (dq, dk, dv from the same dout), counted as 2.5 forwards (10·B·H·D·pairs, FlashAttention's
+convention): ejc's plan (`ejc_us`: preprocess, dK/dV and dQ, the layout and its transpose built, as
+FlexAttention's `BlockMask` holds both; `ejc_total_us` with them); FlexAttention's compiled backward
+(`torch.autograd.grad` of its output); FA4's and cuDNN's backward where they have the pattern.
 """
 import argparse
 import json
@@ -116,6 +122,16 @@ def parse_config(text):
     return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if "=" in kv)}
 
 
+def time_bwd(fwd, q, k, v, dout):
+    """The backward alone (µs, median): the forward run once with gradients, then
+    `torch.autograd.grad` of its output against dout timed with the graph kept."""
+    qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+    out = fwd(qg, kg, vg)
+    f = lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)  # noqa: E731
+    f()
+    return do_bench(f, warmup=10, rep=60, return_mode="median") * 1e3
+
+
 def load_fa4():
     try:
         from flash_attn.cute import flash_attn_func
@@ -134,6 +150,7 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rows", default="quick", choices=["quick", "all"])
     ap.add_argument("--patterns", default=",".join(PATTERNS))
+    ap.add_argument("--backward", action="store_true", help="time backwards (BS_BUILD: specs/blocksparse_bwd.yaml)")
     args = ap.parse_args()
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     import torch._dynamo
@@ -151,9 +168,10 @@ def main():
         q = torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16)
         k = torch.randn_like(q)
         v = torch.randn_like(q)
+        dout = torch.randn_like(q)
         scale = 1 / math.sqrt(d)
         dense = None
-        if args.flash:
+        if args.flash and not args.backward:
             best = ejc_bench(args, args.flash, "full", f"batch={b},seq_q={s},seq_k={s},heads_q={h},heads_kv={h},head_dim={d}")
             dense = best["ms"] * 1e3 if best else None
         torch.cuda.empty_cache()
@@ -172,10 +190,13 @@ def main():
                 lm = best.get("launch_ms") or []
                 if len(lm) == 2:
                     rec.update(ejc_layout_us=lm[0] * 1e3, ejc_us=lm[1] * 1e3)
+                elif args.backward and len(lm) >= 5:
+                    # layout, layout_t, then preprocess, dkdv, dq.
+                    rec.update(ejc_layout_us=(lm[0] + lm[1]) * 1e3, ejc_us=sum(lm[2:]) * 1e3)
             cfg = parse_config(best["config"]) if best else {}
             bm, bn = cfg.get("block_m", 128), cfg.get("block_n", 128)
             pairs, frac = visible_stats(fn, s, bm, bn)
-            rec.update(pairs=pairs, visited=frac, flops=4.0 * b * h * d * pairs)
+            rec.update(pairs=pairs, visited=frac, flops=(10.0 if args.backward else 4.0) * b * h * d * pairs)
             # FlexAttention, the same mask.
             try:
                 mm = lambda bb, hh, qi, ki: fn(qi, ki)  # noqa: E731
@@ -187,9 +208,13 @@ def main():
                 t1.record()
                 torch.cuda.synchronize()
                 rec["flex_mask_us"] = t0.elapsed_time(t1) * 1e3
-                want = flex(q, k, v, block_mask=bmask, scale=scale)
-                rec["flex_us"] = do_bench(lambda: flex(q, k, v, block_mask=bmask, scale=scale), warmup=10, rep=60,
-                                          return_mode="median") * 1e3
+                if args.backward:
+                    rec["flex_us"] = time_bwd(lambda a, b_, c: flex(a, b_, c, block_mask=bmask, scale=scale), q, k, v, dout)
+                    want = None
+                else:
+                    want = flex(q, k, v, block_mask=bmask, scale=scale)
+                    rec["flex_us"] = do_bench(lambda: flex(q, k, v, block_mask=bmask, scale=scale), warmup=10, rep=60,
+                                              return_mode="median") * 1e3
             except Exception as e:  # noqa: BLE001 - an anchor that fails leaves its column empty
                 print(f"  flex: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 want = None
@@ -199,20 +224,31 @@ def main():
                     kw["window_size"] = (256, 0)
                 qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
                 try:
+                    if args.backward:
+                        dt = dout.transpose(1, 2).contiguous()
+                        first = lambda a, b_, c: (lambda r: r[0] if isinstance(r, tuple) else r)(fa4(a, b_, c, **kw))  # noqa: E731
+                        rec["fa4_us"] = time_bwd(first, qt, kt, vt, dt)
+                        raise StopIteration
                     res = fa4(qt, kt, vt, **kw)
                     fo = (res[0] if isinstance(res, tuple) else res).transpose(1, 2)
                     if want is not None:
                         rec["fa4_err"] = ((fo.float() - want.float()).norm() / want.float().norm()).item()
                     rec["fa4_us"] = do_bench(lambda: fa4(qt, kt, vt, **kw), warmup=10, rep=60, return_mode="median") * 1e3
+                except StopIteration:
+                    pass
                 except Exception as e:  # noqa: BLE001
                     print(f"  fa4: {type(e).__name__}: {str(e)[:300]}", flush=True)
             if pattern == "causal":
                 try:
                     from torch.nn.attention import SDPBackend, sdpa_kernel
                     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                        f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # noqa: E731
-                        f()
-                        rec["cudnn_us"] = do_bench(f, warmup=10, rep=60, return_mode="median") * 1e3
+                        sdpa = lambda a, b_, c: torch.nn.functional.scaled_dot_product_attention(a, b_, c, is_causal=True, scale=scale)  # noqa: E731
+                        if args.backward:
+                            rec["cudnn_us"] = time_bwd(sdpa, q, k, v, dout)
+                        else:
+                            f = lambda: sdpa(q, k, v)  # noqa: E731
+                            f()
+                            rec["cudnn_us"] = do_bench(f, warmup=10, rep=60, return_mode="median") * 1e3
                 except Exception as e:  # noqa: BLE001
                     print(f"  cudnn: {type(e).__name__}: {str(e)[:200]}", flush=True)
             tf = {x: rec["flops"] / rec[f"{x}_us"] / 1e6 for x in ("ejc", "flex", "fa4", "cudnn") if rec.get(f"{x}_us")}

@@ -27,7 +27,7 @@
 #                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
 #   bash scripts/gpu_prepare.sh --rpa      # ragged_page_attention v2 and v3: their check sets (PTX, MLIR) and the bench set
 #                                          # (gpu_run.sh --rpa, then --rpa-bench; FA4's halves as for --paged)
-#   bash scripts/gpu_prepare.sh --bs       # blocksparse_attention: the check set (every variant; bf16 d128 on sm_90a and
+#   bash scripts/gpu_prepare.sh --bs       # blocksparse_attention and its backward: the check sets (every variant; bf16 d128 on sm_90a and
 #                                          # sm_80, f16 d64 on both; MLIR's gpu form) and the bench set (bf16, d64/d128,
 #                                          # sm_90a, the Hopper paths) with flash's dense `full` beside it
 #                                          # (gpu_run.sh --bs, then --bs-bench; FA4's halves as for --paged)
@@ -162,6 +162,13 @@ if [ "${1:-}" = "--bs" ]; then
     $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype f16 --head-dim 64 \
         -o .gpu/bs16 --report --drop-spilling > .gpu/bs16_ptxas.txt
     $EJC build specs/blocksparse.yaml -q --target mlir:gpu --dtype bf16 --head-dim 64 -o .gpu/bs_mlir
+    # The backward (specs/blocksparse_bwd.yaml), the same sets. Its one tiling's dK/dV kernel
+    # spills at d = 128 on every path, so these keep spilling entries (checked, not tuned).
+    $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --head-dim 128 \
+        -o .gpu/bsb --report > .gpu/bsb_ptxas.txt
+    $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype f16 --head-dim 64 \
+        -o .gpu/bsb16 --report --drop-spilling > .gpu/bsb16_ptxas.txt
+    $EJC build specs/blocksparse_bwd.yaml -q --target mlir:gpu --dtype bf16 --head-dim 64 -o .gpu/bsb_mlir
     # The bench set (bench/blocksparse_gpu.py's patterns) on the Hopper paths, and flash's dense
     # forward at the same sizes.
     $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 64 --head-dim 128 \
@@ -169,9 +176,13 @@ if [ "${1:-}" = "--bs" ]; then
         --path wgmma --path ws -o .gpu/bs_bench --report --drop-spilling > .gpu/bs_bench_ptxas.txt
     $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 64 --head-dim 128 \
         --path wgmma --path ws -o .gpu/bs_dense --report --drop-spilling > .gpu/bs_dense_ptxas.txt
-    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bs bs16 bs_mlir
-    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/bs_bench.tar.xz bs_bench bs_dense
-    rm -rf .gpu/bs .gpu/bs16 .gpu/bs_mlir .gpu/bs_bench .gpu/bs_dense
+    # The backward's bench set (bench/blocksparse_gpu.py --backward).
+    $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 64 --head-dim 128 \
+        --variant causal --variant sliding_window --variant chunked --variant document --variant strided \
+        --path wgmma --path ws -o .gpu/bsb_bench --report > .gpu/bsb_bench_ptxas.txt
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bs bs16 bs_mlir bsb bsb16 bsb_mlir
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/bs_bench.tar.xz bs_bench bs_dense bsb_bench
+    rm -rf .gpu/bs .gpu/bs16 .gpu/bs_mlir .gpu/bs_bench .gpu/bs_dense .gpu/bsb .gpu/bsb16 .gpu/bsb_mlir .gpu/bsb_bench
     du -sh .gpu/*
     exit 0
 fi

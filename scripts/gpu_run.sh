@@ -403,6 +403,14 @@ if [ "${1:-}" = "--bs" ]; then
     memcheck bs16 "blocksparse_array_mask_f16_d64_m64_n64@ptx:sm_80/w4_s2" || status=1
     racecheck bs "blocksparse_strided_bf16_d128_m128_n64@ptx:sm_90a/w8_s2_wgmma_ws" || status=1
     tune_then_call bs batch=2,heads_q=8,heads_kv=2,seq_q=3000,seq_k=3000,head_dim=128 document || status=1
+    # The backward: every artifact, a memcheck sample per arch (the dkdv filter names the plan's
+    # label: layout, layout_t, preprocess, dkdv, dq), a racecheck of the warp-specialised path.
+    check_set bsb || status=1
+    check_set bsb16 || status=1
+    check_set bsb_mlir || status=1
+    memcheck bsb "blocksparse_bwd_document_bf16_d128_dkdv_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    memcheck bsb16 "blocksparse_bwd_array_mask_f16_d64_dkdv_m64_n64@ptx:sm_80/w4_s2" || status=1
+    racecheck bsb "blocksparse_bwd_strided_bf16_d128_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     exit $status
 fi
 if [ "${1:-}" = "--bs-bench-check" ]; then
@@ -410,6 +418,7 @@ if [ "${1:-}" = "--bs-bench-check" ]; then
     # half to /tmp, and the bench set itself checked against the reference.
     [ -f .anchors/fa4/part-aa ] && cp .anchors/fa4/part-aa /tmp/
     check_set bs_bench || status=1
+    check_set bsb_bench || status=1
     exit $status
 fi
 if [ "${1:-}" = "--bs-bench" ]; then
@@ -417,6 +426,9 @@ if [ "${1:-}" = "--bs-bench" ]; then
     timeout 560 python3 bench/blocksparse_gpu.py /tmp/ejc-art/bs_bench --flash /tmp/ejc-art/bs_dense \
         --json "$OUT/blocksparse.json" --reps "${EJC_BENCH_REPS:-20}" --rows "${EJC_BS_ROWS:-quick}" \
         2>&1 | tee "$OUT/blocksparse.txt" || status=1
+    [ "${EJC_BS_BWD:-1}" = 1 ] && { timeout 560 python3 bench/blocksparse_gpu.py /tmp/ejc-art/bsb_bench --backward \
+        --json "$OUT/blocksparse_bwd.json" --reps "${EJC_BENCH_REPS:-20}" --rows "${EJC_BS_ROWS:-quick}" \
+        2>&1 | tee "$OUT/blocksparse_bwd.txt" || status=1; }
     exit $status
 fi
 if [ "${1:-}" = "--rpa" ]; then

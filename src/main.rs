@@ -21,6 +21,7 @@ Examples:
   ejc run specs/mean_pooling.yaml --backend cpu --size batch=2,seq=300,chunk_size=32
   ejc run specs/page_attention.yaml --backend cpu --size num_seqs=8,page_size=16,max_context=1000
   ejc run specs/blocksparse.yaml --backend cpu --variant document --size seq_q=1000,seq_k=1000
+  ejc run specs/blocksparse_bwd.yaml --backend cpu --variant strided --size seq_q=500,seq_k=500
   ejc bench specs/flash.yaml --variant causal --dtype f32 --shape 1,2048,2048,8,8,128
   ejc tune specs/flash.yaml --variant causal --dtype bf16 --size batch=1,seq_q=2048,seq_k=2048,heads_q=8,heads_kv=8,head_dim=128
   ejc cache ls                               what this machine's tuning cache holds
@@ -36,7 +37,7 @@ rest keep their defaults) or positionally, in this order, as --shape N,N,... (th
   ragged_page_attention, ragged_page_attention_v3
                      num_seqs, heads_q, heads_kv, head_dim, page_size, max_context,
                      max_q_len[, num_pages, min_context, prefill_seqs]
-  blocksparse_attention
+  blocksparse_attention (and _bwd)
                      batch, heads_q, heads_kv, seq_q, seq_k, head_dim[, head_dim_v,
                      doc_len, mask_heads]
 (head_dim_v: where v's head dim differs from q's.)

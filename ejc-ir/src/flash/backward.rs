@@ -832,36 +832,56 @@ fn dkdv(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value, with_dq: 
 /// One (head, sink): `dsinks[h, t] = −Σ exp(sink − lse) · delta` over every query row
 /// of every sequence (varlen: the packed rows up to `cu_seqlens_q[num_seqs]`).
 fn dsinks(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
+    let c1 = k.c1;
+    let rows = |b: &mut KernelBuilder| {
+        k.f.varlen.then(|| {
+            let cu_q = param("cu_seqlens_q");
+            let n = b.dim(cu_q, 0);
+            let last = b.sub(n, c1);
+            b.load(cu_q, vec![Axis::Index(last)], 0.0)
+        })
+    };
+    let tensors = [param("lse"), param("delta"), param("sinks"), param("dsinks")];
+    dsinks_sum(b, tensors, (k.c0, k.c1, k.log2e), k.bm, &rows);
+}
+
+/// The dsinks kernel's body, program ids (head, sink): `dsinks[h, t] = −Σ exp(sink −
+/// lse) · delta` over rows `[0, rows)` (`rows` computes it, or `None`: `lse`'s last
+/// axis) of every batch entry of `lse` / `delta` `[B, H, S]`, `bm` rows at a time; a row
+/// whose `lse` is −∞ adds 0. `consts` are i32 0 and 1 and f32 log2(e). Shared by every
+/// attention backward with sinks.
+pub(crate) fn dsinks_sum(
+    b: &mut KernelBuilder,
+    [lse, delta, sinks, dsinks]: [Value; 4],
+    (c0, c1, log2e): (Value, Value, Value),
+    bm: usize,
+    rows: &dyn Fn(&mut KernelBuilder) -> Option<Value>,
+) {
     let head = b.program_id(0);
     let sink_t = b.program_id(1);
-    let (lse, delta) = (param("lse"), param("delta"));
-    let sink = b.load(param("sinks"), vec![Axis::Index(head), Axis::Index(sink_t)], 0.0);
-    let sink2 = b.mul(sink, k.log2e);
+    let sink = b.load(sinks, vec![Axis::Index(head), Axis::Index(sink_t)], 0.0);
+    let sink2 = b.mul(sink, log2e);
     let batches = b.dim(lse, 0);
-    let rows = if k.f.varlen {
-        let cu_q = param("cu_seqlens_q");
-        let n = b.dim(cu_q, 0);
-        let last = b.sub(n, k.c1);
-        b.load(cu_q, vec![Axis::Index(last)], 0.0)
-    } else {
-        b.dim(lse, 2)
+    let rows = match rows(b) {
+        Some(r) => r,
+        None => b.dim(lse, 2),
     };
-    let bmc = b.const_i32(k.bm as i64);
-    let q_blocks = cdiv(b, rows, bmc, k.c1);
+    let bmc = b.const_i32(bm as i64);
+    let q_blocks = cdiv(b, rows, bmc, c1);
     let trips = b.mul(batches, q_blocks);
-    let acc = b.full(0.0, DType::F32, &[k.bm]);
-    let r = b.for_loop(k.c0, trips, k.c1, &[acc], |b, t, carried| {
+    let acc = b.full(0.0, DType::F32, &[bm]);
+    let r = b.for_loop(c0, trips, c1, &[acc], |b, t, carried| {
         let bi = b.div(t, q_blocks);
         let blk = b.binary(BinOp::Rem, t, q_blocks);
         let i0 = b.mul(blk, bmc);
-        let at = vec![Axis::Index(bi), Axis::Index(head), Axis::Range { start: i0, size: k.bm, limit: Some(rows) }];
+        let at = vec![Axis::Index(bi), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: Some(rows) }];
         let l = b.load(lse, at.clone(), f64::INFINITY);
         let dl = b.load(delta, at, 0.0);
-        let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[k.bm]);
-        let pos_inf = b.full(f64::INFINITY, DType::F32, &[k.bm]);
+        let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
+        let pos_inf = b.full(f64::INFINITY, DType::F32, &[bm]);
         let empty = b.cmp(CmpPred::Eq, l, neg_inf);
         let l = b.select(empty, pos_inf, l);
-        let l2 = b.mul(l, k.log2e);
+        let l2 = b.mul(l, log2e);
         let x = b.sub(sink2, l2);
         let p = b.unary(UnOp::Exp2, x);
         let w = b.mul(p, dl);
@@ -870,7 +890,7 @@ fn dsinks(b: &mut KernelBuilder, k: &Ctx, param: &dyn Fn(&str) -> Value) {
     let total = b.reduce(ReduceOp::Sum, r[0], 0);
     let zero = b.const_f32(0.0);
     let neg = b.sub(zero, total);
-    b.store(param("dsinks"), vec![Axis::Index(head), Axis::Index(sink_t)], neg);
+    b.store(dsinks, vec![Axis::Index(head), Axis::Index(sink_t)], neg);
 }
 
 /// The backward on the interpreter: a plan's `kernels` by role (those the variant has:

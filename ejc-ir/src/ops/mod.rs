@@ -3,7 +3,7 @@
 //!
 //! ```
 //! let names: Vec<&str> = ejc_ir::ops::all().iter().map(|o| o.name()).collect();
-//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention", "ragged_page_attention", "ragged_page_attention_v3", "blocksparse_attention"]);
+//! assert_eq!(names, ["flash_attention_fwd", "flash_attention_bwd", "mean_pooling", "page_attention", "ragged_decode_attention", "ragged_page_attention", "ragged_page_attention_v3", "blocksparse_attention", "blocksparse_attention_bwd"]);
 //! ```
 
 use crate::op::Operation;
@@ -25,6 +25,7 @@ pub fn all() -> &'static [&'static dyn Operation] {
         &ragged_paged::op::RaggedPaged,
         &ragged_paged::op_v3::RaggedPagedV3,
         &blocksparse::op::BlockSparse,
+        &blocksparse::op_bwd::BlockSparseBwd,
     ]
 }
 

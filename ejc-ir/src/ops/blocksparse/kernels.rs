@@ -92,18 +92,18 @@ pub const LAYOUT_TENSORS: [(&str, usize); 2] = [("block_count", 4), ("block_idx"
 /// The tile IR of one kernel (verified), named `name`.
 pub fn build(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     match k.role {
-        Role::Layout => build_layout(name, k),
+        Role::Layout => build_layout(name, k, false),
         Role::Main => build_main(name, k),
     }
 }
 
 /// The mask's data-dependent inputs, declared in ABI order.
-struct MaskInputs {
-    segment_ids: Option<(Value, Value)>,
-    attention_mask: Option<Value>,
+pub(super) struct MaskInputs {
+    pub(super) segment_ids: Option<(Value, Value)>,
+    pub(super) attention_mask: Option<Value>,
 }
 
-fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
+pub(super) fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
     let segment_ids = f.segment_ids.then(|| {
         let q = b.param("q_segment_ids", Type::Tensor(DType::I32, 2));
         let k = b.param("kv_segment_ids", Type::Tensor(DType::I32, 2));
@@ -119,12 +119,12 @@ fn layout_params(b: &mut KernelBuilder) -> [Value; 2] {
 
 /// The rows of a query block and what of them is loop-invariant for the mask: row
 /// indices `[bm, 1]`, and the query segment ids with their validity.
-struct RowMask {
-    q_idx: Value,
-    q_seg: Option<(Value, Value)>,
+pub(super) struct RowMask {
+    pub(super) q_idx: Value,
+    pub(super) q_seg: Option<(Value, Value)>,
 }
 
-fn row_mask(b: &mut KernelBuilder, m: &MaskInputs, batch: Value, i0: Value, bm: usize) -> RowMask {
+pub(super) fn row_mask(b: &mut KernelBuilder, m: &MaskInputs, batch: Value, i0: Value, bm: usize) -> RowMask {
     let r = b.arange(bm);
     let r = b.add(r, i0);
     let q_idx = b.expand_dims(r, 1);
@@ -141,7 +141,7 @@ fn row_mask(b: &mut KernelBuilder, m: &MaskInputs, batch: Value, i0: Value, bm: 
 /// Which keys of block `[j0, j0 + bn)` each row sees: `[bm, bn]` i1, keys past `seq_k`
 /// hidden, every condition of the variant applied.
 #[allow(clippy::too_many_arguments)]
-fn block_visibility(
+pub(super) fn block_visibility(
     b: &mut KernelBuilder,
     f: &BsFeatures,
     m: &MaskInputs,
@@ -175,13 +175,17 @@ fn block_visibility(
     vis
 }
 
-/// The layout builder: see the module's docs.
-fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
+/// The layout builder: see the module's docs. With `classes` (the backward's layout) it
+/// also writes each visited block's kind to `block_class[lb, lh, qb, kb]` (2 full, 1
+/// partial, 0 skipped; the blocks it does not visit keep the temporary's zero fill), from
+/// which the backward transposes the lists.
+pub(super) fn build_layout(name: &str, k: &BsKernel, classes: bool) -> Result<Kernel, VerifyError> {
     let f = &k.features;
     let (bm, bn) = (k.block_m, k.block_n);
     let mut b = KernelBuilder::new(name);
     let m = mask_inputs(&mut b, f);
     let [block_count, block_idx] = layout_params(&mut b);
+    let block_class = classes.then(|| b.param("block_class", Type::Tensor(DType::I32, 4)));
     let seq_q = b.param("seq_q", Type::Scalar(DType::I32));
     let seq_k = b.param("seq_k", Type::Scalar(DType::I32));
     b.set_grid([
@@ -254,6 +258,14 @@ fn build_layout(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
         let back = b.sub(last_slot, back);
         b.store(block_idx, at(front).to_vec(), id);
         b.store(block_idx, at(back).to_vec(), id);
+        if let Some(bc) = block_class {
+            let two = b.const_f32(2.0);
+            let class = b.mul(all, two);
+            let class = b.add(class, part);
+            let class = b.cast(class, DType::I32);
+            let class = b.splat(class, &[1]);
+            b.store(bc, at(kb).to_vec(), class);
+        }
         let nf = b.add(nf, all);
         let np = b.add(np, part);
         vec![nf, np]

@@ -8,8 +8,14 @@
 //!
 //! The plan `layout` builds the layout on the device (a kernel per query block) and then
 //! runs attention over it. Semantics: docs/semantics.md, "Block-sparse attention".
+//!
+//! The backward (`blocksparse_attention_bwd`, [`op_bwd`], kernels in [`backward`]) builds
+//! the same layout and its transpose (per key block, the query blocks that see it) and
+//! runs FlashAttention-2's deterministic plan over them.
 
+pub mod backward;
 pub mod kernels;
 pub mod mask;
 pub mod op;
+pub mod op_bwd;
 pub mod reference;

@@ -91,7 +91,7 @@ impl BsFeatures {
     }
 }
 
-fn features(f: &op::Features) -> Result<BsFeatures, String> {
+pub(super) fn features(f: &op::Features) -> Result<BsFeatures, String> {
     BsFeatures::from_json(f)
 }
 
@@ -99,7 +99,7 @@ fn block_check(v: i64) -> Option<&'static str> {
     (![16, 32, 64, 128].contains(&v)).then_some("unsupported block size")
 }
 
-const AXES: &[AxisDecl] = &[
+pub(super) const AXES: &[AxisDecl] = &[
     AxisDecl {
         name: "block_m",
         kind: AxisKind::Tile,
@@ -170,7 +170,7 @@ const DIMS: &[DimDecl] = &[
     },
 ];
 
-fn shape_of(dims: &Sizes) -> Result<BsShape, String> {
+pub(super) fn shape_of(dims: &Sizes) -> Result<BsShape, String> {
     let g = |k: &str| -> Result<usize, String> {
         dims.get(k).map(|v| (*v).max(0) as usize).ok_or_else(|| format!("size `{k}` is missing"))
     };
@@ -209,7 +209,7 @@ fn dims_of(s: &BsShape) -> Sizes {
     ])
 }
 
-fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
+pub(super) fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
     let need = |n: &str| call.tensors.get(n).cloned().ok_or_else(|| format!("the call has no `{n}`"));
     let opt = |n: &str| call.tensors.get(n).cloned();
     Ok(BsInputs {
@@ -223,7 +223,7 @@ fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
     })
 }
 
-fn expect_shape(call: &dyn CallView, name: &str, want: &[usize], dtype: DType) -> Result<(), String> {
+pub(super) fn expect_shape(call: &dyn CallView, name: &str, want: &[usize], dtype: DType) -> Result<(), String> {
     let t = call.tensor(name).ok_or_else(|| format!("argument `{name}` is missing"))?;
     if t.dtype != dtype {
         return Err(format!("argument `{name}` has dtype {}, the kernel takes {dtype}", t.dtype));

@@ -297,3 +297,100 @@ pub fn reference(
     }
     Ok((out, lse))
 }
+
+/// The gradients of the backward (`blocksparse_attention_bwd`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BsGrads {
+    /// `[B, H, Sq, D]`, the query's dtype.
+    pub dq: HostTensor,
+    /// `[B, KVH, Sk, D]`: summed over each KV head's group of query heads.
+    pub dk: HostTensor,
+    /// `[B, KVH, Sk, Dv]`.
+    pub dv: HostTensor,
+    /// `[H, n]` f32, for sinks variants.
+    pub dsinks: Option<HostTensor>,
+}
+
+/// The gradients of `L = Σ dout ∘ out` (docs/semantics.md, "Block-sparse attention",
+/// its backward) with respect to the query, key, value (and sinks), in f64 from the
+/// inputs alone: `P` and `delta = Σ_j P dP` are recomputed exactly (a kernel reads the
+/// forward's rounded `lse` and `out` instead). A row that sees nothing contributes 0.
+pub fn reference_bwd(
+    f: &BsFeatures,
+    x: &BsInputs,
+    scale: f64,
+    soft_cap: Option<f64>,
+    dout: &HostTensor,
+) -> Result<BsGrads, String> {
+    let (q, k, v) = (&x.query, &x.key, &x.value);
+    let (out, _) = reference(f, x, scale, soft_cap)?;
+    if dout.shape != out.shape {
+        return Err(format!("dout has shape {:?}, the output {:?}", dout.shape, out.shape));
+    }
+    let (b, h, sq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (kvh, sk, dv) = (k.shape[1], k.shape[2], v.shape[3]);
+    let group = h / kvh;
+    let n_sinks = x.sinks.as_ref().map_or(0, |s| s.shape[1]);
+    let mut dq = vec![0.0; b * h * sq * d];
+    let mut dk = vec![0.0; b * kvh * sk * d];
+    let mut dvv = vec![0.0; b * kvh * sk * dv];
+    let mut ds_sinks = vec![0.0; h * n_sinks];
+    for bi in 0..b {
+        for hq in 0..h {
+            let g = hq / group;
+            let sinks: Vec<f64> = (0..n_sinks).map(|t| x.sinks.as_ref().unwrap().get(&[hq, t])).collect();
+            for i in 0..sq {
+                // (key, capped logit, d capped / d scaled logit)
+                let logits: Vec<(usize, f64, f64)> = (0..sk)
+                    .filter(|&j| visible(f, x, bi, hq, i, j))
+                    .map(|j| {
+                        let dot: f64 = (0..d).map(|c| q.get(&[bi, hq, i, c]) * k.get(&[bi, g, j, c])).sum();
+                        let s = dot * scale;
+                        match soft_cap {
+                            Some(cap) => {
+                                let t = (s / cap).tanh();
+                                (j, cap * t, 1.0 - t * t)
+                            }
+                            None => (j, s, 1.0),
+                        }
+                    })
+                    .collect();
+                let m = logits.iter().map(|l| l.1).chain(sinks.iter().copied()).fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue;
+                }
+                let z: f64 = logits.iter().map(|l| l.1).chain(sinks.iter().copied()).map(|s| (s - m).exp()).sum();
+                let go: Vec<f64> = (0..dv).map(|c| dout.get(&[bi, hq, i, c])).collect();
+                // P, dP = dout · v_j, and delta = Σ_j P dP.
+                let pd: Vec<(f64, f64)> = logits
+                    .iter()
+                    .map(|&(j, s, _)| {
+                        let p = (s - m).exp() / z;
+                        let dp: f64 = (0..dv).map(|c| go[c] * v.get(&[bi, g, j, c])).sum();
+                        (p, dp)
+                    })
+                    .collect();
+                let delta: f64 = pd.iter().map(|(p, dp)| p * dp).sum();
+                for (t, s) in sinks.iter().enumerate() {
+                    ds_sinks[hq * n_sinks + t] -= (s - m).exp() / z * delta;
+                }
+                for (&(j, _, cap_grad), &(p, dp)) in logits.iter().zip(&pd) {
+                    let ds = p * (dp - delta) * cap_grad * scale;
+                    for c in 0..d {
+                        dq[((bi * h + hq) * sq + i) * d + c] += ds * k.get(&[bi, g, j, c]);
+                        dk[((bi * kvh + g) * sk + j) * d + c] += ds * q.get(&[bi, hq, i, c]);
+                    }
+                    for (c, gc) in go.iter().enumerate() {
+                        dvv[((bi * kvh + g) * sk + j) * dv + c] += p * gc;
+                    }
+                }
+            }
+        }
+    }
+    Ok(BsGrads {
+        dq: HostTensor::from_vec(q.dtype, &[b, h, sq, d], dq),
+        dk: HostTensor::from_vec(k.dtype, &[b, kvh, sk, d], dk),
+        dv: HostTensor::from_vec(v.dtype, &[b, kvh, sk, dv], dvv),
+        dsinks: x.sinks.as_ref().map(|_| HostTensor::from_vec(DType::F32, &[h, n_sinks], ds_sinks)),
+    })
+}
