@@ -14,12 +14,11 @@ use std::collections::BTreeMap;
 
 use common::seed;
 use ejc_ir::manifest::Launch;
-use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, KernelInstance, Operation, PlanDecl};
+use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, Operation, PlanDecl};
 use ejc_ir::ops::blocksparse::mask::MaskExpr;
 use ejc_ir::ops::blocksparse::reference::{
     random_inputs, reference, reference_bwd, visible, BsFeatures, BsGrads, BsInputs, BsShape,
 };
-use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{self, Spec, Variant};
 use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
@@ -46,19 +45,7 @@ fn tile(bm: u32, bn: u32) -> Config {
 
 /// The plan's kernels of `variant` at a tiling, after the pass pipeline.
 fn kernels(spec: &Spec, variant: &Variant, dtype: DType, bm: u32, bn: u32) -> BTreeMap<String, ejc_ir::ir::Kernel> {
-    let plan = &op().plans(spec, &variant.features)[0];
-    let mut out = BTreeMap::new();
-    for role in &plan.roles {
-        let mut t = Config::new();
-        for a in &role.tile_axes {
-            t.insert(a.to_string(), tile(bm, bn)[*a]);
-        }
-        let mut k = KernelInstance { id: String::new(), variant, dtype, keys: keys(), role: role.name, tile: t };
-        k.id = op().kernel_id(&spec.name, &k);
-        let built = op().build(spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
-        out.insert(role.name.to_string(), run_pipeline(&built, &default_pipeline()).unwrap());
-    }
-    out
+    common::plan_kernels_at(op(), spec, variant, dtype, &keys(), (bm, bn))
 }
 
 /// Every variant, f32 and bf16, two tilings, every awkward case: the plan against the

@@ -421,16 +421,30 @@ impl<'f> Ctx<'f> {
     fn row_stats(&self, b: &mut KernelBuilder, lse: Value, delta: Value, head: Value, i0: Value) -> (Value, Value) {
         let bm = self.bm;
         let r = self.rows(self.q_start, i0, b, bm, self.q_end);
-        let at = |r: Axis| vec![Axis::Index(self.tensor_batch), Axis::Index(head), r];
-        let l = b.load(lse, at(r), f64::INFINITY);
-        let dl = b.load(delta, at(r), 0.0);
-        let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
-        let pos_inf = b.full(f64::INFINITY, DType::F32, &[bm]);
-        let empty = b.cmp(CmpPred::Eq, l, neg_inf);
-        let l = b.select(empty, pos_inf, l);
-        let l = b.mul(l, self.log2e);
-        (b.expand_dims(l, 1), b.expand_dims(dl, 1))
+        let at = vec![Axis::Index(self.tensor_batch), Axis::Index(head), r];
+        row_stats_at(b, (lse, delta), at, bm, self.log2e)
     }
+}
+
+/// `lse` and `delta` of `bm` query rows at `at` (an `[.., .., rows]` index of both):
+/// `lse` in the exp2 domain, read as +∞ where it is −∞ (a row that saw nothing) or past
+/// the rows, so that its `P` is 0; both as `[bm, 1]` columns. Shared by every attention
+/// backward.
+pub(crate) fn row_stats_at(
+    b: &mut KernelBuilder,
+    (lse, delta): (Value, Value),
+    at: Vec<Axis>,
+    bm: usize,
+    log2e: Value,
+) -> (Value, Value) {
+    let l = b.load(lse, at.clone(), f64::INFINITY);
+    let dl = b.load(delta, at, 0.0);
+    let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
+    let pos_inf = b.full(f64::INFINITY, DType::F32, &[bm]);
+    let empty = b.cmp(CmpPred::Eq, l, neg_inf);
+    let l = b.select(empty, pos_inf, l);
+    let l = b.mul(l, log2e);
+    (b.expand_dims(l, 1), b.expand_dims(dl, 1))
 }
 
 /// The visible band around the (bottom-right) diagonal, `j − i − shift ∈ [−left, right]`:

@@ -216,3 +216,30 @@ pub fn assert_same_semantics(
     }
     totals
 }
+
+/// The kernels of `op`'s first plan for `variant` at the tiling `(block_m, block_n)` (each
+/// role takes the tile axes it declares), after the pass pipeline, by role.
+pub fn plan_kernels_at(
+    op: &dyn ejc_ir::op::Operation,
+    spec: &ejc_ir::spec::Spec,
+    variant: &ejc_ir::spec::Variant,
+    dtype: DType,
+    keys: &ejc_ir::op::Keys,
+    (bm, bn): (u32, u32),
+) -> std::collections::BTreeMap<String, Kernel> {
+    use ejc_ir::passes::{default_pipeline, run_pipeline};
+    let plan = &op.plans(spec, &variant.features)[0];
+    let mut out = std::collections::BTreeMap::new();
+    for role in &plan.roles {
+        let mut tile = ejc_ir::op::Config::new();
+        for a in &role.tile_axes {
+            tile.insert(a.to_string(), if *a == "block_m" { bm } else { bn });
+        }
+        let mut k =
+            ejc_ir::op::KernelInstance { id: String::new(), variant, dtype, keys: keys.clone(), role: role.name, tile };
+        k.id = op.kernel_id(&spec.name, &k);
+        let built = op.build(spec, &k).unwrap_or_else(|e| panic!("{}: {e}", k.id));
+        out.insert(role.name.to_string(), run_pipeline(&built, &default_pipeline()).unwrap());
+    }
+    out
+}

@@ -286,18 +286,11 @@ fn declare(
 }
 
 impl Scores {
-    /// `lse` (read as +∞ where it is −∞ or past the rows: P = 0) in the exp2 domain and
-    /// `delta`, of `bm` rows from `i0` of `(batch, head)`, as `[bm, 1]` columns.
+    /// `lse` (exp2 domain; +∞ where it is −∞ or past the rows: P = 0) and `delta` of `bm`
+    /// rows from `i0` of `(batch, head)`, as `[bm, 1]` columns.
     fn row_stats(&self, b: &mut KernelBuilder, batch: Value, head: Value, i0: Value, bm: usize) -> (Value, Value) {
         let at = vec![Axis::Index(batch), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: None }];
-        let l = b.load(self.lse, at.clone(), f64::INFINITY);
-        let dl = b.load(self.delta, at, 0.0);
-        let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
-        let pos_inf = b.full(f64::INFINITY, DType::F32, &[bm]);
-        let empty = b.cmp(CmpPred::Eq, l, neg_inf);
-        let l = b.select(empty, pos_inf, l);
-        let l = b.mul(l, self.log2e);
-        (b.expand_dims(l, 1), b.expand_dims(dl, 1))
+        crate::flash::backward::row_stats_at(b, (self.lse, self.delta), at, bm, self.log2e)
     }
 
     /// `n` rows from `r0` of `(batch, head)` of a BHSD tensor, `cols` wide.

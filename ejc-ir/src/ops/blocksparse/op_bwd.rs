@@ -96,6 +96,15 @@ impl BlockSparseBwd {
     }
 }
 
+/// The call's scalars that `scalars` names take its values.
+fn set_scalars(call: &mut HostCall, scalars: &op::Scalars) {
+    for (k, v) in call.scalars.iter_mut() {
+        if let Some(x) = scalars.get(k) {
+            *v = *x;
+        }
+    }
+}
+
 impl Operation for BlockSparseBwd {
     fn name(&self) -> &'static str {
         "blocksparse_attention_bwd"
@@ -294,11 +303,7 @@ impl Operation for BlockSparseBwd {
     ) -> Result<HostCall, String> {
         let mut call = self.random_call(f, dtype, dims, seed)?;
         if scalars.iter().any(|(k, v)| call.scalars.get(k).is_some_and(|w| w != v)) {
-            for (k, v) in call.scalars.iter_mut() {
-                if let Some(x) = scalars.get(k) {
-                    *v = *x;
-                }
-            }
+            set_scalars(&mut call, scalars);
             let ff = features(f)?;
             let x = inputs_of(&call)?;
             let cap = call.scalars.get("logits_soft_cap").copied();
@@ -323,11 +328,7 @@ impl Operation for BlockSparseBwd {
         scalars: &op::Scalars,
     ) -> Result<HostCall, String> {
         let mut call = self.call_of(f, dtype, dims, seed, false)?;
-        for (k, v) in call.scalars.iter_mut() {
-            if let Some(x) = scalars.get(k) {
-                *v = *x;
-            }
-        }
+        set_scalars(&mut call, scalars);
         Ok(call)
     }
 
