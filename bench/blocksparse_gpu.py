@@ -159,6 +159,11 @@ def main():
     for knob in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 1 << 20)
+    if args.backward:
+        # The backward is timed with the graph kept (retain_graph), which a compiled backward
+        # with donated buffers refuses.
+        import torch._functorch.config
+        torch._functorch.config.donated_buffer = False
     flex = torch.compile(flex_attention)
     fa4 = load_fa4()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
@@ -188,6 +193,7 @@ def main():
                 # is prebuilt too); ejc_total_us: the plan, layout and attention, as a call runs it.
                 rec.update(ejc_total_us=best["ms"] * 1e3, ejc_config=best["config"], ejc_artifact=best["artifact"])
                 lm = best.get("launch_ms") or []
+                rec["ejc_launch_us"] = [x * 1e3 for x in lm]
                 if len(lm) == 2:
                     rec.update(ejc_layout_us=lm[0] * 1e3, ejc_us=lm[1] * 1e3)
                 elif args.backward and len(lm) >= 5:

@@ -52,14 +52,16 @@
 #                                        # then tune/call on a serving step (carry .gpu, both packs)
 #   bash scripts/gpu_run.sh --rpa-streams # the classed plans, whose decodes and chunks run on two streams: their
 #                                        # checks (v2, v3, both archs) and memcheck samples; then --rpa-bench
-#   bash scripts/gpu_run.sh --bs         # blocksparse_attention (`gpu_prepare.sh --bs`; carry .gpu/ejc-gpu,
+#   bash scripts/gpu_run.sh --bs         # blocksparse_attention and its backward (`gpu_prepare.sh --bs`; carry .gpu/ejc-gpu,
 #                                        # .gpu/artifacts.tar.xz and .anchors/fa4/part-aa): every artifact checked (PTX
 #                                        # on both archs, MLIR's gpu form), memcheck and racecheck samples, tune/call;
 #                                        # then --bs-bench at once (carry .gpu/ejc-gpu, .gpu/bs_bench.tar.xz,
 #                                        # .anchors/fa4/part-ab, whl): bench/blocksparse_gpu.py against FlexAttention,
 #                                        # FA4, cuDNN and ejc's dense flash (EJC_BS_ROWS=all: the longer grid);
 #                                        # --bs-bench-check (carry the bench pack and part-aa): the bench set's
-#                                        # checks, as call 1 before --bs-bench when the check pack is not rebuilt
+#                                        # checks, as call 1 before --bs-bench when the check pack is not rebuilt;
+#                                        # --bs-bench-bwd (the --bs-bench carry, at once after it): the backward's
+#                                        # bench set checked, then bench/blocksparse_gpu.py --backward
 #   bash scripts/gpu_run.sh --ring       # ring attention (`gpu_prepare.sh --ring`; a kind with 2+ GPUs): the block
 #                                        # artifacts checked, then `ejc-ring check` on 2 and on every GPU (NCCL ranks
 #                                        # vs the one-GPU simulation bit for bit, and vs the f64 reference)
@@ -418,7 +420,6 @@ if [ "${1:-}" = "--bs-bench-check" ]; then
     # half to /tmp, and the bench set itself checked against the reference.
     [ -f .anchors/fa4/part-aa ] && cp .anchors/fa4/part-aa /tmp/
     check_set bs_bench || status=1
-    check_set bsb_bench || status=1
     exit $status
 fi
 if [ "${1:-}" = "--bs-bench" ]; then
@@ -426,9 +427,16 @@ if [ "${1:-}" = "--bs-bench" ]; then
     timeout 560 python3 bench/blocksparse_gpu.py /tmp/ejc-art/bs_bench --flash /tmp/ejc-art/bs_dense \
         --json "$OUT/blocksparse.json" --reps "${EJC_BENCH_REPS:-20}" --rows "${EJC_BS_ROWS:-quick}" \
         2>&1 | tee "$OUT/blocksparse.txt" || status=1
-    [ "${EJC_BS_BWD:-1}" = 1 ] && { timeout 560 python3 bench/blocksparse_gpu.py /tmp/ejc-art/bsb_bench --backward \
+    exit $status
+fi
+if [ "${1:-}" = "--bs-bench-bwd" ]; then
+    # The backward's bench (carry what --bs-bench carries; at once after it, or after --bs-bench-check):
+    # its set checked against the reference, then bench/blocksparse_gpu.py --backward.
+    check_set bsb_bench || status=1
+    source .anchors/fa4/whl/install.sh || echo "fa4: not installed (its column stays empty)"
+    timeout 500 python3 bench/blocksparse_gpu.py /tmp/ejc-art/bsb_bench --backward \
         --json "$OUT/blocksparse_bwd.json" --reps "${EJC_BENCH_REPS:-20}" --rows "${EJC_BS_ROWS:-quick}" \
-        2>&1 | tee "$OUT/blocksparse_bwd.txt" || status=1; }
+        2>&1 | tee "$OUT/blocksparse_bwd.txt" || status=1
     exit $status
 fi
 if [ "${1:-}" = "--rpa" ]; then
