@@ -56,6 +56,8 @@ fn inputs(call: &op::HostCall) -> BsInputs {
         kv_segment_ids: t("kv_segment_ids"),
         attention_mask: t("attention_mask"),
         sinks: t("sinks"),
+        q_positions: t("q_positions"),
+        kv_positions: t("kv_positions"),
     }
 }
 

@@ -174,6 +174,8 @@ fn inputs(call: &op::HostCall) -> BsInputs {
         kv_segment_ids: t("kv_segment_ids"),
         attention_mask: t("attention_mask"),
         sinks: t("sinks"),
+        q_positions: t("q_positions"),
+        kv_positions: t("kv_positions"),
     }
 }
 
@@ -262,7 +264,9 @@ fn the_reference_gradients_match_finite_differences() {
             "window_sinks_softcap",
             BsFeatures { mask: MaskExpr::Local { left: 2, right: 0 }, sinks: true, soft_cap: true, ..base.clone() },
         ),
-        ("causal_offset_sinks", BsFeatures { mask: MaskExpr::Causal { offset: -2 }, sinks: true, ..base }),
+        ("causal_offset_sinks", BsFeatures { mask: MaskExpr::Causal { offset: -2 }, sinks: true, ..base.clone() }),
+        ("positions", BsFeatures { mask: MaskExpr::Local { left: 3, right: 0 }, positions: true, ..base.clone() }),
+        ("document_positions", BsFeatures { segment_ids: true, positions: true, ..base }),
     ];
     let mut checked = 0;
     for (name, f) in cases {
@@ -301,5 +305,5 @@ fn the_reference_gradients_match_finite_differences() {
         // Rows that see nothing give zero dq (never NaN).
         assert!(g.dq.to_vec().iter().all(|v| v.is_finite()), "{name}: dq not finite");
     }
-    assert!(checked > 9 * 500, "{checked} elements checked");
+    assert!(checked > 11 * 500, "{checked} elements checked");
 }

@@ -72,6 +72,8 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ("q_segment_ids", "input: query segment ids [B, Sq], i32; -1 = padding (sees nothing)"),
         ("kv_segment_ids", "input: key segment ids [B, Sk], i32; equal ids attend"),
         ("attention_mask", "input: boolean mask [B, H, Sq, Sk], true = attend (stride 0 on the head axis shares one)"),
+        ("q_positions", "input: query positions [B, Sq], i32 from 0 to 2^30: the mask algebra's q"),
+        ("kv_positions", "input: key positions [B, Sk], i32 from 0 to 2^30: the mask algebra's kv"),
         ("sinks", "input: sink logits [H, n_sinks], f32"),
         ("block_count", "temporary (layout): full and partial key blocks per query block [LB, LH, NQ, 2], i32"),
         (
@@ -101,6 +103,8 @@ pub fn build(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
 pub(super) struct MaskInputs {
     pub(super) segment_ids: Option<(Value, Value)>,
     pub(super) attention_mask: Option<Value>,
+    /// `q_positions`, `kv_positions`.
+    pub(super) positions: Option<(Value, Value)>,
 }
 
 pub(super) fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
@@ -110,7 +114,12 @@ pub(super) fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
         (q, k)
     });
     let attention_mask = f.attention_mask.then(|| b.param("attention_mask", Type::Tensor(DType::I1, 4)));
-    MaskInputs { segment_ids, attention_mask }
+    let positions = f.positions.then(|| {
+        let q = b.param("q_positions", Type::Tensor(DType::I32, 2));
+        let k = b.param("kv_positions", Type::Tensor(DType::I32, 2));
+        (q, k)
+    });
+    MaskInputs { segment_ids, attention_mask, positions }
 }
 
 fn layout_params(b: &mut KernelBuilder) -> [Value; 2] {
@@ -122,6 +131,8 @@ fn layout_params(b: &mut KernelBuilder) -> [Value; 2] {
 pub(super) struct RowMask {
     pub(super) q_idx: Value,
     pub(super) q_seg: Option<(Value, Value)>,
+    /// The rows' positions `[bm, 1]` (the mask algebra's q): `q_idx`, or `q_positions`.
+    pub(super) q_pos: Value,
 }
 
 pub(super) fn row_mask(b: &mut KernelBuilder, m: &MaskInputs, batch: Value, i0: Value, bm: usize) -> RowMask {
@@ -135,7 +146,14 @@ pub(super) fn row_mask(b: &mut KernelBuilder, m: &MaskInputs, batch: Value, i0: 
         let valid = b.cmp(CmpPred::Ne, ids, pad);
         (ids, valid)
     });
-    RowMask { q_idx, q_seg }
+    let q_pos = match m.positions {
+        Some((qp, _)) => {
+            let p = b.load(qp, vec![Axis::Index(batch), Axis::Range { start: i0, size: bm, limit: None }], 0.0);
+            b.expand_dims(p, 1)
+        }
+        None => q_idx,
+    };
+    RowMask { q_idx, q_seg, q_pos }
 }
 
 /// Which keys of block `[j0, j0 + bn)` each row sees: `[bm, bn]` i1, keys past `seq_k`
@@ -156,7 +174,14 @@ pub(super) fn block_visibility(
     let kv_idx = b.expand_dims(c, 0);
     let in_seq = b.cmp(CmpPred::Lt, kv_idx, seq_k);
     let mut vis = b.broadcast(in_seq, &[bm, bn]);
-    if let Some(v) = f.mask.emit(b, rows.q_idx, kv_idx) {
+    let kv_pos = match m.positions {
+        Some((_, kp)) => {
+            let p = b.load(kp, vec![Axis::Index(batch), Axis::Range { start: j0, size: bn, limit: None }], 0.0);
+            b.expand_dims(p, 0)
+        }
+        None => kv_idx,
+    };
+    if let Some(v) = f.mask.emit(b, rows.q_pos, kv_pos) {
         vis = b.and(vis, v);
     }
     if let (Some((q_ids, q_valid)), Some((_, ks))) = (rows.q_seg, m.segment_ids) {
@@ -213,7 +238,8 @@ pub(super) fn build_layout(name: &str, k: &BsKernel, classes: bool) -> Result<Ke
     let last = b.add(i0, bm_c);
     let last = b.min(last, seq_q);
     let last = b.sub(last, c1);
-    let (lo, hi) = f.mask.emit_key_range(&mut b, i0, last);
+    // (Positions move the mask algebra off the indices: every key block is looked at.)
+    let (lo, hi) = if f.positions { (None, None) } else { f.mask.emit_key_range(&mut b, i0, last) };
     let kb_lo = match lo {
         Some(lo) => {
             let lo = b.max(lo, c0);

@@ -29,16 +29,19 @@ use crate::types::DType;
 /// The operation (registered in [`crate::ops`]).
 pub struct BlockSparse;
 
-const VARIANT_FIELDS: &[&str] = &["mask", "segment_ids", "attention_mask", "sinks", "logits_soft_cap"];
+const VARIANT_FIELDS: &[&str] = &["mask", "segment_ids", "attention_mask", "sinks", "logits_soft_cap", "positions"];
 
 impl BsFeatures {
     /// The spec's vocabulary: `mask` (the algebra's JSON form) and the flags where set.
     pub fn to_json(&self) -> op::Features {
         let mut m = op::Features::new();
         m.insert("mask".into(), self.mask.to_json());
-        for (k, on) in
-            [("segment_ids", self.segment_ids), ("attention_mask", self.attention_mask), ("sinks", self.sinks)]
-        {
+        for (k, on) in [
+            ("segment_ids", self.segment_ids),
+            ("attention_mask", self.attention_mask),
+            ("sinks", self.sinks),
+            ("positions", self.positions),
+        ] {
             if on {
                 m.insert(k.into(), json!(true));
             }
@@ -71,6 +74,7 @@ impl BsFeatures {
             attention_mask: flag("attention_mask"),
             sinks: flag("sinks"),
             soft_cap,
+            positions: flag("positions"),
         })
     }
 
@@ -82,6 +86,7 @@ impl BsFeatures {
             ("attention_mask", self.attention_mask),
             ("sinks", self.sinks),
             ("logits_soft_cap=runtime", self.soft_cap),
+            ("positions", self.positions),
         ] {
             if on {
                 parts.push(k.into());
@@ -220,6 +225,8 @@ pub(super) fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
         kv_segment_ids: opt("kv_segment_ids"),
         attention_mask: opt("attention_mask"),
         sinks: opt("sinks"),
+        q_positions: opt("q_positions"),
+        kv_positions: opt("kv_positions"),
     })
 }
 
@@ -265,7 +272,7 @@ impl Operation for BlockSparse {
     }
 
     fn variant_allowed(&self) -> &'static str {
-        "a mapping such as `mask: {local: [128, 0]}`, `segment_ids: true`; `{}` is causal attention (the seed's default)"
+        "a mapping such as `mask: {local: [128, 0]}`, `segment_ids: true`, `positions: true`; `{}` is causal attention (the seed's default)"
     }
 
     fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> op::Features {
@@ -277,6 +284,7 @@ impl Operation for BlockSparse {
             segment_ids: flag(d, "segment_ids"),
             attention_mask: flag(d, "attention_mask"),
             sinks: flag(d, "sinks"),
+            positions: flag(d, "positions"),
             ..Default::default()
         };
         if let Some(v) = f.value("mask") {
@@ -456,6 +464,10 @@ impl Operation for BlockSparse {
         if f.attention_mask {
             expect_shape(call, "attention_mask", &[b, hq, sq, sk], DType::I1)?;
         }
+        if f.positions {
+            expect_shape(call, "q_positions", &[b, sq], DType::I32)?;
+            expect_shape(call, "kv_positions", &[b, sk], DType::I32)?;
+        }
         if f.sinks {
             let s = call.tensor("sinks").ok_or("argument `sinks` is missing")?;
             if s.dtype != DType::F32 || s.shape.len() != 2 || s.shape[0] != hq {
@@ -515,6 +527,8 @@ impl Operation for BlockSparse {
             ("kv_segment_ids", x.kv_segment_ids),
             ("attention_mask", x.attention_mask),
             ("sinks", x.sinks),
+            ("q_positions", x.q_positions),
+            ("kv_positions", x.kv_positions),
         ] {
             if let Some(t) = t {
                 tensors.insert(n.to_string(), t);
@@ -542,6 +556,9 @@ impl Operation for BlockSparse {
         }
         if f.attention_mask {
             counts.push(op::elements(&[s.batch, s.mask_heads, s.seq_q, s.seq_k])?);
+        }
+        if f.positions {
+            counts.push(op::elements(&[s.batch, s.seq_q + s.seq_k])?);
         }
         op::total_elements(&counts)
     }

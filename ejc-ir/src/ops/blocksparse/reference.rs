@@ -42,6 +42,10 @@ pub struct BsFeatures {
     pub sinks: bool,
     /// A run-time soft cap `logits_soft_cap`: `c · tanh(x / c)` on the scaled scores.
     pub soft_cap: bool,
+    /// `q_positions [B, Sq]`, `kv_positions [B, Sk]` (i32, from 0 to 2³⁰): the mask algebra
+    /// is evaluated on them instead of the row and key indices (the seed's positions;
+    /// their default is `arange`).
+    pub positions: bool,
 }
 
 impl Default for BsFeatures {
@@ -52,15 +56,16 @@ impl Default for BsFeatures {
             attention_mask: false,
             sinks: false,
             soft_cap: false,
+            positions: false,
         }
     }
 }
 
 impl BsFeatures {
-    /// Whether a block layout depends on the call's tensors (segment ids or an array
-    /// mask): then it is built per batch entry, else once for the whole call.
+    /// Whether a block layout depends on the call's tensors (segment ids, an array mask
+    /// or positions): then it is built per batch entry, else once for the whole call.
     pub fn data_dependent(&self) -> bool {
-        self.segment_ids || self.attention_mask
+        self.segment_ids || self.attention_mask || self.positions
     }
 }
 
@@ -96,6 +101,8 @@ pub struct BsInputs {
     pub kv_segment_ids: Option<HostTensor>,
     pub attention_mask: Option<HostTensor>,
     pub sinks: Option<HostTensor>,
+    pub q_positions: Option<HostTensor>,
+    pub kv_positions: Option<HostTensor>,
 }
 
 fn randn(dtype: DType, shape: &[usize], rng: &mut StdRng) -> HostTensor {
@@ -210,13 +217,61 @@ pub fn random_inputs(f: &BsFeatures, dtype: DType, s: &BsShape, seed: u64) -> Bs
         t.into_view(&[b, h, s.seq_q, s.seq_k], &strides, 0)
     });
     let sinks = f.sinks.then(|| randn(DType::F32, &[h, 2], &mut rng));
-    BsInputs { query, key, value, q_segment_ids: q_seg, kv_segment_ids: kv_seg, attention_mask, sinks }
+    // Positions: with segment ids, each document's own (from 0 at its first token, as
+    // packed sequences have them); without, the queries are the last Sq positions of a
+    // sequence of Sk + a random offset (a chunk of a longer sequence, as under sequence
+    // parallelism), and the keys' positions skip a few numbers.
+    let (mut q_positions, mut kv_positions) = (None, None);
+    if f.positions {
+        let (mut qp, mut kp) = (Vec::new(), Vec::new());
+        for bi in 0..b {
+            if let (Some(qs), Some(ks)) = (&q_seg, &kv_seg) {
+                for (ids, len, out) in [(qs, s.seq_q, &mut qp), (ks, s.seq_k, &mut kp)] {
+                    let mut pos = 0.0;
+                    for i in 0..len {
+                        if i > 0 && ids.get(&[bi, i]) != ids.get(&[bi, i - 1]) {
+                            pos = 0.0;
+                        }
+                        out.push(pos);
+                        pos += 1.0;
+                    }
+                }
+            } else {
+                let mut pos = 0.0;
+                let mut keys = Vec::with_capacity(s.seq_k);
+                for _ in 0..s.seq_k {
+                    keys.push(pos);
+                    pos += if rng.random_bool(0.1) { 2.0 } else { 1.0 };
+                }
+                let end = keys.last().copied().unwrap_or(0.0) + rng.random_range(0..=s.seq_k / 3 + 1) as f64;
+                qp.extend((0..s.seq_q).map(|i| (end - (s.seq_q - 1 - i) as f64).max(0.0)));
+                kp.extend(keys);
+            }
+        }
+        q_positions = Some(HostTensor::from_vec(DType::I32, &[b, s.seq_q], qp));
+        kv_positions = Some(HostTensor::from_vec(DType::I32, &[b, s.seq_k], kp));
+    }
+    BsInputs {
+        query,
+        key,
+        value,
+        q_segment_ids: q_seg,
+        kv_segment_ids: kv_seg,
+        attention_mask,
+        sinks,
+        q_positions,
+        kv_positions,
+    }
 }
 
 /// Whether row `i` of sequence `b`, head `h`, sees key `j` (every condition of the
 /// variant; `0 <= i < Sq`, `0 <= j < Sk`).
 pub fn visible(f: &BsFeatures, x: &BsInputs, b: usize, h: usize, i: usize, j: usize) -> bool {
-    if !f.mask.visible(i as i64, j as i64) {
+    let (qp, kp) = match (&x.q_positions, &x.kv_positions) {
+        (Some(q), Some(k)) => (q.get(&[b, i]) as i64, k.get(&[b, j]) as i64),
+        _ => (i as i64, j as i64),
+    };
+    if !f.mask.visible(qp, kp) {
         return false;
     }
     if let (Some(q), Some(k)) = (&x.q_segment_ids, &x.kv_segment_ids) {
@@ -260,8 +315,14 @@ pub fn reference(
     if f.segment_ids != (x.q_segment_ids.is_some() && x.kv_segment_ids.is_some())
         || f.attention_mask != x.attention_mask.is_some()
         || f.sinks != x.sinks.is_some()
+        || f.positions != (x.q_positions.is_some() && x.kv_positions.is_some())
     {
         return Err("the inputs do not match the variant's features".into());
+    }
+    for t in [&x.q_positions, &x.kv_positions].into_iter().flatten() {
+        if let Some(p) = t.to_vec().into_iter().find(|p| !(0.0..=super::mask::MAX_SIZE as f64).contains(p)) {
+            return Err(format!("a position is {p}: positions are from 0 to 2^30"));
+        }
     }
     let group = h / kvh;
     let mut out = HostTensor::zeros(q.dtype, &[b, h, sq, dv]);
