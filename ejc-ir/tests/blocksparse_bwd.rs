@@ -120,7 +120,7 @@ fn the_transposed_layout_lists_the_query_blocks_of_each_key_block() {
         let (count, idx) = (&call.tensors["kv_count"], &call.tensors["kv_idx"]);
         let (bm, bn) = (bm as usize, bn as usize);
         let nq = sq.div_ceil(bm);
-        let (lb_n, per_head) = (count.shape[0], f.attention_mask);
+        let (lb_n, per_head) = (count.shape[0], f.per_head());
         let groups = if per_head { hq / hkv } else { 1 };
         let mut seen = 0;
         for lb in 0..lb_n {
@@ -266,7 +266,18 @@ fn the_reference_gradients_match_finite_differences() {
         ),
         ("causal_offset_sinks", BsFeatures { mask: MaskExpr::Causal { offset: -2 }, sinks: true, ..base.clone() }),
         ("positions", BsFeatures { mask: MaskExpr::Local { left: 3, right: 0 }, positions: true, ..base.clone() }),
-        ("document_positions", BsFeatures { segment_ids: true, positions: true, ..base }),
+        ("document_positions", BsFeatures { segment_ids: true, positions: true, ..base.clone() }),
+        (
+            "head_masks",
+            BsFeatures {
+                head_masks: vec![
+                    MaskExpr::Local { left: 2, right: 0 },
+                    MaskExpr::Full,
+                    MaskExpr::Strided { stride: 2 },
+                ],
+                ..base
+            },
+        ),
     ];
     let mut checked = 0;
     for (name, f) in cases {
@@ -305,5 +316,5 @@ fn the_reference_gradients_match_finite_differences() {
         // Rows that see nothing give zero dq (never NaN).
         assert!(g.dq.to_vec().iter().all(|v| v.is_finite()), "{name}: dq not finite");
     }
-    assert!(checked > 11 * 500, "{checked} elements checked");
+    assert!(checked > 12 * 500, "{checked} elements checked");
 }

@@ -144,7 +144,7 @@ fn layout_t(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let kv_idx = b.param("kv_idx", Type::Tensor(DType::I32, 4));
     b.set_grid([
         GridExpr::cdiv(GridExpr::sym("seq_k"), k.block_n as i64),
-        if f.attention_mask { GridExpr::sym("heads_kv") } else { GridExpr::Const(1) },
+        if f.per_head() { GridExpr::sym("heads_kv") } else { GridExpr::Const(1) },
         if f.data_dependent() { GridExpr::sym("batch") } else { GridExpr::Const(1) },
     ]);
     let kb = b.program_id(0);
@@ -407,10 +407,10 @@ fn dkdv(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let k_tile = sc.rows(&mut b, sc.key, (batch, kv_head), j0, bn, d);
     let v_tile = sc.rows(&mut b, sc.value, (batch, kv_head), j0, bn, dv);
     let lb = if f.data_dependent() { batch } else { c0 };
-    let lhk = if f.attention_mask { kv_head } else { c0 };
+    let lhk = if f.per_head() { kv_head } else { c0 };
     // A list per KV head covers its group's heads (G = group); a shared list is walked
     // once per head of the group (reps = group).
-    let (groups, reps) = if f.attention_mask {
+    let (groups, reps) = if f.per_head() {
         let lh = b.dim(kv_idx, 1);
         let lhk = b.dim(kv_count, 1);
         (b.div(lh, lhk), c1)
@@ -503,7 +503,7 @@ fn dq(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let bn_c = b.const_i32(bn as i64);
     let i0 = b.mul(qb, bm_c);
     let lb = if f.data_dependent() { batch } else { c0 };
-    let lh = if f.attention_mask { head } else { c0 };
+    let lh = if f.per_head() { head } else { c0 };
     let q_tile = sc.rows(&mut b, sc.query, (batch, head), i0, bm, d);
     let do_tile = sc.rows(&mut b, sc.dout, (batch, head), i0, bm, dv);
     let (lse2, delta) = sc.row_stats(&mut b, batch, head, i0, bm);

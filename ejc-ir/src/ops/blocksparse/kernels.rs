@@ -184,6 +184,20 @@ pub(super) fn block_visibility(
     if let Some(v) = f.mask.emit(b, rows.q_pos, kv_pos) {
         vis = b.and(vis, v);
     }
+    if !f.head_masks.is_empty() {
+        // Head h takes head_masks[h mod n]: every mask evaluated, the head's selected.
+        let n = b.const_i32(f.head_masks.len() as i64);
+        let which = b.binary(crate::ir::BinOp::Rem, head, n);
+        let all = b.full(1.0, DType::I1, &[bm, bn]);
+        let mut own = all;
+        for (i, m) in f.head_masks.iter().enumerate().rev() {
+            let v = m.emit(b, rows.q_pos, kv_pos).unwrap_or(all);
+            let here = b.const_i32(i as i64);
+            let is = b.cmp(CmpPred::Eq, which, here);
+            own = if i + 1 == f.head_masks.len() { v } else { b.select(is, v, own) };
+        }
+        vis = b.and(vis, own);
+    }
     if let (Some((q_ids, q_valid)), Some((_, ks))) = (rows.q_seg, m.segment_ids) {
         let kv_ids = b.load(ks, vec![Axis::Index(batch), Axis::Range { start: j0, size: bn, limit: None }], -1.0);
         let kv_ids = b.expand_dims(kv_ids, 0);
@@ -215,7 +229,7 @@ pub(super) fn build_layout(name: &str, k: &BsKernel, classes: bool) -> Result<Ke
     let seq_k = b.param("seq_k", Type::Scalar(DType::I32));
     b.set_grid([
         GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64),
-        if f.attention_mask { GridExpr::sym("heads_q") } else { GridExpr::Const(1) },
+        if f.per_head() { GridExpr::sym("heads_q") } else { GridExpr::Const(1) },
         if f.data_dependent() { GridExpr::sym("batch") } else { GridExpr::Const(1) },
     ]);
     let qb = b.program_id(0);
@@ -347,7 +361,7 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let bn_c = b.const_i32(bn as i64);
     let i0 = b.mul(qb, bm_c);
     let lb = if f.data_dependent() { batch } else { c0 };
-    let lh = if f.attention_mask { head } else { c0 };
+    let lh = if f.per_head() { head } else { c0 };
     let cols = |n: usize| Axis::Range { start: c0, size: n, limit: None };
     let q_tile = b.load(
         query,

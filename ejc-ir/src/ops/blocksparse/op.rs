@@ -29,13 +29,17 @@ use crate::types::DType;
 /// The operation (registered in [`crate::ops`]).
 pub struct BlockSparse;
 
-const VARIANT_FIELDS: &[&str] = &["mask", "segment_ids", "attention_mask", "sinks", "logits_soft_cap", "positions"];
+const VARIANT_FIELDS: &[&str] =
+    &["mask", "head_masks", "segment_ids", "attention_mask", "sinks", "logits_soft_cap", "positions"];
 
 impl BsFeatures {
     /// The spec's vocabulary: `mask` (the algebra's JSON form) and the flags where set.
     pub fn to_json(&self) -> op::Features {
         let mut m = op::Features::new();
         m.insert("mask".into(), self.mask.to_json());
+        if !self.head_masks.is_empty() {
+            m.insert("head_masks".into(), self.head_masks.iter().map(MaskExpr::to_json).collect());
+        }
         for (k, on) in [
             ("segment_ids", self.segment_ids),
             ("attention_mask", self.attention_mask),
@@ -63,6 +67,13 @@ impl BsFeatures {
             Some(v) => MaskExpr::from_json(v)?,
             None => MaskExpr::Causal { offset: 0 },
         };
+        let head_masks = match m.get("head_masks") {
+            None => Vec::new(),
+            Some(serde_json::Value::Array(v)) if !v.is_empty() => {
+                v.iter().map(MaskExpr::from_json).collect::<Result<Vec<_>, _>>()?
+            }
+            Some(v) => return Err(format!("blocksparse_attention's head_masks is a non-empty list of masks, not {v}")),
+        };
         let soft_cap = match m.get("logits_soft_cap") {
             None | Some(serde_json::Value::Null) => false,
             Some(serde_json::Value::String(s)) if s == "runtime" => true,
@@ -75,12 +86,17 @@ impl BsFeatures {
             sinks: flag("sinks"),
             soft_cap,
             positions: flag("positions"),
+            head_masks,
         })
     }
 
     /// `causal & local(128, 0) + segment_ids + sinks`.
     pub fn describe(&self) -> String {
         let mut parts = vec![self.mask.describe()];
+        if !self.head_masks.is_empty() {
+            let ms: Vec<String> = self.head_masks.iter().map(MaskExpr::describe).collect();
+            parts.push(format!("head_masks [{}]", ms.join(", ")));
+        }
         for (k, on) in [
             ("segment_ids", self.segment_ids),
             ("attention_mask", self.attention_mask),
@@ -272,7 +288,7 @@ impl Operation for BlockSparse {
     }
 
     fn variant_allowed(&self) -> &'static str {
-        "a mapping such as `mask: {local: [128, 0]}`, `segment_ids: true`, `positions: true`; `{}` is causal attention (the seed's default)"
+        "a mapping such as `mask: {local: [128, 0]}`, `head_masks: [causal, full]`, `segment_ids: true`, `positions: true`; `{}` is causal attention (the seed's default)"
     }
 
     fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> op::Features {
@@ -290,6 +306,17 @@ impl Operation for BlockSparse {
         if let Some(v) = f.value("mask") {
             if let Some(m) = mask::decode(d, v, &f.path("mask")) {
                 out.mask = m;
+            }
+        }
+        if let Some(v) = f.value("head_masks") {
+            let p = f.path("head_masks");
+            if let Some(items) = d.list(v, &p, "a non-empty list of masks (head h takes the one at h mod n)") {
+                if items.is_empty() {
+                    d.invalid(v, &p, "`head_masks` needs at least one mask", "a non-empty list of masks");
+                }
+                let ms: Vec<Option<MaskExpr>> =
+                    items.iter().enumerate().map(|(i, n)| mask::decode(d, n, &format!("{p}[{i}]"))).collect();
+                out.head_masks = ms.into_iter().flatten().collect();
             }
         }
         if let Some(v) = f.value("logits_soft_cap") {
@@ -496,7 +523,7 @@ impl Operation for BlockSparse {
             ("head_dim".to_string(), d as i64),
             ("head_dim_v".to_string(), dv as i64),
             ("layout_batch".to_string(), if f.data_dependent() { b as i64 } else { 1 }),
-            ("layout_heads".to_string(), if f.attention_mask { hq as i64 } else { 1 }),
+            ("layout_heads".to_string(), if f.per_head() { hq as i64 } else { 1 }),
         ]))
     }
 

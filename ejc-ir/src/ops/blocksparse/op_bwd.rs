@@ -280,7 +280,7 @@ impl Operation for BlockSparseBwd {
             sizes.insert("n_sinks".into(), s[1] as i64);
         }
         let hkv = sizes.get("heads_kv").copied().unwrap_or(1);
-        sizes.insert("layout_kv_heads".into(), if ff.attention_mask { hkv } else { 1 });
+        sizes.insert("layout_kv_heads".into(), if ff.per_head() { hkv } else { 1 });
         Ok(sizes)
     }
 

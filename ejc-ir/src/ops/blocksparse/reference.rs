@@ -46,6 +46,9 @@ pub struct BsFeatures {
     /// is evaluated on them instead of the row and key indices (the seed's positions;
     /// their default is `arange`).
     pub positions: bool,
+    /// The seed's `MultiHeadMask`: head `h` also needs `head_masks[h mod n]` (empty: no
+    /// per-head mask). Layouts are then per head.
+    pub head_masks: Vec<MaskExpr>,
 }
 
 impl Default for BsFeatures {
@@ -57,11 +60,22 @@ impl Default for BsFeatures {
             sinks: false,
             soft_cap: false,
             positions: false,
+            head_masks: Vec::new(),
         }
     }
 }
 
 impl BsFeatures {
+    /// Whether a block layout is per head: an attention mask or per-head masks.
+    pub fn per_head(&self) -> bool {
+        self.attention_mask || !self.head_masks.is_empty()
+    }
+
+    /// The mask of head `h`'s own, where the variant has per-head masks.
+    pub fn head_mask(&self, h: usize) -> Option<&MaskExpr> {
+        (!self.head_masks.is_empty()).then(|| &self.head_masks[h % self.head_masks.len()])
+    }
+
     /// Whether a block layout depends on the call's tensors (segment ids, an array mask
     /// or positions): then it is built per batch entry, else once for the whole call.
     pub fn data_dependent(&self) -> bool {
@@ -271,7 +285,7 @@ pub fn visible(f: &BsFeatures, x: &BsInputs, b: usize, h: usize, i: usize, j: us
         (Some(q), Some(k)) => (q.get(&[b, i]) as i64, k.get(&[b, j]) as i64),
         _ => (i as i64, j as i64),
     };
-    if !f.mask.visible(qp, kp) {
+    if !f.mask.visible(qp, kp) || f.head_mask(h).is_some_and(|m| !m.visible(qp, kp)) {
         return false;
     }
     if let (Some(q), Some(k)) = (&x.q_segment_ids, &x.kv_segment_ids) {
