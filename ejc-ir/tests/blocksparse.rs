@@ -284,6 +284,16 @@ fn a_bad_mask_in_a_spec_is_a_located_diagnostic() {
         let e = spec::load_str("bs.yaml", &yaml(mask)).unwrap_err().to_string();
         assert!(e.contains(expect) && e.contains("bs.yaml:8:"), "{mask}: {e}");
     }
+    // Per-head masks: a non-empty list of masks, each located.
+    for (masks, expect) in [
+        ("[]", "head_masks: the list is empty"),
+        ("[full, lokal]", "head_masks[1]: unknown mask `lokal`"),
+        ("causal", "head_masks: expected a list"),
+    ] {
+        let text = yaml("causal").replace("mask: causal", &format!("mask: causal\n    head_masks: {masks}"));
+        let e = spec::load_str("bs.yaml", &text).unwrap_err().to_string();
+        assert!(e.contains(expect) && e.contains("bs.yaml:9:"), "{masks}: {e}");
+    }
     let ok = spec::load_str("bs.yaml", &yaml("{or: [causal, {local: [4, 4]}]}")).unwrap();
     let f = features(&ok.variants[0]);
     assert_eq!(f.mask, MaskExpr::Or(vec![MaskExpr::Causal { offset: 0 }, MaskExpr::Local { left: 4, right: 4 }]));
