@@ -22,7 +22,6 @@ use ejc_ir::ops::blocksparse::reference::{visible, BsFeatures, BsInputs};
 use ejc_ir::spec::{self, Spec, Variant};
 use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
-use rayon::prelude::*;
 
 fn spec() -> Spec {
     let path = format!("{}/../specs/blocksparse.yaml", env!("CARGO_MANIFEST_DIR"));
@@ -47,54 +46,14 @@ fn features(v: &Variant) -> BsFeatures {
 }
 
 fn inputs(call: &op::HostCall) -> BsInputs {
-    let t = |n: &str| call.tensors.get(n).cloned();
-    BsInputs {
-        query: t("query").unwrap(),
-        key: t("key").unwrap(),
-        value: t("value").unwrap(),
-        q_segment_ids: t("q_segment_ids"),
-        kv_segment_ids: t("kv_segment_ids"),
-        attention_mask: t("attention_mask"),
-        sinks: t("sinks"),
-        q_positions: t("q_positions"),
-        kv_positions: t("kv_positions"),
-    }
+    ejc_ir::ops::blocksparse::op::inputs_of(call).unwrap()
 }
 
 /// Every variant, f32 and bf16, two tilings, every awkward case: the plan against the
 /// reference.
 #[test]
 fn every_variant_matches_the_reference_on_awkward_calls() {
-    let (spec, seed) = (spec(), seed());
-    let mut cases = Vec::new();
-    for variant in &spec.variants {
-        for (dtype, bm, bn) in [(DType::F32, 16, 32), (DType::BF16, 32, 16)] {
-            for (i, dims) in op().check_dims(&keys()).into_iter().enumerate() {
-                cases.push((variant, dtype, bm, bn, i, dims));
-            }
-        }
-    }
-    let failures: Vec<String> = cases
-        .par_iter()
-        .filter_map(|(variant, dtype, bm, bn, i, dims)| {
-            let ks = kernels(&spec, variant, *dtype, *bm, *bn);
-            let plan = &op().plans(&spec, &variant.features)[0];
-            let mut call = op().random_call(&variant.features, *dtype, dims, seed ^ (*i as u64 * 7919)).unwrap();
-            let sizes = op().validate(&variant.features, *dtype, &keys(), &call).unwrap();
-            let want = op().reference(&variant.features, &call).unwrap();
-            let what = format!("{} {dtype} m{bm} n{bn} case {i} {dims:?}", variant.name);
-            let tile = Config::from([("block_m".to_string(), *bm), ("block_n".to_string(), *bn)]);
-            if let Err(e) = run_plan_interp(plan, &ks, &mut call, &sizes, &tile) {
-                return Some(format!("{what}: {e}"));
-            }
-            let tol = op::tolerance(*dtype);
-            compare_outputs(op(), &variant.features, &call, &want)
-                .into_iter()
-                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
-                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
-        })
-        .collect();
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    common::every_variant_matches_the_reference(op(), &spec(), &keys());
 }
 
 /// One query block's lists: its (layout batch, layout head, block), full and partial

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use common::seed;
 use ejc_ir::manifest::Launch;
-use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, Operation, PlanDecl};
+use ejc_ir::op::{self, run_plan_interp, Config, Operation, PlanDecl};
 use ejc_ir::ops::blocksparse::mask::MaskExpr;
 use ejc_ir::ops::blocksparse::reference::{
     random_inputs, reference, reference_bwd, visible, BsFeatures, BsGrads, BsInputs, BsShape,
@@ -24,7 +24,6 @@ use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rayon::prelude::*;
 
 fn spec() -> Spec {
     let path = format!("{}/../specs/blocksparse_bwd.yaml", env!("CARGO_MANIFEST_DIR"));
@@ -52,35 +51,7 @@ fn kernels(spec: &Spec, variant: &Variant, dtype: DType, bm: u32, bn: u32) -> BT
 /// reference.
 #[test]
 fn every_variant_matches_the_reference_on_awkward_calls() {
-    let (spec, seed) = (spec(), seed());
-    let mut cases = Vec::new();
-    for variant in &spec.variants {
-        for (dtype, bm, bn) in [(DType::F32, 16, 32), (DType::BF16, 32, 16)] {
-            for (i, dims) in op().check_dims(&keys()).into_iter().enumerate() {
-                cases.push((variant, dtype, bm, bn, i, dims));
-            }
-        }
-    }
-    let failures: Vec<String> = cases
-        .par_iter()
-        .filter_map(|(variant, dtype, bm, bn, i, dims)| {
-            let ks = kernels(&spec, variant, *dtype, *bm, *bn);
-            let plan = &op().plans(&spec, &variant.features)[0];
-            let mut call = op().random_call(&variant.features, *dtype, dims, seed ^ (*i as u64 * 7919)).unwrap();
-            let sizes = op().validate(&variant.features, *dtype, &keys(), &call).unwrap();
-            let want = op().reference(&variant.features, &call).unwrap();
-            let what = format!("{} {dtype} m{bm} n{bn} case {i} {dims:?}", variant.name);
-            if let Err(e) = run_plan_interp(plan, &ks, &mut call, &sizes, &tile(*bm, *bn)) {
-                return Some(format!("{what}: {e}"));
-            }
-            let tol = op::tolerance(*dtype);
-            compare_outputs(op(), &variant.features, &call, &want)
-                .into_iter()
-                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
-                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
-        })
-        .collect();
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    common::every_variant_matches_the_reference(op(), &spec(), &keys());
 }
 
 /// The transposed layout of each variant on an awkward call (four heads over two KV heads,
@@ -165,18 +136,7 @@ fn the_transposed_layout_lists_the_query_blocks_of_each_key_block() {
 }
 
 fn inputs(call: &op::HostCall) -> BsInputs {
-    let t = |n: &str| call.tensors.get(n).cloned();
-    BsInputs {
-        query: t("query").unwrap(),
-        key: t("key").unwrap(),
-        value: t("value").unwrap(),
-        q_segment_ids: t("q_segment_ids"),
-        kv_segment_ids: t("kv_segment_ids"),
-        attention_mask: t("attention_mask"),
-        sinks: t("sinks"),
-        q_positions: t("q_positions"),
-        kv_positions: t("kv_positions"),
-    }
+    ejc_ir::ops::blocksparse::op::inputs_of(call).unwrap()
 }
 
 /// A dense f64 copy, so that every element is its own input.

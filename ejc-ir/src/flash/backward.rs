@@ -437,14 +437,26 @@ pub(crate) fn row_stats_at(
     bm: usize,
     log2e: Value,
 ) -> (Value, Value) {
+    let (l, dl) = lse2_rows(b, (lse, delta), at, bm, log2e);
+    (b.expand_dims(l, 1), b.expand_dims(dl, 1))
+}
+
+/// [`row_stats_at`]'s values as `[bm]` rows: `lse` in the exp2 domain (+∞ where it is −∞
+/// or past the rows) and `delta`.
+fn lse2_rows(
+    b: &mut KernelBuilder,
+    (lse, delta): (Value, Value),
+    at: Vec<Axis>,
+    bm: usize,
+    log2e: Value,
+) -> (Value, Value) {
     let l = b.load(lse, at.clone(), f64::INFINITY);
     let dl = b.load(delta, at, 0.0);
     let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
     let pos_inf = b.full(f64::INFINITY, DType::F32, &[bm]);
     let empty = b.cmp(CmpPred::Eq, l, neg_inf);
     let l = b.select(empty, pos_inf, l);
-    let l = b.mul(l, log2e);
-    (b.expand_dims(l, 1), b.expand_dims(dl, 1))
+    (b.mul(l, log2e), dl)
 }
 
 /// The visible band around the (bottom-right) diagonal, `j − i − shift ∈ [−left, right]`:
@@ -889,13 +901,7 @@ pub(crate) fn dsinks_sum(
         let blk = b.binary(BinOp::Rem, t, q_blocks);
         let i0 = b.mul(blk, bmc);
         let at = vec![Axis::Index(bi), Axis::Index(head), Axis::Range { start: i0, size: bm, limit: Some(rows) }];
-        let l = b.load(lse, at.clone(), f64::INFINITY);
-        let dl = b.load(delta, at, 0.0);
-        let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm]);
-        let pos_inf = b.full(f64::INFINITY, DType::F32, &[bm]);
-        let empty = b.cmp(CmpPred::Eq, l, neg_inf);
-        let l = b.select(empty, pos_inf, l);
-        let l2 = b.mul(l, log2e);
+        let (l2, dl) = lse2_rows(b, (lse, delta), at, bm, log2e);
         let x = b.sub(sink2, l2);
         let p = b.unary(UnOp::Exp2, x);
         let w = b.mul(p, dl);

@@ -243,3 +243,45 @@ pub fn plan_kernels_at(
     }
     out
 }
+
+/// Every variant of `spec`, f32 (16 × 32 tiles) and bf16 (32 × 16), on each of `op`'s
+/// awkward calls (`check_dims`): its first plan on the interpreter after the pass pipeline
+/// against the reference, within the dtype's tolerance; every failure listed.
+pub fn every_variant_matches_the_reference(
+    op: &dyn ejc_ir::op::Operation,
+    spec: &ejc_ir::spec::Spec,
+    keys: &ejc_ir::op::Keys,
+) {
+    use ejc_ir::op::{compare_outputs, run_plan_interp, tolerance, Config};
+    use rayon::prelude::*;
+    let seed = seed();
+    let mut cases = Vec::new();
+    for variant in &spec.variants {
+        for (dtype, bm, bn) in [(DType::F32, 16u32, 32u32), (DType::BF16, 32, 16)] {
+            for (i, dims) in op.check_dims(keys).into_iter().enumerate() {
+                cases.push((variant, dtype, bm, bn, i, dims));
+            }
+        }
+    }
+    let failures: Vec<String> = cases
+        .par_iter()
+        .filter_map(|(variant, dtype, bm, bn, i, dims)| {
+            let ks = plan_kernels_at(op, spec, variant, *dtype, keys, (*bm, *bn));
+            let plan = &op.plans(spec, &variant.features)[0];
+            let mut call = op.random_call(&variant.features, *dtype, dims, seed ^ (*i as u64 * 7919)).unwrap();
+            let sizes = op.validate(&variant.features, *dtype, keys, &call).unwrap();
+            let want = op.reference(&variant.features, &call).unwrap();
+            let what = format!("{} {dtype} m{bm} n{bn} case {i} {dims:?}", variant.name);
+            let tile = Config::from([("block_m".to_string(), *bm), ("block_n".to_string(), *bn)]);
+            if let Err(e) = run_plan_interp(plan, &ks, &mut call, &sizes, &tile) {
+                return Some(format!("{what}: {e}"));
+            }
+            let tol = tolerance(*dtype);
+            compare_outputs(op, &variant.features, &call, &want)
+                .into_iter()
+                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
+                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}

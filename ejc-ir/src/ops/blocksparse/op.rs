@@ -230,7 +230,18 @@ fn dims_of(s: &BsShape) -> Sizes {
     ])
 }
 
-pub(super) fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
+/// A call's `softmax_scale`, and its `logits_soft_cap` where the variant has one.
+pub(super) fn scale_and_cap(f: &BsFeatures, call: &HostCall) -> Result<(f64, Option<f64>), String> {
+    let scale = call.scalars.get("softmax_scale").copied().ok_or("the call has no `softmax_scale`")?;
+    let cap = match f.soft_cap {
+        true => Some(call.scalars.get("logits_soft_cap").copied().ok_or("the call has no `logits_soft_cap`")?),
+        false => None,
+    };
+    Ok((scale, cap))
+}
+
+/// A call's inputs as the reference takes them.
+pub fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
     let need = |n: &str| call.tensors.get(n).cloned().ok_or_else(|| format!("the call has no `{n}`"));
     let opt = |n: &str| call.tensors.get(n).cloned();
     Ok(BsInputs {
@@ -593,12 +604,7 @@ impl Operation for BlockSparse {
     fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {
         let f = features(f)?;
         let x = inputs_of(call)?;
-        let scale = call.scalars.get("softmax_scale").copied().ok_or("the call has no `softmax_scale`")?;
-        let cap = if f.soft_cap {
-            Some(call.scalars.get("logits_soft_cap").copied().ok_or("the call has no `logits_soft_cap`")?)
-        } else {
-            None
-        };
+        let (scale, cap) = scale_and_cap(&f, call)?;
         let (out, lse) = reference(&f, &x, scale, cap)?;
         Ok(BTreeMap::from([("out".to_string(), out), ("lse".to_string(), lse)]))
     }

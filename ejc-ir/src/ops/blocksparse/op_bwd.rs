@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 
 use super::backward::{build_bwd, bwd_param_docs, BwdRole};
 use super::kernels::{param_docs, LAYOUT_TENSORS};
-use super::op::{expect_shape, features, inputs_of, BlockSparse, AXES};
+use super::op::{expect_shape, features, inputs_of, scale_and_cap, BlockSparse, AXES};
 use super::reference::{reference, reference_bwd};
 use crate::flash::op::head_dim_v;
 use crate::ir::Kernel;
@@ -42,25 +42,27 @@ const FWD: BlockSparse = BlockSparse;
 pub const REFERENCE_FOR_TIMING: u64 = 1 << 28;
 
 impl BlockSparseBwd {
-    /// A random backward call: the forward's inputs, `dout`, and the forward's `out` and
-    /// `lse` from the reference (`exact`, or while it is cheap), else stand-ins.
+    /// A random backward call: the forward's inputs (with `scalars` in place of the random
+    /// ones it names), `dout`, and the forward's `out` and `lse` from the reference with
+    /// those scalars (`exact`, or while it is cheap), else stand-ins.
     fn call_of(
         &self,
         f: &op::Features,
         dtype: DType,
         dims: &Sizes,
         seed: u64,
+        scalars: &op::Scalars,
         exact: bool,
     ) -> Result<HostCall, String> {
         let ff = features(f)?;
         let mut call = FWD.random_call(f, dtype, dims, seed)?;
+        set_scalars(&mut call, scalars);
         let x = inputs_of(&call)?;
         let mut rng = StdRng::seed_from_u64(seed ^ 0xb10c_5ba5_u64.rotate_left(23));
         let [b, h, sq, d] = [0, 1, 2, 3].map(|i| x.query.shape[i]);
         let sk = x.key.shape[2];
         let work = [h, sq, sk, d].iter().fold(b as u64, |a, &n| a.saturating_mul(n as u64));
-        let scale = call.scalars["softmax_scale"];
-        let cap = call.scalars.get("logits_soft_cap").copied();
+        let (scale, cap) = scale_and_cap(&ff, &call)?;
         let round = |t: &HostTensor, d: DType| {
             HostTensor::from_vec(d, &t.shape, t.to_vec().into_iter().map(|x| d.round(x)).collect())
         };
@@ -289,7 +291,7 @@ impl Operation for BlockSparseBwd {
     }
 
     fn random_call(&self, f: &op::Features, dtype: DType, dims: &Sizes, seed: u64) -> Result<HostCall, String> {
-        self.call_of(f, dtype, dims, seed, true)
+        self.call_of(f, dtype, dims, seed, &op::Scalars::new(), true)
     }
 
     /// `out` and `lse` come from the forward with the given scalars.
@@ -301,20 +303,7 @@ impl Operation for BlockSparseBwd {
         seed: u64,
         scalars: &op::Scalars,
     ) -> Result<HostCall, String> {
-        let mut call = self.random_call(f, dtype, dims, seed)?;
-        if scalars.iter().any(|(k, v)| call.scalars.get(k).is_some_and(|w| w != v)) {
-            set_scalars(&mut call, scalars);
-            let ff = features(f)?;
-            let x = inputs_of(&call)?;
-            let cap = call.scalars.get("logits_soft_cap").copied();
-            let (out, lse) = reference(&ff, &x, call.scalars["softmax_scale"], cap)?;
-            let round = |t: HostTensor, d: DType| {
-                HostTensor::from_vec(d, &t.shape, t.to_vec().into_iter().map(|x| d.round(x)).collect())
-            };
-            call.tensors.insert("out".into(), round(out, dtype));
-            call.tensors.insert("lse".into(), round(lse, DType::F32));
-        }
-        Ok(call)
+        self.call_of(f, dtype, dims, seed, scalars, true)
     }
 
     /// For timing alone, above [`REFERENCE_FOR_TIMING`] products `out` and `lse` are
@@ -327,9 +316,7 @@ impl Operation for BlockSparseBwd {
         seed: u64,
         scalars: &op::Scalars,
     ) -> Result<HostCall, String> {
-        let mut call = self.call_of(f, dtype, dims, seed, false)?;
-        set_scalars(&mut call, scalars);
-        Ok(call)
+        self.call_of(f, dtype, dims, seed, scalars, false)
     }
 
     fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
@@ -341,12 +328,7 @@ impl Operation for BlockSparseBwd {
     fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {
         let ff = features(f)?;
         let x = inputs_of(call)?;
-        let scale = call.scalars.get("softmax_scale").copied().ok_or("the call has no `softmax_scale`")?;
-        let cap = if ff.soft_cap {
-            Some(call.scalars.get("logits_soft_cap").copied().ok_or("the call has no `logits_soft_cap`")?)
-        } else {
-            None
-        };
+        let (scale, cap) = scale_and_cap(&ff, call)?;
         let dout = call.tensors.get("dout").ok_or("the call has no `dout`")?;
         let g = reference_bwd(&ff, &x, scale, cap, dout)?;
         let mut out = BTreeMap::from([("dq".to_string(), g.dq), ("dk".to_string(), g.dk), ("dv".to_string(), g.dv)]);
