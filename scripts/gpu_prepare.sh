@@ -21,6 +21,8 @@
 #                                          # set (gpu_run.sh --headdims, then --anchors-bench with
 #                                          # EJC_DIMS=96,192,256,192v128); EJC_KEYS="--key head_dim_v=128": 192/128 alone
 #   bash scripts/gpu_prepare.sh --bwd      # the flash backward (specs/flash_bwd.yaml) on every PTX path (gpu_run.sh --bwd)
+#   bash scripts/gpu_prepare.sh --bwd-tiles # a tile sweep of the flash backward's deterministic plan (gpu_run.sh --bwd-tiles;
+#                                          # EJC_OLD=PATH adds the spec's schedule built by another ejc, timed beside it)
 #   bash scripts/gpu_prepare.sh --train    # examples/train_gpu.py's kernels: forward and backward (gpu_run.sh --train)
 #   bash scripts/gpu_prepare.sh --paged    # page_attention, ragged_decode_attention: every variant x bf16/f16 x d64/d128,
 #                                          # both plans, sm_80 and sm_90a, MLIR's gpu form, and the bench sets
@@ -116,6 +118,27 @@ if [ "${1:-}" = "--bwd" ]; then
         --dtype bf16 --dtype f16 --head-dim 64 --head-dim 128 --block-m 128 --block-n 64 --num-stages 2 -o .gpu/fwdbias
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bwd bwd128 fwdbias
     rm -rf .gpu/bwd .gpu/bwd128 .gpu/fwdbias
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--bwd-tiles" ]; then
+    # A tile sweep of the flash backward (gpu_run.sh --bwd-tiles): bf16, full and causal, d 64 and 128,
+    # the deterministic plan on sm_90a, block_m {32, 64} x block_n {64, 128} x {4, 8} warps, every
+    # candidate that does not spill (bwdnew); with EJC_OLD=PATH (an older ejc binary) also the spec's
+    # own schedule built by it (bwdold), timed beside the sweep in the same call.
+    sweep=$(mktemp -d)
+    sed -e '/^schedule:/,/^$/{s/block_m: \[.*\]/block_m: [32, 64]/;s/block_n: \[.*\]/block_n: [64, 128]/;s/num_warps: \[.*\]/num_warps: [4, 8]/}' \
+        specs/flash_bwd.yaml > "$sweep/flash_bwd.yaml"
+    $EJC build "$sweep/flash_bwd.yaml" -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
+        --head-dim 64 --head-dim 128 --plan two_pass --report --drop-spilling -o .gpu/bwdnew > .gpu/bwdnew_ptxas.txt
+    sets=(bwdnew)
+    if [ -n "${EJC_OLD:-}" ]; then
+        "$EJC_OLD" build specs/flash_bwd.yaml -q --target ptx:sm_90a --variant full --variant causal --dtype bf16 \
+            --head-dim 64 --head-dim 128 --plan two_pass -o .gpu/bwdold
+        sets+=(bwdold)
+    fi
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz "${sets[@]}"
+    rm -rf "$sweep" .gpu/bwdnew .gpu/bwdold
     du -sh .gpu/*
     exit 0
 fi

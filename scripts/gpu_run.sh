@@ -33,6 +33,8 @@
 #                                        # racecheck (carry .anchors/fa4/part-aa too and `cp` it to /tmp/ for the bench)
 #   bash scripts/gpu_run.sh --bwd-bench  # then (carry .gpu/ejc-gpu, .anchors/fa4/part-ab and whl): the backward vs
 #                                        # cuDNN, FlashAttention-2 and FlashAttention-4 (bench/compare_gpu_bwd.py)
+#   bash scripts/gpu_run.sh --bwd-tiles [ROWS]  # the backward's dK/dV tile sweep (`gpu_prepare.sh --bwd-tiles`): checks,
+#                                        # sanitizer samples, then its timings beside the previous build's and the anchors
 #   bash scripts/gpu_run.sh --dbias-bench  # after --bwd, same call: the backward with dbias (bias_grad) vs torch SDPA's
 #                                        # bias-gradient back ends, then the forward's bias variant (bench/compare_gpu_dbias.py)
 #   bash scripts/gpu_run.sh --paged      # page_attention, ragged_decode_attention (`gpu_prepare.sh --paged`; carry .anchors/fa4/part-aa too): every
@@ -194,6 +196,25 @@ if [ "${1:-}" = "--bwd" ]; then
     memcheck bwd "local_bias_grad_f16_d64_dkdv_dq_m64_n64@ptx:sm_80" || status=1
     racecheck bwd "local_bias_grad_bf16_d64_dkdv_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     cp /tmp/ejc-art/bwd_ptxas.txt "$OUT/" 2>/dev/null
+    exit $status
+fi
+if [ "${1:-}" = "--bwd-tiles" ]; then
+    # The backward's dK/dV tilings (`gpu_prepare.sh --bwd-tiles`): the new pack (bwdnew: every sm_90a
+    # candidate of the tile sweep that does not spill) checked against the f64 reference, memcheck and
+    # racecheck on a warp-specialised sample, then timed beside the previous build (bwdold, when the pack
+    # has it) and the anchors: bench/compare_gpu_bwd.py, --verbose (every candidate's time in the log).
+    check_set bwdnew || status=1
+    memcheck bwdnew "causal_bf16_d64_dkdv_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    racecheck bwdnew "causal_bf16_d64_dkdv_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    for extra in ${EJC_EXTRA_CHECKS:-}; do check_set "$extra" || status=1; done
+    [ -f /tmp/part-aa ] && [ -f .anchors/fa4/part-ab ] && source .anchors/fa4/whl/install.sh
+    rows=${2:-2048,16384}
+    for set in bwdold bwdnew; do
+        [ -d "/tmp/ejc-art/$set" ] || continue
+        timeout "${EJC_BENCH_TIMEOUT:-240}" python3 bench/compare_gpu_bwd.py "/tmp/ejc-art/$set" --rows "$rows" \
+            --verbose --json "$OUT/bench_$set.json" > "$OUT/bench_$set.log" 2>&1 || status=1
+        echo "== $set"; grep -E '^(d=|fa4|device)' "$OUT/bench_$set.log"
+    done
     exit $status
 fi
 if [ "${1:-}" = "--bwd-bench" ]; then
