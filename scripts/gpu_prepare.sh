@@ -29,6 +29,8 @@
 #                                          # (gpu_run.sh --paged; FA4's halves as for --anchors)
 #   bash scripts/gpu_prepare.sh --rpa      # ragged_page_attention v2 and v3: their check sets (PTX, MLIR) and the bench set
 #                                          # (gpu_run.sh --rpa, then --rpa-bench; FA4's halves as for --paged)
+#   EJC_BS_VARIANTS="bias bias_grad" bash scripts/gpu_prepare.sh --bs  # those variants' check sets alone
+#                                          # (gpu_run.sh --bs-variants)
 #   bash scripts/gpu_prepare.sh --bs       # blocksparse_attention and its backward: the check sets (every variant; bf16 d128 on sm_90a and
 #                                          # sm_80, f16 d64 on both; MLIR's gpu form) and the bench set (bf16, d64/d128,
 #                                          # sm_90a, the Hopper paths) with flash's dense `full` beside it
@@ -173,6 +175,32 @@ if [ "${1:-}" = "--paged" ]; then
     # travels with FA4's first half.)
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz paged paged_mlir paged_bench ragged ragged_mlir ragged_bench
     rm -rf .gpu/paged .gpu/paged_mlir .gpu/paged_bench .gpu/ragged .gpu/ragged_mlir .gpu/ragged_bench
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--bs" ] && [ -n "${EJC_BS_VARIANTS:-}" ]; then
+    # The check sets of --bs for some variants only (EJC_BS_VARIANTS="bias bias_grad": each spec
+    # builds those it has), no bench set: gpu_run.sh --bs-variants checks them.
+    vargs() { for v in $EJC_BS_VARIANTS; do if grep -q "^  $v:" "$1"; then echo "--variant $v"; fi; done; }
+    fw=$(vargs specs/blocksparse.yaml); bw=$(vargs specs/blocksparse_bwd.yaml); sets=()
+    if [ -n "$fw" ]; then
+        $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --head-dim 128 \
+            $fw -o .gpu/bs --report --drop-spilling > .gpu/bs_ptxas.txt
+        $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype f16 --head-dim 64 \
+            $fw -o .gpu/bs16 --report --drop-spilling > .gpu/bs16_ptxas.txt
+        $EJC build specs/blocksparse.yaml -q --target mlir:gpu --dtype bf16 --head-dim 64 $fw -o .gpu/bs_mlir
+        sets+=(bs bs16 bs_mlir)
+    fi
+    if [ -n "$bw" ]; then
+        $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype bf16 --head-dim 128 \
+            $bw -o .gpu/bsb --report > .gpu/bsb_ptxas.txt
+        $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype f16 --head-dim 64 \
+            $bw -o .gpu/bsb16 --report --drop-spilling > .gpu/bsb16_ptxas.txt
+        $EJC build specs/blocksparse_bwd.yaml -q --target mlir:gpu --dtype bf16 --head-dim 64 $bw -o .gpu/bsb_mlir
+        sets+=(bsb bsb16 bsb_mlir)
+    fi
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz "${sets[@]}"
+    (cd .gpu && rm -rf "${sets[@]}")
     du -sh .gpu/*
     exit 0
 fi

@@ -54,6 +54,8 @@
 #                                        # then tune/call on a serving step (carry .gpu, both packs)
 #   bash scripts/gpu_run.sh --rpa-streams # the classed plans, whose decodes and chunks run on two streams: their
 #                                        # checks (v2, v3, both archs) and memcheck samples; then --rpa-bench
+#   bash scripts/gpu_run.sh --bs-variants # the check sets of `EJC_BS_VARIANTS=... gpu_prepare.sh --bs` (EJC_BS_SAMPLES
+#                                        # adds memcheck/racecheck samples, "SET:FILTER ...")
 #   bash scripts/gpu_run.sh --bs         # blocksparse_attention and its backward (`gpu_prepare.sh --bs`; carry .gpu/ejc-gpu,
 #                                        # .gpu/artifacts.tar.xz and .anchors/fa4/part-aa): every artifact checked (PTX
 #                                        # on both archs, MLIR's gpu form), memcheck and racecheck samples, tune/call;
@@ -434,6 +436,18 @@ if [ "${1:-}" = "--bs" ]; then
     memcheck bsb "blocksparse_bwd_document_bf16_d128_dkdv_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
     memcheck bsb16 "blocksparse_bwd_array_mask_f16_d64_dkdv_m64_n64@ptx:sm_80/w4_s2" || status=1
     racecheck bsb "blocksparse_bwd_strided_bf16_d128_dq_m64_n64@ptx:sm_90a/w4_s2_wgmma_ws" || status=1
+    exit $status
+fi
+if [ "${1:-}" = "--bs-variants" ]; then
+    # The check sets of `EJC_BS_VARIANTS=... gpu_prepare.sh --bs` (some variants only): every artifact
+    # against the reference; EJC_BS_SAMPLES="SET:FILTER ..." adds memcheck and racecheck samples.
+    for set in bs bs16 bs_mlir bsb bsb16 bsb_mlir; do
+        [ -d "/tmp/ejc-art/$set" ] && { check_set "$set" || status=1; }
+    done
+    for sample in ${EJC_BS_SAMPLES:-}; do
+        memcheck "${sample%%:*}" "${sample#*:}" || status=1
+        racecheck "${sample%%:*}" "${sample#*:}" || status=1
+    done
     exit $status
 fi
 if [ "${1:-}" = "--bs-bench-check" ]; then

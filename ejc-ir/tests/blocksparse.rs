@@ -253,6 +253,17 @@ fn a_bad_mask_in_a_spec_is_a_located_diagnostic() {
         let e = spec::load_str("bs.yaml", &text).unwrap_err().to_string();
         assert!(e.contains(expect) && e.contains("bs.yaml:9:"), "{masks}: {e}");
     }
+    // `bias_grad`: the backward's field, and only beside a bias.
+    for (op, fields, expect) in [
+        ("blocksparse_attention", "bias: true\n    bias_grad: true", "`bias_grad` is a field of the backward"),
+        ("blocksparse_attention_bwd", "bias_grad: true", "the gradient of a bias the variant does not have"),
+    ] {
+        let text = yaml("causal")
+            .replace("op: blocksparse_attention", &format!("op: {op}"))
+            .replace("mask: causal", &format!("mask: causal\n    {fields}"));
+        let e = spec::load_str("bs.yaml", &text).unwrap_err().to_string();
+        assert!(e.contains(expect) && e.contains("variants.v.bias_grad"), "{op}: {e}");
+    }
     let ok = spec::load_str("bs.yaml", &yaml("{or: [causal, {local: [4, 4]}]}")).unwrap();
     let f = features(&ok.variants[0]);
     assert_eq!(f.mask, MaskExpr::Or(vec![MaskExpr::Causal { offset: 0 }, MaskExpr::Local { left: 4, right: 4 }]));

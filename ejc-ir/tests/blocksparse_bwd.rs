@@ -150,6 +150,7 @@ fn field<'a>(x: &'a mut BsInputs, name: &str) -> &'a mut HostTensor {
         "k" => &mut x.key,
         "v" => &mut x.value,
         "sinks" => x.sinks.as_mut().unwrap(),
+        "bias" => x.bias.as_mut().unwrap(),
         _ => unreachable!("no input {name}"),
     }
 }
@@ -228,6 +229,20 @@ fn the_reference_gradients_match_finite_differences() {
         ("positions", BsFeatures { mask: MaskExpr::Local { left: 3, right: 0 }, positions: true, ..base.clone() }),
         ("document_positions", BsFeatures { segment_ids: true, positions: true, ..base.clone() }),
         (
+            "bias_local_softcap",
+            BsFeatures {
+                mask: MaskExpr::Local { left: 3, right: 1 },
+                bias: true,
+                bias_grad: true,
+                soft_cap: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "bias_segments_sinks",
+            BsFeatures { segment_ids: true, bias: true, bias_grad: true, sinks: true, ..base.clone() },
+        ),
+        (
             "head_masks",
             BsFeatures {
                 head_masks: vec![
@@ -258,6 +273,7 @@ fn the_reference_gradients_match_finite_differences() {
             key: own(&x.key),
             value: own(&x.value),
             sinks: x.sinks.as_ref().map(own),
+            bias: x.bias.as_ref().map(own),
             ..x
         };
         let rt = (0.7, f.soft_cap.then_some(1.5));
@@ -273,8 +289,13 @@ fn the_reference_gradients_match_finite_differences() {
         if f.sinks {
             checked += check_input(&what, "sinks", &f, rt, &x, &dout, g.dsinks.as_ref().unwrap());
         }
+        assert_eq!(g.dbias.is_some(), f.bias_grad, "{name}");
+        if let Some(db) = &g.dbias {
+            // dbias is dU: each logit's own (a bias element moves one logit).
+            checked += check_input(&what, "bias", &f, rt, &x, &dout, db);
+        }
         // Rows that see nothing give zero dq (never NaN).
         assert!(g.dq.to_vec().iter().all(|v| v.is_finite()), "{name}: dq not finite");
     }
-    assert!(checked > 12 * 500, "{checked} elements checked");
+    assert!(checked > 14 * 500, "{checked} elements checked");
 }

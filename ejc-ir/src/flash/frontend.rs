@@ -449,7 +449,7 @@ pub(crate) fn cdiv(b: &mut KernelBuilder, a: Value, d: Value, c1: Value) -> Valu
 /// caller's i32 0 and 1 and f32 log2(e).
 /// The `[bm, bn]` block at query row `i0`, key `j0` of a `[B, Hq, Sq, Sk]` tensor (bias,
 /// mask) for sequence `batch`, head `head`.
-pub(super) fn load_block(
+pub(crate) fn load_block(
     b: &mut KernelBuilder,
     t: Value,
     batch: Value,

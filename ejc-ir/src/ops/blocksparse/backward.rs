@@ -20,7 +20,8 @@
 //!   with the element mask on partial blocks only, and keeps `dK`, `dV` in registers;
 //! - **dq**: one program per query block (the last first, as the forward), following the
 //!   forward's list: `dQ = scale · Σ dS k` (with sinks it also rewrites its rows of
-//!   `delta` as `Σ P dP` in f32, which dsinks sums);
+//!   `delta` as `Σ P dP` in f32, which dsinks sums; with `bias_grad` it writes each
+//!   visited block's `dU` to `dbias` and zeros to the blocks `block_class` marks skipped);
 //! - **dsinks** (sinks variants): `−Σ exp(sink − lse) · delta` per (head, sink).
 //!
 //! Every sum is taken in one order: the plan is deterministic.
@@ -37,7 +38,7 @@
 
 use std::f64::consts::LOG2_E;
 
-use super::kernels::{block_visibility, build_layout, mask_inputs, row_mask, BsKernel, MaskInputs, Role};
+use super::kernels::{block_visibility, build_layout, mask_inputs, row_mask, BsKernel, MaskInputs, Role, ScoreScale};
 use super::reference::BsFeatures;
 use crate::builder::{Axis, KernelBuilder};
 use crate::flash::frontend::cdiv;
@@ -95,6 +96,11 @@ pub fn bwd_param_docs() -> &'static [(&'static str, &'static str)] {
         ("dk", "output: gradient of the key [B, KVH, Sk, D] (summed over each group)"),
         ("dv", "output: gradient of the value [B, KVH, Sk, Dv]"),
         ("dsinks", "output: gradient of the sinks [H, n_sinks], f32"),
+        (
+            "dbias",
+            "output (bias_grad): gradient of each logit's bias [B, H, Sq, Sk], the query's dtype (0 where the key is \
+             hidden; a caller that broadcast the bias sums it over the broadcast axes)",
+        ),
         ("delta", "temporary: rowsum(dout * out) per query row [B, H, Sq], f32"),
         ("block_class", "temporary (layout): each block's kind [LB, LH, NQ, NK], i32: 2 full, 1 partial, 0 skipped"),
         ("kv_count", "temporary (layout_t): full and partial query blocks per key block [LB, LHK, NK, 2], i32"),
@@ -236,11 +242,11 @@ struct Scores {
     lse: Value,
     delta: Value,
     mask: MaskInputs,
+    /// `bias [B, H, Sq, Sk]` (bias variants).
+    bias: Option<Value>,
     scale: Value,
-    /// Multiplies q·k into the exp2 domain (`scale · log2 e`, or `scale / c` under a cap).
-    qk_scale: Value,
-    /// With a soft cap: `c · log2 e`, applied after the tanh.
-    cap_out: Option<Value>,
+    /// How q·k becomes the logits in the exp2 domain (scale, bias, soft cap).
+    logits: ScoreScale,
     c0: Value,
     c1: Value,
     log2e: Value,
@@ -249,12 +255,7 @@ struct Scores {
 /// Declares dkdv's or dq's parameters in ABI order — the inputs, `outputs`, the mask's
 /// tensors, `layout` (the layout's temporaries it follows), the scalars — and the
 /// constants: the scores' context, the outputs and the layout tensors.
-fn declare(
-    b: &mut KernelBuilder,
-    k: &BsKernel,
-    outputs: &[&str],
-    layout: [&str; 2],
-) -> (Scores, Vec<Value>, [Value; 2]) {
+fn declare(b: &mut KernelBuilder, k: &BsKernel, outputs: &[&str], layout: &[&str]) -> (Scores, Vec<Value>, Vec<Value>) {
     let t4 = Type::Tensor(k.dtype, 4);
     let f3 = Type::Tensor(DType::F32, 3);
     let query = b.param("query", t4.clone());
@@ -265,23 +266,16 @@ fn declare(
     let delta = b.param("delta", f3);
     let outs = outputs.iter().map(|n| b.param(n, t4.clone())).collect();
     let mask = mask_inputs(b, &k.features);
-    let layout = layout.map(|n| b.param(n, Type::Tensor(DType::I32, 4)));
+    let bias = k.features.bias.then(|| b.param("bias", t4.clone()));
+    let layout = layout.iter().map(|n| b.param(n, Type::Tensor(DType::I32, 4))).collect();
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let softcap = k.features.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
     let c0 = b.const_i32(0);
     let c1 = b.const_i32(1);
     let log2e = b.const_f32(LOG2_E);
-    // Scores into the exp2 domain, as the forward: scale · log2(e) folded into one
-    // multiply, or with a soft cap c, s · (scale / c), its tanh, and a multiply by c · log2(e).
-    let (qk_scale, cap_out) = match softcap {
-        None => (b.mul(scale, log2e), None),
-        Some(c) => {
-            let s = b.div(scale, c);
-            let o = b.mul(c, log2e);
-            (s, Some(o))
-        }
-    };
-    let sc = Scores { query, key, value, dout, lse, delta, mask, scale, qk_scale, cap_out, c0, c1, log2e };
+    // Scores into the exp2 domain, as the forward's.
+    let logits = ScoreScale::new(b, scale, softcap, log2e);
+    let sc = Scores { query, key, value, dout, lse, delta, mask, bias, scale, logits, c0, c1, log2e };
     (sc, outs, layout)
 }
 
@@ -326,15 +320,8 @@ impl Scores {
         let (bm, bn) = (k.block_m, k.block_n);
         let zero = b.full(0.0, DType::F32, &[bm, bn]);
         let qk = b.dot(q_tile, k_tile, zero, false, true);
-        let mut s = b.mul(qk, self.qk_scale);
-        let mut cap_grad = None;
-        if let Some(o) = self.cap_out {
-            let t = b.unary(UnOp::Tanh, s);
-            s = b.mul(t, o);
-            let one = b.full(1.0, DType::F32, &[bm, bn]);
-            let t2 = b.mul(t, t);
-            cap_grad = Some(b.sub(one, t2));
-        }
+        let bias = self.bias.map(|t| (t, (batch, head), (i0, j0)));
+        let (s, cap_grad) = self.logits.logits(b, qk, (bm, bn), bias, true);
         let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
         let s_ty = Type::tile(DType::F32, &[bm, bn]);
         let f = &k.features;
@@ -390,7 +377,8 @@ fn dkdv(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let f = &k.features;
     let (bm, bn, d, dv) = (k.block_m, k.block_n, k.head_dim, k.head_dim_v);
     let mut b = KernelBuilder::new(name);
-    let (sc, outs, [kv_count, kv_idx]) = declare(&mut b, k, &["dk", "dv"], ["kv_count", "kv_idx"]);
+    let (sc, outs, layout) = declare(&mut b, k, &["dk", "dv"], &["kv_count", "kv_idx"]);
+    let (kv_count, kv_idx) = (layout[0], layout[1]);
     let (dk_out, dv_out) = (outs[0], outs[1]);
     b.set_grid([GridExpr::cdiv(GridExpr::sym("seq_k"), bn as i64), GridExpr::sym("heads_kv"), GridExpr::sym("batch")]);
     let kb = b.program_id(0);
@@ -483,8 +471,15 @@ fn dq(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let f = &k.features;
     let (bm, bn, d, dv) = (k.block_m, k.block_n, k.head_dim, k.head_dim_v);
     let mut b = KernelBuilder::new(name);
-    let (sc, outs, [block_count, block_idx]) = declare(&mut b, k, &["dq"], ["block_count", "block_idx"]);
+    let outputs: &[&str] = if f.bias_grad { &["dq", "dbias"] } else { &["dq"] };
+    // dbias: this program writes its rows' dU on every block it visits and zeros on the
+    // others, which `block_class` tells (0: skipped).
+    let layout: &[&str] =
+        if f.bias_grad { &["block_count", "block_idx", "block_class"] } else { &["block_count", "block_idx"] };
+    let (sc, outs, layout) = declare(&mut b, k, outputs, layout);
+    let (block_count, block_idx) = (layout[0], layout[1]);
     let dq_out = outs[0];
+    let dbias = f.bias_grad.then(|| (outs[1], layout[2]));
     b.set_grid([GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64), GridExpr::sym("heads_q"), GridExpr::sym("batch")]);
     let pid = b.program_id(0);
     let head = b.program_id(1);
@@ -529,6 +524,9 @@ fn dq(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
         let pg = sc.probabilities(b, k, q_tile, k_tile, lse2, BlockKind::Either(full), (batch, head), (i0, j0), seq_k);
         let (ds, pdp) = score_grad(b, (bm, bn), pg, do_tile, v_tile, delta);
         let ds = b.cast(ds, k.dtype);
+        if let Some((t, _)) = dbias {
+            store_block(b, t, (batch, head), (i0, bm), (j0, bn), None, ds);
+        }
         let mut out = vec![b.dot(ds, k_tile, carried[0], false, false)];
         if f.sinks {
             let s = b.reduce(ReduceOp::Sum, pdp, 1);
@@ -543,12 +541,43 @@ fn dq(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
         // row would not cancel). dkdv ran before; dsinks runs next.
         b.store(sc.delta, vec![Axis::Index(batch), Axis::Index(head), rows], r[1]);
     }
+    if let Some((t, block_class)) = dbias {
+        // Zeros on the key blocks the layout skips: a store whose row limit is the block's
+        // first row (nothing) where the block was visited, the sequence's end where not.
+        let nk = cdiv(&mut b, seq_k, bn_c, c1);
+        let zero = b.full(0.0, DType::F32, &[bm, bn]);
+        let zero = b.cast(zero, k.dtype);
+        b.for_loop(c0, nk, c1, &[], |b, kb, _| {
+            let class = b.load(block_class, [&row[..], &[Axis::Index(kb)]].concat(), 0.0);
+            let skipped = b.cmp(CmpPred::Eq, class, c0);
+            let limit = b.select(skipped, seq_q, i0);
+            let j0 = b.mul(kb, bn_c);
+            store_block(b, t, (batch, head), (i0, bm), (j0, bn), Some(limit), zero);
+            vec![]
+        });
+    }
     let g = b.mul(r[0], sc.scale);
     let g = b.cast(g, k.dtype);
     let rows = Axis::Range { start: i0, size: bm, limit: None };
     let cols = Axis::Range { start: c0, size: d, limit: None };
     b.store(dq_out, vec![Axis::Index(batch), Axis::Index(head), rows, cols], g);
     b.finish()
+}
+
+/// Stores the `[bm, bn]` tile `v` at rows `i0..`, keys `j0..` of `(batch, head)` of a
+/// `[B, H, Sq, Sk]` tensor, rows from `limit` on left out (the tensor's sizes clip it).
+fn store_block(
+    b: &mut KernelBuilder,
+    t: Value,
+    (batch, head): (Value, Value),
+    (i0, bm): (Value, usize),
+    (j0, bn): (Value, usize),
+    limit: Option<Value>,
+    v: Value,
+) {
+    let rows = Axis::Range { start: i0, size: bm, limit };
+    let cols = Axis::Range { start: j0, size: bn, limit: None };
+    b.store(t, vec![Axis::Index(batch), Axis::Index(head), rows, cols], v);
 }
 
 /// `dsinks[h, t] = −Σ exp(sink − lse) · delta` over every row: flash's kernel body.

@@ -75,6 +75,10 @@ pub fn param_docs() -> &'static [(&'static str, &'static str)] {
         ("q_positions", "input: query positions [B, Sq], i32 from 0 to 2^30: the mask algebra's q"),
         ("kv_positions", "input: key positions [B, Sk], i32 from 0 to 2^30: the mask algebra's kv"),
         ("sinks", "input: sink logits [H, n_sinks], f32"),
+        (
+            "bias",
+            "input: additive bias [B, H, Sq, Sk], the query's dtype (stride 0 broadcasts an axis), before the soft cap",
+        ),
         ("block_count", "temporary (layout): full and partial key blocks per query block [LB, LH, NQ, 2], i32"),
         (
             "block_idx",
@@ -323,6 +327,67 @@ pub(super) fn build_layout(name: &str, k: &BsKernel, classes: bool) -> Result<Ke
     b.finish()
 }
 
+/// A block's bias: the bias tensor, `(batch, head)` and the block's first row and key.
+pub(super) type BiasBlock = (Value, (Value, Value), (Value, Value));
+
+/// How a block's `q·k` becomes its logits in the exp2 domain (shared by the forward and
+/// the backward): `scale · log2(e)` folded into one multiply, or with a soft cap `c`,
+/// `(q·k) · (scale / c)`, its tanh and a multiply by `c · log2(e)`; a bias joins the
+/// scaled scores before the cap (times `log2(e)`, or `1 / c` under a cap).
+pub(super) struct ScoreScale {
+    qk_scale: Value,
+    cap_out: Option<Value>,
+    bias_scale: Value,
+}
+
+impl ScoreScale {
+    pub(super) fn new(b: &mut KernelBuilder, scale: Value, softcap: Option<Value>, log2e: Value) -> ScoreScale {
+        match softcap {
+            None => ScoreScale { qk_scale: b.mul(scale, log2e), cap_out: None, bias_scale: log2e },
+            Some(c) => {
+                let qk_scale = b.div(scale, c);
+                let cap_out = Some(b.mul(c, log2e));
+                let one = b.const_f32(1.0);
+                let bias_scale = b.div(one, c);
+                ScoreScale { qk_scale, cap_out, bias_scale }
+            }
+        }
+    }
+
+    /// The `[bm, bn]` logits (exp2 domain) of the block's `qk` and, with `grad` under a
+    /// soft cap, `1 − tanh²` (the cap's derivative); `bias`: the bias tensor and the
+    /// block's `(batch, head)` and first row and key `(i0, j0)`.
+    pub(super) fn logits(
+        &self,
+        b: &mut KernelBuilder,
+        qk: Value,
+        (bm, bn): (usize, usize),
+        bias: Option<BiasBlock>,
+        grad: bool,
+    ) -> (Value, Option<Value>) {
+        let mut s = b.mul(qk, self.qk_scale);
+        if let Some((t, (batch, head), (i0, j0))) = bias {
+            let u = crate::flash::frontend::load_block(b, t, batch, head, (i0, bm), (j0, bn));
+            let u = b.cast(u, DType::F32);
+            let u = b.mul(u, self.bias_scale);
+            s = b.add(s, u);
+        }
+        match self.cap_out {
+            None => (s, None),
+            Some(o) => {
+                let t = b.unary(UnOp::Tanh, s);
+                let capped = b.mul(t, o);
+                let grad = grad.then(|| {
+                    let one = b.full(1.0, DType::F32, &[bm, bn]);
+                    let t2 = b.mul(t, t);
+                    b.sub(one, t2)
+                });
+                (capped, grad)
+            }
+        }
+    }
+}
+
 /// The attention kernel: see the module's docs.
 fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let f = &k.features;
@@ -335,6 +400,7 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let out = b.param("out", t4);
     let lse = b.param("lse", Type::Tensor(DType::F32, 3));
     let m = mask_inputs(&mut b, f);
+    let bias = f.bias.then(|| b.param("bias", Type::Tensor(k.dtype, 4)));
     let sinks = f.sinks.then(|| b.param("sinks", Type::Tensor(DType::F32, 2)));
     let [block_count, block_idx] = layout_params(&mut b);
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
@@ -377,16 +443,7 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     if let Some(sinks) = sinks {
         (m_i, l_i) = crate::flash::frontend::enter_sinks(&mut b, sinks, head, bm, (c0, c1, log2e), (m_i, l_i));
     }
-    // Scores into the exp2 domain: scale · log2(e) folded into one multiply, or with a
-    // soft cap c, s · (scale / c), its tanh, and a multiply by c · log2(e).
-    let (qk_scale, cap_out) = match softcap {
-        None => (b.mul(scale, log2e), None),
-        Some(c) => {
-            let s = b.div(scale, c);
-            let o = b.mul(c, log2e);
-            (s, Some(o))
-        }
-    };
+    let sc = ScoreScale::new(&mut b, scale, softcap, log2e);
     let neg_inf = b.full(f64::NEG_INFINITY, DType::F32, &[bm, bn]);
     let zero_s = b.full(0.0, DType::F32, &[bm, bn]);
     let row = [Axis::Index(lb), Axis::Index(lh), Axis::Index(qb)];
@@ -408,11 +465,7 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
         let kv_rows = Axis::Range { start: j0, size: bn, limit: None };
         let k_tile = b.load(key, vec![Axis::Index(batch), Axis::Index(kv_head), kv_rows, cols(d)], 0.0);
         let qk = b.dot(q_tile, k_tile, zero_s, false, true);
-        let mut s = b.mul(qk, qk_scale);
-        if let Some(o) = cap_out {
-            let t = b.unary(UnOp::Tanh, s);
-            s = b.mul(t, o);
-        }
+        let s = sc.logits(b, qk, (bm, bn), bias.map(|t| (t, (batch, head), (i0, j0))), false).0;
         // Only a partial block evaluates the element mask.
         let s = b.if_else(
             full,

@@ -29,8 +29,17 @@ use crate::types::DType;
 /// The operation (registered in [`crate::ops`]).
 pub struct BlockSparse;
 
-const VARIANT_FIELDS: &[&str] =
-    &["mask", "head_masks", "segment_ids", "attention_mask", "sinks", "logits_soft_cap", "positions"];
+const VARIANT_FIELDS: &[&str] = &[
+    "mask",
+    "head_masks",
+    "segment_ids",
+    "attention_mask",
+    "sinks",
+    "logits_soft_cap",
+    "positions",
+    "bias",
+    "bias_grad",
+];
 
 impl BsFeatures {
     /// The spec's vocabulary: `mask` (the algebra's JSON form) and the flags where set.
@@ -45,6 +54,8 @@ impl BsFeatures {
             ("attention_mask", self.attention_mask),
             ("sinks", self.sinks),
             ("positions", self.positions),
+            ("bias", self.bias),
+            ("bias_grad", self.bias_grad),
         ] {
             if on {
                 m.insert(k.into(), json!(true));
@@ -87,6 +98,8 @@ impl BsFeatures {
             soft_cap,
             positions: flag("positions"),
             head_masks,
+            bias: flag("bias"),
+            bias_grad: flag("bias_grad"),
         })
     }
 
@@ -103,6 +116,8 @@ impl BsFeatures {
             ("sinks", self.sinks),
             ("logits_soft_cap=runtime", self.soft_cap),
             ("positions", self.positions),
+            ("bias", self.bias),
+            ("bias_grad", self.bias_grad),
         ] {
             if on {
                 parts.push(k.into());
@@ -110,6 +125,61 @@ impl BsFeatures {
         }
         parts.join(" + ")
     }
+}
+
+/// A variant's fields (the forward's, and with `backward` the backward's `bias_grad`).
+pub(super) fn decode_variant_of(d: &mut Decoder, f: &Fields, backward: bool) -> op::Features {
+    let flag = |d: &mut Decoder, name: &str| match f.value(name) {
+        Some(v) => d.bool(v, &f.path(name)).unwrap_or(false),
+        None => false,
+    };
+    let mut out = BsFeatures {
+        segment_ids: flag(d, "segment_ids"),
+        attention_mask: flag(d, "attention_mask"),
+        sinks: flag(d, "sinks"),
+        positions: flag(d, "positions"),
+        bias: flag(d, "bias"),
+        bias_grad: flag(d, "bias_grad"),
+        ..Default::default()
+    };
+    if let Some(v) = f.value("mask") {
+        if let Some(m) = mask::decode(d, v, &f.path("mask")) {
+            out.mask = m;
+        }
+    }
+    if let Some(v) = f.value("head_masks") {
+        let p = f.path("head_masks");
+        if let Some(items) = d.list(v, &p, "a non-empty list of masks (head h takes the one at h mod n)") {
+            if items.is_empty() {
+                d.invalid(v, &p, "`head_masks` needs at least one mask", "a non-empty list of masks");
+            }
+            let ms: Vec<Option<MaskExpr>> =
+                items.iter().enumerate().map(|(i, n)| mask::decode(d, n, &format!("{p}[{i}]"))).collect();
+            out.head_masks = ms.into_iter().flatten().collect();
+        }
+    }
+    if let Some(v) = f.value("logits_soft_cap") {
+        out.soft_cap = d.choice(v, &f.path("logits_soft_cap"), "soft cap", &["runtime"]).is_some();
+    }
+    if let Some(v) = f.value("bias_grad") {
+        let p = f.path("bias_grad");
+        if !backward {
+            d.invalid(
+                v,
+                &p,
+                "`bias_grad` is a field of the backward (blocksparse_attention_bwd, specs/blocksparse_bwd.yaml)",
+                "the forward's fields; `bias: true` for a bias",
+            );
+        } else if out.bias_grad && !out.bias {
+            d.invalid(
+                v,
+                &p,
+                "`bias_grad` asks for the gradient of a bias the variant does not have",
+                "`bias: true` beside `bias_grad: true`",
+            );
+        }
+    }
+    out.to_json()
 }
 
 pub(super) fn features(f: &op::Features) -> Result<BsFeatures, String> {
@@ -254,6 +324,7 @@ pub fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
         sinks: opt("sinks"),
         q_positions: opt("q_positions"),
         kv_positions: opt("kv_positions"),
+        bias: opt("bias"),
     })
 }
 
@@ -299,41 +370,11 @@ impl Operation for BlockSparse {
     }
 
     fn variant_allowed(&self) -> &'static str {
-        "a mapping such as `mask: {local: [128, 0]}`, `head_masks: [causal, full]`, `segment_ids: true`, `positions: true`; `{}` is causal attention (the seed's default)"
+        "a mapping such as `mask: {local: [128, 0]}`, `head_masks: [causal, full]`, `segment_ids: true`, `positions: true`, `bias: true`; `{}` is causal attention (the seed's default)"
     }
 
     fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> op::Features {
-        let flag = |d: &mut Decoder, name: &str| match f.value(name) {
-            Some(v) => d.bool(v, &f.path(name)).unwrap_or(false),
-            None => false,
-        };
-        let mut out = BsFeatures {
-            segment_ids: flag(d, "segment_ids"),
-            attention_mask: flag(d, "attention_mask"),
-            sinks: flag(d, "sinks"),
-            positions: flag(d, "positions"),
-            ..Default::default()
-        };
-        if let Some(v) = f.value("mask") {
-            if let Some(m) = mask::decode(d, v, &f.path("mask")) {
-                out.mask = m;
-            }
-        }
-        if let Some(v) = f.value("head_masks") {
-            let p = f.path("head_masks");
-            if let Some(items) = d.list(v, &p, "a non-empty list of masks (head h takes the one at h mod n)") {
-                if items.is_empty() {
-                    d.invalid(v, &p, "`head_masks` needs at least one mask", "a non-empty list of masks");
-                }
-                let ms: Vec<Option<MaskExpr>> =
-                    items.iter().enumerate().map(|(i, n)| mask::decode(d, n, &format!("{p}[{i}]"))).collect();
-                out.head_masks = ms.into_iter().flatten().collect();
-            }
-        }
-        if let Some(v) = f.value("logits_soft_cap") {
-            out.soft_cap = d.choice(v, &f.path("logits_soft_cap"), "soft cap", &["runtime"]).is_some();
-        }
-        out.to_json()
+        decode_variant_of(d, f, false)
     }
 
     fn describe(&self, f: &op::Features) -> String {
@@ -502,6 +543,9 @@ impl Operation for BlockSparse {
         if f.attention_mask {
             expect_shape(call, "attention_mask", &[b, hq, sq, sk], DType::I1)?;
         }
+        if f.bias {
+            expect_shape(call, "bias", &[b, hq, sq, sk], dtype)?;
+        }
         if f.positions {
             expect_shape(call, "q_positions", &[b, sq], DType::I32)?;
             expect_shape(call, "kv_positions", &[b, sk], DType::I32)?;
@@ -567,6 +611,7 @@ impl Operation for BlockSparse {
             ("sinks", x.sinks),
             ("q_positions", x.q_positions),
             ("kv_positions", x.kv_positions),
+            ("bias", x.bias),
         ] {
             if let Some(t) = t {
                 tensors.insert(n.to_string(), t);
@@ -597,6 +642,9 @@ impl Operation for BlockSparse {
         }
         if f.positions {
             counts.push(op::elements(&[s.batch, s.seq_q + s.seq_k])?);
+        }
+        if f.bias {
+            counts.push(op::elements(&[s.heads_q, s.seq_q, s.seq_k])?);
         }
         op::total_elements(&counts)
     }

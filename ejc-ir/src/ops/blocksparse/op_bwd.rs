@@ -91,6 +91,9 @@ impl BlockSparseBwd {
         if let Some(s) = &x.sinks {
             call.tensors.insert("dsinks".into(), HostTensor::full(DType::F32, &s.shape, f64::NAN));
         }
+        if ff.bias_grad {
+            call.tensors.insert("dbias".into(), HostTensor::full(dtype, &[b, h, sq, sk], f64::NAN));
+        }
         call.tensors.insert("out".into(), out);
         call.tensors.insert("lse".into(), lse);
         call.tensors.insert("dout".into(), dout);
@@ -142,7 +145,7 @@ impl Operation for BlockSparseBwd {
     }
 
     fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> op::Features {
-        FWD.decode_variant(d, f)
+        super::op::decode_variant_of(d, f, true)
     }
 
     fn describe(&self, f: &op::Features) -> String {
@@ -281,6 +284,10 @@ impl Operation for BlockSparseBwd {
             expect_shape(call, "dsinks", &s, DType::F32)?;
             sizes.insert("n_sinks".into(), s[1] as i64);
         }
+        if ff.bias_grad {
+            let (b, h, sq, sk) = (q[0], q[1], q[2], k[2]);
+            expect_shape(call, "dbias", &[b, h, sq, sk], dtype)?;
+        }
         let hkv = sizes.get("heads_kv").copied().unwrap_or(1);
         sizes.insert("layout_kv_heads".into(), if ff.per_head() { hkv } else { 1 });
         Ok(sizes)
@@ -322,7 +329,12 @@ impl Operation for BlockSparseBwd {
     fn call_elements(&self, f: &op::Features, dims: &Sizes) -> Result<u64, String> {
         // The forward's tensors and as many again (dout, dq, dk, dv, delta).
         let fwd = FWD.call_elements(f, dims)?;
-        fwd.checked_mul(2).ok_or_else(|| "the call's element count overflows 64 bits".to_string())
+        let mut counts = vec![fwd, fwd];
+        if features(f)?.bias_grad {
+            let s = super::op::shape_of(dims)?;
+            counts.push(op::elements(&[s.batch, s.heads_q, s.seq_q, s.seq_k])?);
+        }
+        op::total_elements(&counts)
     }
 
     fn reference(&self, f: &op::Features, call: &HostCall) -> Result<BTreeMap<String, HostTensor>, String> {
@@ -335,6 +347,9 @@ impl Operation for BlockSparseBwd {
         if let Some(s) = g.dsinks {
             out.insert("dsinks".into(), s);
         }
+        if let Some(t) = g.dbias {
+            out.insert("dbias".into(), t);
+        }
         Ok(out)
     }
 
@@ -342,6 +357,9 @@ impl Operation for BlockSparseBwd {
         let mut v = vec!["dq", "dk", "dv"];
         if features(f).is_ok_and(|f| f.sinks) {
             v.push("dsinks");
+        }
+        if features(f).is_ok_and(|f| f.bias_grad) {
+            v.push("dbias");
         }
         v
     }

@@ -49,6 +49,13 @@ pub struct BsFeatures {
     /// The seed's `MultiHeadMask`: head `h` also needs `head_masks[h mod n]` (empty: no
     /// per-head mask). Layouts are then per head.
     pub head_masks: Vec<MaskExpr>,
+    /// `bias [B, H, Sq, Sk]` (the query's dtype; stride 0 broadcasts an axis): added to
+    /// the scaled scores before the soft cap. It changes no layout: a block the mask
+    /// hides is skipped whatever its bias.
+    pub bias: bool,
+    /// Backward only: also return `dbias [B, H, Sq, Sk]`, the gradient of each logit's
+    /// bias term (needs `bias`; never in a forward spec).
+    pub bias_grad: bool,
 }
 
 impl Default for BsFeatures {
@@ -61,6 +68,8 @@ impl Default for BsFeatures {
             soft_cap: false,
             positions: false,
             head_masks: Vec::new(),
+            bias: false,
+            bias_grad: false,
         }
     }
 }
@@ -117,6 +126,8 @@ pub struct BsInputs {
     pub sinks: Option<HostTensor>,
     pub q_positions: Option<HostTensor>,
     pub kv_positions: Option<HostTensor>,
+    /// `[B, H, Sq, Sk]`; random calls share one across the batch (a stride-0 view).
+    pub bias: Option<HostTensor>,
 }
 
 fn randn(dtype: DType, shape: &[usize], rng: &mut StdRng) -> HostTensor {
@@ -265,6 +276,13 @@ pub fn random_inputs(f: &BsFeatures, dtype: DType, s: &BsShape, seed: u64) -> Bs
         q_positions = Some(HostTensor::from_vec(DType::I32, &[b, s.seq_q], qp));
         kv_positions = Some(HostTensor::from_vec(DType::I32, &[b, s.seq_k], kp));
     }
+    // A bias shared by the batch (as a relative-position bias is): one `[1, H, Sq, Sk]`
+    // buffer seen through a stride-0 batch axis.
+    let bias = f.bias.then(|| {
+        let t = randn(dtype, &[1, h, s.seq_q, s.seq_k], &mut rng);
+        let strides = [0, (s.seq_q * s.seq_k) as isize, s.seq_k as isize, 1];
+        t.into_view(&[b, h, s.seq_q, s.seq_k], &strides, 0)
+    });
     BsInputs {
         query,
         key,
@@ -275,6 +293,7 @@ pub fn random_inputs(f: &BsFeatures, dtype: DType, s: &BsShape, seed: u64) -> Bs
         sinks,
         q_positions,
         kv_positions,
+        bias,
     }
 }
 
@@ -330,6 +349,7 @@ pub fn reference(
         || f.attention_mask != x.attention_mask.is_some()
         || f.sinks != x.sinks.is_some()
         || f.positions != (x.q_positions.is_some() && x.kv_positions.is_some())
+        || f.bias != x.bias.is_some()
     {
         return Err("the inputs do not match the variant's features".into());
     }
@@ -353,7 +373,7 @@ pub fn reference(
                     .filter(|&j| visible(f, x, bi, hq, i, j))
                     .map(|j| {
                         let dot: f64 = (0..d).map(|c| q.get(&[bi, hq, i, c]) * k.get(&[bi, g, j, c])).sum();
-                        let s = dot * scale;
+                        let s = dot * scale + x.bias.as_ref().map_or(0.0, |t| t.get(&[bi, hq, i, j]));
                         (j, soft_cap.map_or(s, |c| c * (s / c).tanh()))
                     })
                     .collect();
@@ -384,6 +404,9 @@ pub struct BsGrads {
     pub dv: HostTensor,
     /// `[H, n]` f32, for sinks variants.
     pub dsinks: Option<HostTensor>,
+    /// `[B, H, Sq, Sk]` (the query's dtype), for `bias_grad` variants: `dU`, the gradient
+    /// of each logit before the soft cap (0 where the key is hidden).
+    pub dbias: Option<HostTensor>,
 }
 
 /// The gradients of `L = Σ dout ∘ out` (docs/semantics.md, "Block-sparse attention",
@@ -410,6 +433,7 @@ pub fn reference_bwd(
     let mut dk = vec![0.0; b * kvh * sk * d];
     let mut dvv = vec![0.0; b * kvh * sk * dv];
     let mut ds_sinks = vec![0.0; h * n_sinks];
+    let mut dbias = vec![0.0; if f.bias_grad { b * h * sq * sk } else { 0 }];
     for bi in 0..b {
         for hq in 0..h {
             let g = hq / group;
@@ -420,7 +444,7 @@ pub fn reference_bwd(
                     .filter(|&j| visible(f, x, bi, hq, i, j))
                     .map(|j| {
                         let dot: f64 = (0..d).map(|c| q.get(&[bi, hq, i, c]) * k.get(&[bi, g, j, c])).sum();
-                        let s = dot * scale;
+                        let s = dot * scale + x.bias.as_ref().map_or(0.0, |t| t.get(&[bi, hq, i, j]));
                         match soft_cap {
                             Some(cap) => {
                                 let t = (s / cap).tanh();
@@ -450,7 +474,11 @@ pub fn reference_bwd(
                     ds_sinks[hq * n_sinks + t] -= (s - m).exp() / z * delta;
                 }
                 for (&(j, _, cap_grad), &(p, dp)) in logits.iter().zip(&pd) {
-                    let ds = p * (dp - delta) * cap_grad * scale;
+                    let du = p * (dp - delta) * cap_grad;
+                    if f.bias_grad {
+                        dbias[((bi * h + hq) * sq + i) * sk + j] = du;
+                    }
+                    let ds = du * scale;
                     for c in 0..d {
                         dq[((bi * h + hq) * sq + i) * d + c] += ds * k.get(&[bi, g, j, c]);
                         dk[((bi * kvh + g) * sk + j) * d + c] += ds * q.get(&[bi, hq, i, c]);
@@ -467,5 +495,6 @@ pub fn reference_bwd(
         dk: HostTensor::from_vec(k.dtype, &[b, kvh, sk, d], dk),
         dv: HostTensor::from_vec(v.dtype, &[b, kvh, sk, dv], dvv),
         dsinks: x.sinks.as_ref().map(|_| HostTensor::from_vec(DType::F32, &[h, n_sinks], ds_sinks)),
+        dbias: f.bias_grad.then(|| HostTensor::from_vec(q.dtype, &[b, h, sq, sk], dbias)),
     })
 }
