@@ -980,7 +980,7 @@ fn blocksparse_attention_through_the_command_line() {
         let o = ejc(&["run", &spec, "--backend", backend, "--dtype", dtype, "--size", sizes]);
         let out = text(&o.stdout);
         assert_eq!(code(&o), 0, "{backend} {dtype}: {out}{}", text(&o.stderr));
-        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 11, "{backend}: {out}");
+        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 13, "{backend}: {out}");
         assert!(out.contains("plan=layout"), "{out}");
     }
     let out = temp_dir("blocksparse-build");
@@ -1030,7 +1030,7 @@ fn blocksparse_backward_through_the_command_line() {
         let o = ejc(&["run", &spec, "--backend", backend, "--dtype", dtype, "--size", sizes]);
         let out = text(&o.stdout);
         assert_eq!(code(&o), 0, "{backend} {dtype}: {out}{}", text(&o.stderr));
-        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 12, "{backend}: {out}");
+        assert_eq!(out.lines().filter(|l| l.starts_with("ok ")).count(), 14, "{backend}: {out}");
         assert!(out.contains("dk_rel_err=") && out.contains("dsinks_rel_err="), "{out}");
         assert!(out.contains("dbias_rel_err="), "{out}");
     }

@@ -268,6 +268,8 @@ fn the_reference_gradients_match_finite_differences() {
             mask_heads: 4,
         };
         let x = random_inputs(&f, DType::F64, &s, seed ^ checked as u64);
+        // Run-time sizes that cut through these short rows.
+        let x = BsInputs { window: x.window.map(|_| (3, 1)), chunk: x.chunk.map(|_| 4), ..x };
         let x = BsInputs {
             query: own(&x.query),
             key: own(&x.key),

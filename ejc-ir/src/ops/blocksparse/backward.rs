@@ -38,7 +38,9 @@
 
 use std::f64::consts::LOG2_E;
 
-use super::kernels::{block_visibility, build_layout, mask_inputs, row_mask, BsKernel, MaskInputs, Role, ScoreScale};
+use super::kernels::{
+    block_visibility, build_layout, mask_inputs, mask_scalars, row_mask, BsKernel, MaskInputs, Role, ScoreScale,
+};
 use super::reference::BsFeatures;
 use crate::builder::{Axis, KernelBuilder};
 use crate::flash::frontend::cdiv;
@@ -265,11 +267,12 @@ fn declare(b: &mut KernelBuilder, k: &BsKernel, outputs: &[&str], layout: &[&str
     let lse = b.param("lse", f3.clone());
     let delta = b.param("delta", f3);
     let outs = outputs.iter().map(|n| b.param(n, t4.clone())).collect();
-    let mask = mask_inputs(b, &k.features);
+    let mut mask = mask_inputs(b, &k.features);
     let bias = k.features.bias.then(|| b.param("bias", t4.clone()));
     let layout = layout.iter().map(|n| b.param(n, Type::Tensor(DType::I32, 4))).collect();
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let softcap = k.features.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
+    mask_scalars(b, &k.features, &mut mask);
     let c0 = b.const_i32(0);
     let c1 = b.const_i32(1);
     let log2e = b.const_f32(LOG2_E);

@@ -109,6 +109,10 @@ pub(super) struct MaskInputs {
     pub(super) attention_mask: Option<Value>,
     /// `q_positions`, `kv_positions`.
     pub(super) positions: Option<(Value, Value)>,
+    /// The run-time window's `window_left`, `window_right` (i32 scalars).
+    pub(super) window: Option<(Value, Value)>,
+    /// The run-time `chunk_size` (i32 scalar).
+    pub(super) chunk: Option<Value>,
 }
 
 pub(super) fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
@@ -123,7 +127,18 @@ pub(super) fn mask_inputs(b: &mut KernelBuilder, f: &BsFeatures) -> MaskInputs {
         let k = b.param("kv_positions", Type::Tensor(DType::I32, 2));
         (q, k)
     });
-    MaskInputs { segment_ids, attention_mask, positions }
+    MaskInputs { segment_ids, attention_mask, positions, window: None, chunk: None }
+}
+
+/// The mask's run-time sizes (scalars: declared after every tensor, the launch ABI's
+/// order).
+pub(super) fn mask_scalars(b: &mut KernelBuilder, f: &BsFeatures, m: &mut MaskInputs) {
+    m.window = f.runtime_window.then(|| {
+        let l = b.param("window_left", Type::Scalar(DType::I32));
+        let r = b.param("window_right", Type::Scalar(DType::I32));
+        (l, r)
+    });
+    m.chunk = f.runtime_chunk.then(|| b.param("chunk_size", Type::Scalar(DType::I32)));
 }
 
 fn layout_params(b: &mut KernelBuilder) -> [Value; 2] {
@@ -188,6 +203,22 @@ pub(super) fn block_visibility(
     if let Some(v) = f.mask.emit(b, rows.q_pos, kv_pos) {
         vis = b.and(vis, v);
     }
+    if let Some((l, r)) = m.window {
+        let lo = b.sub(rows.q_pos, l);
+        let hi = b.add(rows.q_pos, r);
+        let ge = b.cmp(CmpPred::Ge, kv_pos, lo);
+        let le = b.cmp(CmpPred::Le, kv_pos, hi);
+        let inside = b.and(ge, le);
+        vis = b.and(vis, inside);
+    }
+    if let Some(c) = m.chunk {
+        let qc = b.div(rows.q_pos, c);
+        let kc = b.div(kv_pos, c);
+        let same = b.cmp(CmpPred::Eq, qc, kc);
+        let causal = b.cmp(CmpPred::Le, kv_pos, rows.q_pos);
+        let ok = b.and(same, causal);
+        vis = b.and(vis, ok);
+    }
     if !f.head_masks.is_empty() {
         // Head h takes head_masks[h mod n]: every mask evaluated, the head's selected.
         let n = b.const_i32(f.head_masks.len() as i64);
@@ -226,11 +257,12 @@ pub(super) fn build_layout(name: &str, k: &BsKernel, classes: bool) -> Result<Ke
     let f = &k.features;
     let (bm, bn) = (k.block_m, k.block_n);
     let mut b = KernelBuilder::new(name);
-    let m = mask_inputs(&mut b, f);
+    let mut m = mask_inputs(&mut b, f);
     let [block_count, block_idx] = layout_params(&mut b);
     let block_class = classes.then(|| b.param("block_class", Type::Tensor(DType::I32, 4)));
     let seq_q = b.param("seq_q", Type::Scalar(DType::I32));
     let seq_k = b.param("seq_k", Type::Scalar(DType::I32));
+    mask_scalars(&mut b, f, &mut m);
     b.set_grid([
         GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64),
         if f.per_head() { GridExpr::sym("heads_q") } else { GridExpr::Const(1) },
@@ -257,7 +289,33 @@ pub(super) fn build_layout(name: &str, k: &BsKernel, classes: bool) -> Result<Ke
     let last = b.min(last, seq_q);
     let last = b.sub(last, c1);
     // (Positions move the mask algebra off the indices: every key block is looked at.)
-    let (lo, hi) = if f.positions { (None, None) } else { f.mask.emit_key_range(&mut b, i0, last) };
+    let (mut lo, mut hi) = if f.positions { (None, None) } else { f.mask.emit_key_range(&mut b, i0, last) };
+    if !f.positions {
+        // The run-time window and chunks bound the keys as their algebra forms do:
+        // [first − left, last + right]; [the first row's chunk start, last].
+        let mut tighten = |b: &mut KernelBuilder, l: Value, h: Value| {
+            lo = Some(match lo {
+                Some(x) => b.max(x, l),
+                None => l,
+            });
+            hi = Some(match hi {
+                Some(x) => b.min(x, h),
+                None => h,
+            });
+        };
+        if let Some((l, r)) = m.window {
+            let a = b.sub(i0, l);
+            let e = b.add(last, r);
+            let e = b.add(e, c1);
+            tighten(&mut b, a, e);
+        }
+        if let Some(c) = m.chunk {
+            let a = b.div(i0, c);
+            let a = b.mul(a, c);
+            let e = b.add(last, c1);
+            tighten(&mut b, a, e);
+        }
+    }
     let kb_lo = match lo {
         Some(lo) => {
             let lo = b.max(lo, c0);
@@ -399,12 +457,13 @@ fn build_main(name: &str, k: &BsKernel) -> Result<Kernel, VerifyError> {
     let value = b.param("value", t4.clone());
     let out = b.param("out", t4);
     let lse = b.param("lse", Type::Tensor(DType::F32, 3));
-    let m = mask_inputs(&mut b, f);
+    let mut m = mask_inputs(&mut b, f);
     let bias = f.bias.then(|| b.param("bias", Type::Tensor(k.dtype, 4)));
     let sinks = f.sinks.then(|| b.param("sinks", Type::Tensor(DType::F32, 2)));
     let [block_count, block_idx] = layout_params(&mut b);
     let scale = b.param("softmax_scale", Type::Scalar(DType::F32));
     let softcap = f.soft_cap.then(|| b.param("logits_soft_cap", Type::Scalar(DType::F32)));
+    mask_scalars(&mut b, f, &mut m);
     b.set_grid([GridExpr::cdiv(GridExpr::sym("seq_q"), bm as i64), GridExpr::sym("heads_q"), GridExpr::sym("batch")]);
     let pid = b.program_id(0);
     let head = b.program_id(1);

@@ -39,6 +39,8 @@ const VARIANT_FIELDS: &[&str] = &[
     "positions",
     "bias",
     "bias_grad",
+    "sliding_window",
+    "chunk_size",
 ];
 
 impl BsFeatures {
@@ -64,6 +66,12 @@ impl BsFeatures {
         if self.soft_cap {
             m.insert("logits_soft_cap".into(), json!("runtime"));
         }
+        if self.runtime_window {
+            m.insert("sliding_window".into(), json!("runtime"));
+        }
+        if self.runtime_chunk {
+            m.insert("chunk_size".into(), json!("runtime"));
+        }
         m
     }
 
@@ -85,11 +93,12 @@ impl BsFeatures {
             }
             Some(v) => return Err(format!("blocksparse_attention's head_masks is a non-empty list of masks, not {v}")),
         };
-        let soft_cap = match m.get("logits_soft_cap") {
-            None | Some(serde_json::Value::Null) => false,
-            Some(serde_json::Value::String(s)) if s == "runtime" => true,
-            Some(v) => return Err(format!("blocksparse_attention's logits_soft_cap is `runtime`, not {v}")),
+        let runtime = |k: &str| match m.get(k) {
+            None | Some(serde_json::Value::Null) => Ok(false),
+            Some(serde_json::Value::String(s)) if s == "runtime" => Ok(true),
+            Some(v) => Err(format!("blocksparse_attention's {k} is `runtime`, not {v}")),
         };
+        let soft_cap = runtime("logits_soft_cap")?;
         Ok(BsFeatures {
             mask,
             segment_ids: flag("segment_ids"),
@@ -100,6 +109,8 @@ impl BsFeatures {
             head_masks,
             bias: flag("bias"),
             bias_grad: flag("bias_grad"),
+            runtime_window: runtime("sliding_window")?,
+            runtime_chunk: runtime("chunk_size")?,
         })
     }
 
@@ -118,6 +129,8 @@ impl BsFeatures {
             ("positions", self.positions),
             ("bias", self.bias),
             ("bias_grad", self.bias_grad),
+            ("sliding_window=runtime", self.runtime_window),
+            ("chunk_size=runtime", self.runtime_chunk),
         ] {
             if on {
                 parts.push(k.into());
@@ -160,6 +173,14 @@ pub(super) fn decode_variant_of(d: &mut Decoder, f: &Fields, backward: bool) -> 
     }
     if let Some(v) = f.value("logits_soft_cap") {
         out.soft_cap = d.choice(v, &f.path("logits_soft_cap"), "soft cap", &["runtime"]).is_some();
+    }
+    // Fixed sizes are the mask algebra's (`local: [l, r]`, `chunked_causal: c`); these two
+    // take them per call.
+    if let Some(v) = f.value("sliding_window") {
+        out.runtime_window = d.choice(v, &f.path("sliding_window"), "sliding window", &["runtime"]).is_some();
+    }
+    if let Some(v) = f.value("chunk_size") {
+        out.runtime_chunk = d.choice(v, &f.path("chunk_size"), "chunk size", &["runtime"]).is_some();
     }
     if let Some(v) = f.value("bias_grad") {
         let p = f.path("bias_grad");
@@ -325,6 +346,11 @@ pub fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
         q_positions: opt("q_positions"),
         kv_positions: opt("kv_positions"),
         bias: opt("bias"),
+        window: match (call.scalars.get("window_left"), call.scalars.get("window_right")) {
+            (Some(l), Some(r)) => Some((*l as i64, *r as i64)),
+            _ => None,
+        },
+        chunk: call.scalars.get("chunk_size").map(|c| *c as i64),
     })
 }
 
@@ -370,7 +396,7 @@ impl Operation for BlockSparse {
     }
 
     fn variant_allowed(&self) -> &'static str {
-        "a mapping such as `mask: {local: [128, 0]}`, `head_masks: [causal, full]`, `segment_ids: true`, `positions: true`, `bias: true`; `{}` is causal attention (the seed's default)"
+        "a mapping such as `mask: {local: [128, 0]}`, `head_masks: [causal, full]`, `segment_ids: true`, `positions: true`, `bias: true`, `sliding_window: runtime`; `{}` is causal attention (the seed's default)"
     }
 
     fn decode_variant(&self, d: &mut Decoder, f: &Fields) -> op::Features {
@@ -489,8 +515,16 @@ impl Operation for BlockSparse {
 
     fn scalars(&self, f: &op::Features) -> Vec<ScalarDecl> {
         let mut out = vec![ScalarDecl { name: "softmax_scale", doc: "multiplies q.k (default 1/sqrt(head_dim))" }];
-        if features(f).map(|f| f.soft_cap).unwrap_or(false) {
+        let ff = features(f).ok();
+        if ff.as_ref().is_some_and(|f| f.soft_cap) {
             out.push(ScalarDecl { name: "logits_soft_cap", doc: "soft cap c > 0" });
+        }
+        if ff.as_ref().is_some_and(|f| f.runtime_window) {
+            out.push(ScalarDecl { name: "window_left", doc: "keys visible left of each row's position (0 to 2^30)" });
+            out.push(ScalarDecl { name: "window_right", doc: "keys visible right of each row's position (0 to 2^30)" });
+        }
+        if ff.as_ref().is_some_and(|f| f.runtime_chunk) {
+            out.push(ScalarDecl { name: "chunk_size", doc: "positions per chunk (1 to 2^30), causal within each" });
         }
         out
     }
@@ -569,6 +603,20 @@ impl Operation for BlockSparse {
                 return Err(format!("scalar argument `logits_soft_cap` = {c} must be positive and finite"));
             }
         }
+        let size = |n: &str, min: f64| -> Result<(), String> {
+            let v = call.scalar(n).ok_or_else(|| format!("scalar argument `{n}` is missing"))?;
+            if v.fract() != 0.0 || !(min..=mask::MAX_SIZE as f64).contains(&v) {
+                return Err(format!("scalar argument `{n}` = {v} must be an integer from {min} to 2^30"));
+            }
+            Ok(())
+        };
+        if f.runtime_window {
+            size("window_left", 0.0)?;
+            size("window_right", 0.0)?;
+        }
+        if f.runtime_chunk {
+            size("chunk_size", 1.0)?;
+        }
         Ok(Sizes::from([
             ("batch".to_string(), b as i64),
             ("heads_q".to_string(), hq as i64),
@@ -620,6 +668,13 @@ impl Operation for BlockSparse {
         let mut scalars = BTreeMap::from([("softmax_scale".to_string(), 1.0 / (s.head_dim.max(1) as f64).sqrt())]);
         if f.soft_cap {
             scalars.insert("logits_soft_cap".to_string(), 2.5);
+        }
+        if let Some((l, r)) = x.window {
+            scalars.insert("window_left".to_string(), l as f64);
+            scalars.insert("window_right".to_string(), r as f64);
+        }
+        if let Some(c) = x.chunk {
+            scalars.insert("chunk_size".to_string(), c as f64);
         }
         Ok(HostCall { tensors, scalars })
     }

@@ -56,6 +56,12 @@ pub struct BsFeatures {
     /// Backward only: also return `dbias [B, H, Sq, Sk]`, the gradient of each logit's
     /// bias term (needs `bias`; never in a forward spec).
     pub bias_grad: bool,
+    /// A sliding window given per call (the seed's `sliding_window`): scalars
+    /// `window_left`, `window_right`; row `q` also needs `q − left ≤ kv ≤ q + right`.
+    pub runtime_window: bool,
+    /// Chunks given per call (the seed's `chunk_size`): scalar `chunk_size`; row `q` also
+    /// needs `⌊q / c⌋ = ⌊kv / c⌋` and `kv ≤ q` (the seed's `ChunkedCausalMask`).
+    pub runtime_chunk: bool,
 }
 
 impl Default for BsFeatures {
@@ -70,6 +76,8 @@ impl Default for BsFeatures {
             head_masks: Vec::new(),
             bias: false,
             bias_grad: false,
+            runtime_window: false,
+            runtime_chunk: false,
         }
     }
 }
@@ -128,6 +136,10 @@ pub struct BsInputs {
     pub kv_positions: Option<HostTensor>,
     /// `[B, H, Sq, Sk]`; random calls share one across the batch (a stride-0 view).
     pub bias: Option<HostTensor>,
+    /// The call's `(window_left, window_right)` (run-time window variants).
+    pub window: Option<(i64, i64)>,
+    /// The call's `chunk_size` (run-time chunk variants).
+    pub chunk: Option<i64>,
 }
 
 fn randn(dtype: DType, shape: &[usize], rng: &mut StdRng) -> HostTensor {
@@ -283,6 +295,10 @@ pub fn random_inputs(f: &BsFeatures, dtype: DType, s: &BsShape, seed: u64) -> Bs
         let strides = [0, (s.seq_q * s.seq_k) as isize, s.seq_k as isize, 1];
         t.into_view(&[b, h, s.seq_q, s.seq_k], &strides, 0)
     });
+    // Run-time sizes that cut through blocks: a window of a few dozen keys, chunks of a
+    // length off every block size.
+    let window = f.runtime_window.then(|| (rng.random_range(50..=100), rng.random_range(0..=9)));
+    let chunk = f.runtime_chunk.then(|| rng.random_range(60..=97));
     BsInputs {
         query,
         key,
@@ -294,6 +310,8 @@ pub fn random_inputs(f: &BsFeatures, dtype: DType, s: &BsShape, seed: u64) -> Bs
         q_positions,
         kv_positions,
         bias,
+        window,
+        chunk,
     }
 }
 
@@ -306,6 +324,16 @@ pub fn visible(f: &BsFeatures, x: &BsInputs, b: usize, h: usize, i: usize, j: us
     };
     if !f.mask.visible(qp, kp) || f.head_mask(h).is_some_and(|m| !m.visible(qp, kp)) {
         return false;
+    }
+    if let Some((left, right)) = x.window {
+        if !(MaskExpr::Local { left, right }).visible(qp, kp) {
+            return false;
+        }
+    }
+    if let Some(chunk) = x.chunk {
+        if !(MaskExpr::ChunkedCausal { chunk }).visible(qp, kp) {
+            return false;
+        }
     }
     if let (Some(q), Some(k)) = (&x.q_segment_ids, &x.kv_segment_ids) {
         let qi = q.get(&[b, i]);
@@ -350,6 +378,8 @@ pub fn reference(
         || f.sinks != x.sinks.is_some()
         || f.positions != (x.q_positions.is_some() && x.kv_positions.is_some())
         || f.bias != x.bias.is_some()
+        || f.runtime_window != x.window.is_some()
+        || f.runtime_chunk != x.chunk.is_some()
     {
         return Err("the inputs do not match the variant's features".into());
     }
