@@ -311,3 +311,27 @@ fn the_key_range_bounds_every_visible_key() {
     assert_eq!(MaskExpr::Causal { offset: 0 }.key_range(64, 127), (None, Some(128)));
     assert_eq!(MaskExpr::Local { left: 256, right: 0 }.key_range(512, 575), (Some(256), Some(576)));
 }
+
+/// Run-time window and chunk sizes outside their range (or not integers) are refused by
+/// name before any kernel runs; in range they pass.
+#[test]
+fn run_time_mask_sizes_are_validated() {
+    let spec = spec();
+    for (variant, scalar, bad) in [
+        ("runtime_window", "window_left", -1.0),
+        ("runtime_window", "window_right", 2.5),
+        ("runtime_window", "window_left", (1u64 << 31) as f64),
+        ("runtime_chunked", "chunk_size", 0.0),
+    ] {
+        let v = spec.variants.iter().find(|v| v.name == variant).unwrap();
+        let dims = &op().check_dims(&keys())[0];
+        let mut call = op().random_call(&v.features, DType::F32, dims, seed()).unwrap();
+        op().validate(&v.features, DType::F32, &keys(), &call).unwrap();
+        call.scalars.insert(scalar.to_string(), bad);
+        let e = op().validate(&v.features, DType::F32, &keys(), &call).unwrap_err();
+        assert!(e.contains(scalar) && e.contains("2^30"), "{variant} {scalar}={bad}: {e}");
+        call.scalars.remove(scalar);
+        let e = op().validate(&v.features, DType::F32, &keys(), &call).unwrap_err();
+        assert!(e.contains(&format!("`{scalar}` is missing")), "{variant}: {e}");
+    }
+}
