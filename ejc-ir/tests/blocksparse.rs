@@ -112,10 +112,30 @@ fn run_layout(
 #[test]
 fn the_layout_lists_exactly_the_full_and_partial_blocks() {
     let (spec, seed) = (spec(), seed());
-    let dims = &op().check_dims(&keys())[1]; // 333 x 200, four heads, a mask per head
+    // 333 x 200, four heads, a mask per head.
+    let dims = &op().check_dims(&keys())[1];
+    // Run-time sizes also at block edges: a window whose right side reaches exactly the
+    // first key of a block from a query block's last row (15 + 17 = 32, 63 + 17 = 80), and
+    // chunks of 47, whose second starts on the last key of a 16-key block.
+    let mut calls = Vec::new();
     for variant in &spec.variants {
+        let call = op().random_call(&variant.features, DType::F32, dims, seed).unwrap();
+        let edge = match variant.name.as_str() {
+            "runtime_window" => vec![("window_left", 70.0), ("window_right", 17.0)],
+            "runtime_chunked" => vec![("chunk_size", 47.0)],
+            _ => vec![],
+        };
+        if !edge.is_empty() {
+            let mut c = call.clone();
+            for (n, v) in edge {
+                c.scalars.insert(n.to_string(), v);
+            }
+            calls.push((variant, c, true));
+        }
+        calls.push((variant, call, false));
+    }
+    for (variant, mut call, edge) in calls {
         let f = features(variant);
-        let mut call = op().random_call(&variant.features, DType::F32, dims, seed).unwrap();
         let sizes = op().validate(&variant.features, DType::F32, &keys(), &call).unwrap();
         let x = inputs(&call);
         let (sq, sk) = (sizes["seq_q"] as usize, sizes["seq_k"] as usize);
@@ -150,7 +170,7 @@ fn the_layout_lists_exactly_the_full_and_partial_blocks() {
         }
         // Every sparse variant has blocks of all three kinds on this call, over the two
         // tilings (full attention skips none).
-        if variant.name != "full" {
+        if variant.name != "full" && !edge {
             assert!(n_full > 0 && n_part > 0 && n_skip > 0, "{}: {n_full} {n_part} {n_skip}", variant.name);
         }
     }
