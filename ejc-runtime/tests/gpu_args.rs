@@ -136,6 +136,7 @@ fn bad_flags_are_errors_before_the_driver_check() {
     };
     refused(&with(&["--reps", "many"]), "--reps");
     refused(&with(&["--reps", "0"]), "--reps");
+    refused(&with(&["--scalars", "window_left"]), "--scalars: `window_left` is not NAME=NUMBER");
     refused(&["bench", dir, "--dtype", "bf16"], "--variant is required");
     refused(&["bench", dir, "--variant", "fwd", "--dtype", "bf17"], "--dtype");
     refused(&["bench", dir, "--variant", "nope", "--dtype", "bf16"], "variant nope");
@@ -157,6 +158,8 @@ fn well_formed_requests_reach_the_driver_check() {
         v.extend(CALL);
         if cmd != "bench" {
             v.extend(["--cache-dir", cache.arg()]);
+        } else {
+            v.extend(["--scalars", "softmax_scale=0.1"]);
         }
         requests.push(v);
     }

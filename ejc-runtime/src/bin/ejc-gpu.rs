@@ -6,7 +6,7 @@
 //! ```text
 //! ejc-gpu info
 //! ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned] [--scalars NAME=V,...]
-//! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--all] [--json FILE]
+//! ejc-gpu bench DIR --variant V --dtype D --size NAME=N,... [--shape ...] [--reps N] [--only TEXT] [--all] [--json FILE] [--scalars NAME=V,...]
 //! ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]
 //! ejc-gpu tune  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR] [--force]
 //! ejc-gpu call  DIR --variant V --dtype D --size NAME=N,... [--cache-dir DIR]
@@ -48,7 +48,7 @@ use ejc_runtime::registry::{Candidate, Family, Platform, Query, Registry};
 fn usage() -> ExitCode {
     eprintln!(
         "usage:\n  ejc-gpu info\n  ejc-gpu check DIR [--filter TEXT] [--seed N] [--shard I/N] [--size NAME=N,... | --shape N,...] [--entry general|aligned] [--scalars NAME=V,...]\n  ejc-gpu check-kernels DIR [--filter TEXT] [--seed N]\n  ejc-gpu bench DIR --variant V \
-         --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--all] [--json FILE]\n  ejc-gpu tune DIR --variant V \
+         --dtype D (--size NAME=N,... | --shape N,N,...) [--reps N] [--only TEXT] [--all] [--json FILE] [--scalars NAME=V,...]\n  ejc-gpu tune DIR --variant V \
          --dtype D (--size ... | --shape ...) [--cache-dir DIR] [--force]\n  ejc-gpu call DIR --variant V --dtype D (--size ... | \
          --shape ...) [--cache-dir DIR]"
     );
@@ -243,17 +243,10 @@ fn check(args: &[String]) -> ExitCode {
     };
     // --scalars NAME=V,...: these run-time scalars instead of the random ones (a window
     // with negative sides, as ring attention's blocks have; a given soft cap).
-    let mut scalars = ejc_ir::op::Scalars::new();
-    if let Some(list) = flag(args, "--scalars") {
-        for kv in list.split(',') {
-            match kv.split_once('=').map(|(k, v)| (k, v.parse::<f64>())) {
-                Some((k, Ok(v))) => {
-                    scalars.insert(k.to_string(), v);
-                }
-                _ => return bad_input(format!("--scalars: `{kv}` is not NAME=NUMBER")),
-            }
-        }
-    }
+    let scalars = match scalars_arg(args) {
+        Ok(s) => s,
+        Err(e) => return bad_input(e),
+    };
     // Everything given is checked before the driver is looked for.
     let (op, reg) = match open(dir) {
         Ok(x) => x,
@@ -470,8 +463,24 @@ fn target(asked: Asked<'_>, cc: u32) -> Result<Target<'_>, String> {
     Ok(Target { fam, dtype, dims })
 }
 
+/// `--scalars NAME=V,...`: run-time scalars in place of a random call's.
+fn scalars_arg(args: &[String]) -> Result<ejc_ir::op::Scalars, String> {
+    let mut scalars = ejc_ir::op::Scalars::new();
+    if let Some(list) = flag(args, "--scalars") {
+        for kv in list.split(',') {
+            match kv.split_once('=').map(|(k, v)| (k, v.parse::<f64>())) {
+                Some((k, Ok(v))) => {
+                    scalars.insert(k.to_string(), v);
+                }
+                _ => return Err(format!("--scalars: `{kv}` is not NAME=NUMBER")),
+            }
+        }
+    }
+    Ok(scalars)
+}
+
 fn bench(args: &[String]) -> ExitCode {
-    let valued = ["--variant", "--dtype", "--size", "--shape", "--reps", "--only", "--json"];
+    let valued = ["--variant", "--dtype", "--size", "--shape", "--reps", "--only", "--json", "--scalars"];
     if let Err(e) = check_args("bench", args, &valued, &["--all"]) {
         return bad_input(e);
     }
@@ -483,6 +492,11 @@ fn bench(args: &[String]) -> ExitCode {
     };
     let only = flag(args, "--only");
     let all = args.iter().any(|a| a == "--all");
+    // The call's scalars where given (a run-time window's sides), else the test values.
+    let scalars = match scalars_arg(args) {
+        Ok(s) => s,
+        Err(e) => return bad_input(e),
+    };
     let (op, reg) = match open(dir) {
         Ok(x) => x,
         Err(e) => return bad_input(e),
@@ -499,7 +513,7 @@ fn bench(args: &[String]) -> ExitCode {
         Ok(t) => t,
         Err(e) => return bad_input(e),
     };
-    let host = match op.timing_call(&t.fam.features, t.dtype, &t.dims, 7, &Default::default()) {
+    let host = match op.timing_call(&t.fam.features, t.dtype, &t.dims, 7, &scalars) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
