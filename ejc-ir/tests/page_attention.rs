@@ -16,7 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::seed;
-use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, KernelInstance, Operation, Sizes};
+use ejc_ir::op::{run_plan_interp, Config, KernelInstance, Operation, Sizes};
 use ejc_ir::ops::page_attention::reference::{random_inputs, reference, PagedShape};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{self, Spec};
@@ -97,11 +97,7 @@ fn plans_match_the_reference(spec: &Spec, op: &dyn Operation) {
             if let Err(e) = run_plan_interp(plan, &kernels, &mut call, &sizes, &config) {
                 return Some(format!("{what}: {e}"));
             }
-            let tol = op::tolerance(*dtype);
-            compare_outputs(op, &variant.features, &call, &want)
-                .into_iter()
-                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
-                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
+            common::worst_output(op, &variant.features, *dtype, &call, &want, &what)
         })
         .collect();
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));

@@ -16,10 +16,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::seed;
-use ejc_ir::op::{
-    self, compare_outputs, run_plan_interp, run_plan_interp_in, CallView, Config, KernelInstance, LaunchOrder,
-    Operation,
-};
+use ejc_ir::op::{run_plan_interp, run_plan_interp_in, CallView, Config, KernelInstance, LaunchOrder, Operation};
 use ejc_ir::passes::{default_pipeline, run_pipeline};
 use ejc_ir::spec::{self, Spec};
 use ejc_ir::types::DType;
@@ -126,11 +123,7 @@ fn packed_plan_matches(spec: Spec, op: &'static dyn Operation, exact_cache: bool
                     return Some(format!("{what}: the updated cache differs from the reference's"));
                 }
             }
-            let tol = op::tolerance(*dtype);
-            compare_outputs(op, &variant.features, &call, &want)
-                .into_iter()
-                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
-                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
+            common::worst_output(op, &variant.features, *dtype, &call, &want, &what)
         })
         .collect();
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));

@@ -244,6 +244,23 @@ pub fn plan_kernels_at(
     out
 }
 
+/// The first output of a plan's call off the reference by more than the dtype's
+/// tolerance (NaN counts as off), as a failure line headed by `what`.
+pub fn worst_output(
+    op: &dyn ejc_ir::op::Operation,
+    features: &ejc_ir::op::Features,
+    dtype: DType,
+    got: &ejc_ir::op::HostCall,
+    want: &std::collections::BTreeMap<String, ejc_ir::tensor::HostTensor>,
+    what: &str,
+) -> Option<String> {
+    let tol = ejc_ir::op::tolerance(dtype);
+    ejc_ir::op::compare_outputs(op, features, got, want)
+        .into_iter()
+        .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
+        .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
+}
+
 /// Every variant of `spec`, f32 (16 × 32 tiles) and bf16 (32 × 16), on each of `op`'s
 /// awkward calls (`check_dims`): its first plan on the interpreter after the pass pipeline
 /// against the reference, within the dtype's tolerance; every failure listed.
@@ -252,7 +269,7 @@ pub fn every_variant_matches_the_reference(
     spec: &ejc_ir::spec::Spec,
     keys: &ejc_ir::op::Keys,
 ) {
-    use ejc_ir::op::{compare_outputs, run_plan_interp, tolerance, Config};
+    use ejc_ir::op::{run_plan_interp, Config};
     use rayon::prelude::*;
     let seed = seed();
     let mut cases = Vec::new();
@@ -276,11 +293,7 @@ pub fn every_variant_matches_the_reference(
             if let Err(e) = run_plan_interp(plan, &ks, &mut call, &sizes, &tile) {
                 return Some(format!("{what}: {e}"));
             }
-            let tol = tolerance(*dtype);
-            compare_outputs(op, &variant.features, &call, &want)
-                .into_iter()
-                .find(|(_, rel, _)| rel.is_nan() || *rel > tol)
-                .map(|(name, rel, abs)| format!("{what}: {name} rel {rel:.3e} (abs {abs:.3e}) > {tol:e}"))
+            worst_output(op, &variant.features, *dtype, &call, &want, &what)
         })
         .collect();
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
