@@ -161,3 +161,280 @@ impl DslLibrary {
         plan.run(call, threads).map_err(|e| invalid(e.to_string()))
     }
 }
+
+/// Why a DSL kernel could not run on the GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// This build of ejc-runtime has no CUDA support.
+    #[error(
+        "ejc-runtime was built without its `cuda` feature: enable it (`ejc-runtime = {{ features = [\"cuda\"] }}`, \
+         or a feature of your crate that turns it on) to run #[ej_kernel] kernels on a GPU"
+    )]
+    NoCuda,
+    /// The driver, a missing GPU, or a refused launch.
+    #[error("{0}")]
+    Cuda(String),
+    /// Arguments that do not fit the kernel, or a build without PTX for this GPU.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[cfg(feature = "cuda")]
+impl From<crate::cuda::CudaError> for GpuError {
+    fn from(e: crate::cuda::CudaError) -> GpuError {
+        match e {
+            crate::cuda::CudaError::Invalid(m) => GpuError::Invalid(m),
+            other => GpuError::Cuda(other.to_string()),
+        }
+    }
+}
+
+/// The GPU `#[ej_kernel]` kernels run on (the first one), with ejc-runtime's `cuda`
+/// feature; without it every constructor returns [`GpuError::NoCuda`].
+pub struct Gpu {
+    #[cfg(feature = "cuda")]
+    cuda: std::sync::Arc<crate::cuda::Cuda>,
+    #[cfg(not(feature = "cuda"))]
+    _none: std::convert::Infallible,
+}
+
+/// A tensor in the GPU's memory, for a kernel's generated `launch_gpu` wrapper.
+pub struct GpuBuffer {
+    #[cfg(feature = "cuda")]
+    buf: crate::cuda::DeviceBuffer,
+    #[cfg(not(feature = "cuda"))]
+    _none: std::convert::Infallible,
+}
+
+/// A DSL kernel loaded on a GPU ([`DslLibrary::gpu_kernel`]).
+pub struct GpuKernel {
+    #[cfg(feature = "cuda")]
+    kernel: crate::cuda::CudaKernel,
+    #[cfg(feature = "cuda")]
+    cuda: std::sync::Arc<crate::cuda::Cuda>,
+    /// The artifact's target (`ptx:sm_90a`).
+    pub target: String,
+    #[cfg(not(feature = "cuda"))]
+    _none: std::convert::Infallible,
+}
+
+impl Gpu {
+    /// The first GPU, or why there is none (no driver, no `cuda` feature).
+    pub fn new() -> Result<Gpu, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            Ok(Gpu { cuda: std::sync::Arc::new(crate::cuda::Cuda::new()?) })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(GpuError::NoCuda)
+        }
+    }
+
+    /// The device and its compute capability, e.g. `NVIDIA H100 80GB HBM3 (sm_90)`.
+    pub fn name(&self) -> String {
+        #[cfg(feature = "cuda")]
+        {
+            self.cuda.device_name()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            match self._none {}
+        }
+    }
+
+    /// Copy a host tensor to the GPU (same shape, strides and offset).
+    pub fn upload(&self, h: &crate::cpu::HostBuffer) -> Result<GpuBuffer, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            Ok(GpuBuffer { buf: self.cuda.upload(h)? })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = h;
+            match self._none {}
+        }
+    }
+
+    /// Copy a GPU tensor back (after the launches before it have finished).
+    pub fn download(&self, d: &GpuBuffer) -> Result<crate::cpu::HostBuffer, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            self.cuda.synchronize()?;
+            Ok(self.cuda.download(&d.buf)?)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = d;
+            match self._none {}
+        }
+    }
+
+    /// Wait for every launch queued so far.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            Ok(self.cuda.synchronize()?)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            match self._none {}
+        }
+    }
+
+    /// Milliseconds of GPU time of each of `reps` runs of `f` (CUDA events).
+    pub fn time(&self, reps: usize, f: &mut dyn FnMut() -> Result<(), GpuError>) -> Result<Vec<f32>, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            let mut err = None;
+            let t = self.cuda.time(reps, &mut || {
+                f().map_err(|e| {
+                    let m = e.to_string();
+                    err = Some(e);
+                    crate::cuda::CudaError::Invalid(m)
+                })
+            });
+            match (t, err) {
+                (_, Some(e)) => Err(e),
+                (t, None) => Ok(t?),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (reps, f);
+            match self._none {}
+        }
+    }
+}
+
+impl GpuBuffer {
+    /// Element type and shape.
+    pub fn dtype(&self) -> DType {
+        #[cfg(feature = "cuda")]
+        {
+            self.buf.dtype
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            match self._none {}
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        #[cfg(feature = "cuda")]
+        {
+            &self.buf.shape
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            match self._none {}
+        }
+    }
+}
+
+/// One tensor argument of a GPU launch (what the generated `launch_gpu` passes).
+pub struct GpuTensorArg<'a> {
+    pub name: &'static str,
+    pub dtype: DType,
+    pub rank: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    buf: &'a GpuBuffer,
+}
+
+impl<'a> GpuTensorArg<'a> {
+    /// A tensor the kernel only loads from.
+    pub fn read(name: &'static str, dtype: DType, rank: usize, buf: &'a GpuBuffer) -> Self {
+        GpuTensorArg { name, dtype, rank, buf }
+    }
+    /// A tensor the kernel stores to (an exclusive borrow: it aliases no other argument).
+    pub fn write(name: &'static str, dtype: DType, rank: usize, buf: &'a mut GpuBuffer) -> Self {
+        GpuTensorArg { name, dtype, rank, buf }
+    }
+}
+
+/// A checked GPU launch (the generated `launch_gpu` wrappers call this): every tensor's
+/// dtype and rank must be the parameter's, the grid within CUDA's range; scalars are
+/// `(dtype, value)` in the kernel's order. Loads and stores are bounded by the tensors'
+/// shapes (docs/ir.md), so a checked launch touches nothing outside the buffers. The
+/// launch is queued on the GPU's stream: [`Gpu::download`] waits for it.
+pub fn launch_gpu_checked(
+    kernel: &GpuKernel,
+    kernel_name: &str,
+    tensors: &[GpuTensorArg],
+    scalars: &[(DType, f64)],
+    grid: [i64; 3],
+) -> Result<(), GpuError> {
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::Scalar;
+        for t in tensors {
+            let b = &t.buf.buf;
+            if b.dtype != t.dtype || b.shape.len() != t.rank || b.strides.len() != t.rank {
+                return Err(GpuError::Invalid(format!(
+                    "`{kernel_name}`: `{}` must be a {} tensor of rank {}, got {} with shape {:?}",
+                    t.name, t.dtype, t.rank, b.dtype, b.shape
+                )));
+            }
+        }
+        let views: Vec<_> = tensors.iter().map(|t| t.buf.buf.view()).collect();
+        let scalars: Vec<Scalar> = scalars
+            .iter()
+            .map(|&(d, x)| match d {
+                DType::F32 => Scalar::F32(x as f32),
+                DType::I1 => Scalar::I32((x != 0.0) as i32),
+                DType::U32 => Scalar::I32(x as i64 as u32 as i32),
+                _ => Scalar::I32(x as i64 as i32),
+            })
+            .collect();
+        // Safety: dtypes and ranks are checked above, a written tensor is an exclusive
+        // borrow (no other argument aliases it), and every access is bounded by the
+        // shapes passed with the pointers.
+        unsafe { kernel.cuda.launch(&kernel.kernel, grid, &views, &scalars, &[]) }?;
+        Ok(())
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (tensors, scalars, grid, kernel_name);
+        match kernel._none {}
+    }
+}
+
+impl DslLibrary {
+    /// Kernel `name` loaded on `gpu`: the build's PTX for this GPU (`ptx:sm_90a` on
+    /// compute capability 9.0, else `ptx:sm_80`; `DslBuild::ptx` at build time), for its
+    /// generated `launch_gpu` wrapper.
+    pub fn gpu_kernel(&self, gpu: &Gpu, name: &str) -> Result<GpuKernel, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            let cc = gpu.cuda.compute_capability();
+            let mut found: Vec<&Artifact> =
+                self.loaded.manifest.artifacts.iter().filter(|a| a.kernel_id == name).collect();
+            if found.is_empty() {
+                return Err(GpuError::Invalid(format!(
+                    "the build has no kernel `{name}` (it has: {})",
+                    self.names().join(", ")
+                )));
+            }
+            // sm_90a first where it runs (the exact architecture), then the newest portable one.
+            found.retain(|a| crate::cuda::runs_on(&a.target, cc));
+            found.sort_by_key(|a| (a.target != "ptx:sm_90a", std::cmp::Reverse(a.target.clone())));
+            let a = found.first().ok_or_else(|| {
+                GpuError::Invalid(format!(
+                    "kernel `{name}` has no PTX for this GPU (compute capability {cc}); build it with \
+                     `DslBuild::ptx(Arch::Sm80)` (every GPU from Ampere on) or `Arch::Sm90a` (Hopper)"
+                ))
+            })?;
+            let path = self.loaded.path_of(a);
+            let ptx =
+                std::fs::read_to_string(&path).map_err(|e| GpuError::Invalid(format!("{}: {e}", path.display())))?;
+            let threads = a.block.map(|b| b[0]).unwrap_or(128);
+            let kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
+            Ok(GpuKernel { kernel, cuda: gpu.cuda.clone(), target: a.target.clone() })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = name;
+            match gpu._none {}
+        }
+    }
+}

@@ -22,6 +22,8 @@ fn main() {
     };
     DslBuild::new("demo")
         .registered() // scaled_matmul, softmax_rows
+        .ptx(ejc_codegen::ptx::Arch::Sm80)
+        .ptx(ejc_codegen::ptx::Arch::Sm90a)
         .flash(
             "flash_prefix_lm_alibi",
             flash(FlashHooks { mask_mod: Some(kernels::prefix_lm::MOD), score_mod: Some(kernels::alibi::MOD) }),

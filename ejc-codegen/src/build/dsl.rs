@@ -22,7 +22,9 @@
 //!
 //! `compile` writes `$OUT_DIR/ejc-<name>/manifest.json` and one `.so` per ISA, and
 //! tells cargo `EJC_<NAME>_DIR` (upper case, `-` → `_`) so that the crate opens it
-//! with `ejc_runtime::dsl::DslLibrary::open(env!("EJC_DEMO_DIR"))`.
+//! with `ejc_runtime::dsl::DslLibrary::open(env!("EJC_DEMO_DIR"))`. With
+//! [`DslBuild::ptx`] it also writes one `.ptx` per kernel and architecture, which
+//! `DslLibrary::gpu_kernel` loads on a GPU (ejc-runtime's `cuda` feature).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,6 +39,7 @@ use ejc_ir::types::{DType, Type};
 
 use super::{compile_cpu_library, params_info, sha256_hex, write_atomic, Progress};
 use crate::cpu::Isa;
+use crate::ptx::{Arch, CodePath, PtxConfig};
 use crate::{CodegenError, COMPILER_VERSION};
 
 /// A flash kernel of `specs/flash.yaml`'s family with mods compiled in.
@@ -60,6 +63,7 @@ pub struct DslBuild {
     name: String,
     items: Vec<Item>,
     isas: Vec<Isa>,
+    archs: Vec<Arch>,
     out_dir: Option<PathBuf>,
     quiet: bool,
 }
@@ -94,7 +98,14 @@ fn kernel_params(k: &Kernel) -> Vec<AbiParamInfo> {
 impl DslBuild {
     /// A build named `name` (letters, digits, `-`, `_`).
     pub fn new(name: &str) -> DslBuild {
-        DslBuild { name: name.to_string(), items: Vec::new(), isas: Vec::new(), out_dir: None, quiet: false }
+        DslBuild {
+            name: name.to_string(),
+            items: Vec::new(),
+            isas: Vec::new(),
+            archs: Vec::new(),
+            out_dir: None,
+            quiet: false,
+        }
     }
 
     /// Add one kernel (`my_kernel::DEF`).
@@ -132,6 +143,20 @@ impl DslBuild {
     pub fn isa(mut self, isa: Isa) -> DslBuild {
         if !self.isas.contains(&isa) {
             self.isas.push(isa);
+        }
+        self
+    }
+
+    /// Also compile every kernel to PTX for `arch` (may be given several times: `sm_80`
+    /// code runs on every GPU from Ampere on, `sm_90a` on Hopper only), in the
+    /// configuration the PTX target's candidate policy offers ([`crate::ptx::candidates`]):
+    /// tensor cores (`mma.sync`, `wgmma` on `sm_90a`) for products of 16-bit tiles, the
+    /// CUDA cores for f32 products (fewer warps where the tiles' rows do not split over
+    /// four). The CPU libraries are compiled as well. Flash kernels with mods
+    /// ([`DslBuild::flash`]) stay CPU-only for now.
+    pub fn ptx(mut self, arch: Arch) -> DslBuild {
+        if !self.archs.contains(&arch) {
+            self.archs.push(arch);
         }
         self
     }
@@ -268,6 +293,51 @@ impl DslBuild {
                 });
             }
         }
+        for &arch in &self.archs {
+            // Kernels only: a flash kernel with mods runs through a flash call
+            // (`DslLibrary::run_flash`), which has no GPU form yet.
+            for (k, (id, m)) in kernels.iter().zip(&metas).filter(|(_, (_, m))| m.instance.dtype == "none") {
+                let cfg = ptx_config(k, arch).map_err(|e| CodegenError::Kernel { kernel: id.clone(), message: e })?;
+                let p = crate::ptx::compile(k, &cfg)?;
+                if p.code.smem_bytes > arch.max_shared_memory() {
+                    return Err(CodegenError::Kernel {
+                        kernel: id.clone(),
+                        message: format!(
+                            "needs {} bytes of shared memory on {arch}; a block may have {}",
+                            p.code.smem_bytes,
+                            arch.max_shared_memory()
+                        ),
+                    });
+                }
+                let file = format!("{}.{id}.{}.ptx", self.name, arch.name());
+                let path = dir.join(&file);
+                write_atomic(&path, p.ptx.as_bytes())?;
+                let target = format!("ptx:{}", arch.name());
+                let mut config = m.config.clone();
+                config.insert("num_warps".into(), cfg.num_warps as u32);
+                config.insert("num_stages".into(), cfg.num_stages as u32);
+                artifacts.push(Artifact {
+                    kernel_id: id.clone(),
+                    instance: m.instance.clone(),
+                    role: "main".into(),
+                    features: m.features.clone(),
+                    config,
+                    artifact_id: format!("{id}@{target}"),
+                    target,
+                    file,
+                    sha256: sha256_hex(p.ptx.as_bytes()),
+                    entry: p.code.entry.clone(),
+                    params: m.params.clone(),
+                    grid: m.grid.clone(),
+                    block: Some([p.code.threads as u32, 1, 1]),
+                    dynamic_shared_memory: p.code.smem_bytes as u32,
+                    scratch_bytes: 0,
+                    // The general entry only: the aligned one's tensor maps are a
+                    // launch-time matter the DSL launch does not make yet.
+                    aligned: None,
+                });
+            }
+        }
         // Every kernel runs alone: one `single` plan each, like an operation's.
         let plans = metas
             .iter()
@@ -301,6 +371,26 @@ impl DslBuild {
         }
         Ok(DslBuildReport { dir, manifest })
     }
+}
+
+/// The configuration a DSL kernel is compiled in for `arch`: a candidate of the PTX
+/// target's policy (warps 4, then 8, 2, 1; two stages; on `sm_90a` `wgmma` where the
+/// products allow it), or, for f32 products (which
+/// the policy leaves to the CPU targets) and tiles whose rows split over no warp count,
+/// `mma.sync`'s path on the CUDA cores with the most warps the tiles allow.
+fn ptx_config(k: &Kernel, arch: Arch) -> Result<PtxConfig, String> {
+    use crate::ptx::candidates::{candidates, register_rows};
+    if let Ok(c) = candidates(k, arch, &[4, 8, 2, 1], &[2], &[]) {
+        // On sm_90a the first `wgmma` one without warp specialisation (whose copies run
+        // in the aligned entry, which takes tensor maps).
+        let pick = c.iter().find(|c| matches!(c.cfg.path, CodePath::Wgmma { .. })).or(c.first());
+        if let Some(p) = pick {
+            return Ok(p.cfg);
+        }
+    }
+    let rows = register_rows(k);
+    let num_warps = [4usize, 2, 1].into_iter().find(|w| rows.iter().all(|r| r.is_multiple_of(16 * w))).unwrap_or(1);
+    Ok(PtxConfig { arch, num_warps, num_stages: 1, path: CodePath::MmaSync })
 }
 
 struct Meta {

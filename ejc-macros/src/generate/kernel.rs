@@ -109,6 +109,9 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
     let mut launch_params = Vec::new();
     let mut tensor_args = Vec::new();
     let mut scalar_args = Vec::new();
+    let mut gpu_params = Vec::new();
+    let mut gpu_tensor_args = Vec::new();
+    let mut gpu_scalar_args = Vec::new();
     for p in params {
         let n = &p.name;
         let ns = n.to_string();
@@ -118,9 +121,13 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
                 if written.contains(&ns) {
                     launch_params.push(quote!(#n: &mut ::ejc_runtime::cpu::HostBuffer));
                     tensor_args.push(quote!(::ejc_runtime::cpu::TensorArg::write(#ns, #d, #rank, #n)));
+                    gpu_params.push(quote!(#n: &mut ::ejc_runtime::dsl::GpuBuffer));
+                    gpu_tensor_args.push(quote!(::ejc_runtime::dsl::GpuTensorArg::write(#ns, #d, #rank, #n)));
                 } else {
                     launch_params.push(quote!(#n: &::ejc_runtime::cpu::HostBuffer));
                     tensor_args.push(quote!(::ejc_runtime::cpu::TensorArg::read(#ns, #d, #rank, #n)));
+                    gpu_params.push(quote!(#n: &::ejc_runtime::dsl::GpuBuffer));
+                    gpu_tensor_args.push(quote!(::ejc_runtime::dsl::GpuTensorArg::read(#ns, #d, #rank, #n)));
                 }
             }
             ParamTy::Scalar(e) => {
@@ -132,13 +139,20 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
                 };
                 let d = dtype(*e);
                 launch_params.push(quote!(#n: #rust));
+                gpu_params.push(quote!(#n: #rust));
                 scalar_args.push(quote!(::ejc_runtime::cpu::scalar_slot(#d, #value)));
+                gpu_scalar_args.push(quote!((#d, #value)));
             }
         }
     }
     let launch_doc = format!(
         "Run `{name_str}` on the CPU over `grid` (programs along axes 0, 1, 2) on `threads` workers (0 = all cores). \
          Tensors are checked against the parameters' dtypes and ranks first."
+    );
+    let gpu_doc = format!(
+        "Queue `{name_str}` on the GPU over `grid` (blocks along axes 0, 1, 2; the block size is the build's). \
+         Tensors are checked against the parameters' dtypes and ranks first; `Gpu::download` waits for the result. \
+         Needs ejc-runtime's `cuda` feature and a build with `DslBuild::ptx`."
     );
     let typecheck = typecheck_copy(f, attr);
 
@@ -181,6 +195,18 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
                 let mut __tensors: ::std::vec::Vec<::ejc_runtime::cpu::TensorArg> = ::std::vec![#(#tensor_args),*];
                 let __scalars: &[u64] = &[#(#scalar_args),*];
                 ::ejc_runtime::cpu::launch_checked(kernel, #name_str, &mut __tensors, __scalars, grid, threads)
+            }
+
+            #[doc = #gpu_doc]
+            #[allow(clippy::too_many_arguments)]
+            pub fn launch_gpu(
+                kernel: &::ejc_runtime::dsl::GpuKernel,
+                grid: [i64; 3],
+                #(#gpu_params),*
+            ) -> ::core::result::Result<(), ::ejc_runtime::dsl::GpuError> {
+                let __tensors: ::std::vec::Vec<::ejc_runtime::dsl::GpuTensorArg> = ::std::vec![#(#gpu_tensor_args),*];
+                let __scalars: &[(::ejc_ir::types::DType, f64)] = &[#(#gpu_scalar_args),*];
+                ::ejc_runtime::dsl::launch_gpu_checked(kernel, #name_str, &__tensors, __scalars, grid)
             }
         }
 

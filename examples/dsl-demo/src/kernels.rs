@@ -27,9 +27,27 @@ pub fn scaled_matmul(a: Tensor<f32, 2>, b: Tensor<f32, 2>, out: Tensor<f32, 2>, 
     store(out, [span(m0, BM, m), span(n0, BN, n)], acc);
 }
 
+/// `out = a · b` for bf16 `a` `[M, K]` and `b` `[K, N]`, accumulated and stored in f32:
+/// the products run on tensor cores on a GPU (`mma.sync`, `wgmma` on Hopper).
+#[ej_kernel(bm = 64, bn = 64, bk = 32)]
+pub fn matmul_bf16(a: Tensor<Bf16, 2>, b: Tensor<Bf16, 2>, out: Tensor<f32, 2>) {
+    let m0 = program_id(0) * BM;
+    let n0 = program_id(1) * BN;
+    let m = dim(a, 0);
+    let n = dim(b, 1);
+    let k = dim(a, 1);
+    let mut acc = full([BM, BN], 0.0);
+    for k0 in range(0, k, BK) {
+        let a_tile = load(a, [span(m0, BM, m), span(k0, BK, k)]);
+        let b_tile = load(b, [span(k0, BK, k), span(n0, BN, n)]);
+        acc = dot(a_tile, b_tile, acc);
+    }
+    store(out, [span(m0, BM, m), span(n0, BN, n)], acc);
+}
+
 /// Row-wise softmax of `x` (`[R, C]`, any `C`): one program per `BR` rows, two
 /// passes over the columns in blocks of `BC` (online max and sum, then normalise).
-#[ej_kernel(br = 8, bc = 32)]
+#[ej_kernel(br = 16, bc = 32)]
 pub fn softmax_rows(x: Tensor<f32, 2>, out: Tensor<f32, 2>) {
     let r0 = program_id(0) * BR;
     let rows = dim(x, 0);

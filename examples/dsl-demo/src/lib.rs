@@ -1,10 +1,11 @@
 //! # ejc-dsl-demo
 //!
-//! A user crate of ejc: two kernels (`scaled_matmul`, `softmax_rows`), two mask mods
-//! (`prefix_lm`, `causal_window`) and a score mod (`alibi`) written with
+//! A user crate of ejc: three kernels (`scaled_matmul`, `matmul_bf16`, `softmax_rows`),
+//! two mask mods (`prefix_lm`, `causal_window`) and a score mod (`alibi`) written with
 //! `#[ej_kernel]` in [`kernels`]; `build.rs` compiles them (and two flash kernels with
-//! the mods fused in) to a CPU library; [`library`] opens it. `tests/demo.rs` checks
-//! every kernel against plain Rust.
+//! the mods fused in) to a CPU library and the kernels to PTX (`sm_80`, `sm_90a`);
+//! [`library`] opens the build. `tests/demo.rs` checks every kernel against plain Rust
+//! on the CPU, `tests/gpu.rs` (feature `cuda`) on a GPU.
 //!
 //! ```no_run
 //! use ejc_dsl_demo::{kernels::scaled_matmul, library};
@@ -22,10 +23,12 @@ use std::sync::OnceLock;
 
 use ejc_runtime::dsl::DslLibrary;
 
-/// The kernels `build.rs` compiled (opened once).
+/// The kernels `build.rs` compiled (opened once): the build directory, or the one
+/// `EJC_DEMO_DIR` names at run time (a copy of it on another machine, e.g. a GPU host).
 pub fn library() -> &'static DslLibrary {
     static LIB: OnceLock<DslLibrary> = OnceLock::new();
     LIB.get_or_init(|| {
-        DslLibrary::open(env!("EJC_DEMO_DIR")).unwrap_or_else(|e| panic!("the build's kernels cannot be opened: {e}"))
+        let dir = std::env::var("EJC_DEMO_DIR").unwrap_or_else(|_| env!("EJC_DEMO_DIR").to_string());
+        DslLibrary::open(&dir).unwrap_or_else(|e| panic!("the build's kernels ({dir}) cannot be opened: {e}"))
     })
 }

@@ -2,52 +2,22 @@
 //! Rust written here. Inputs are fresh random numbers; the seed is printed
 //! (`EJC_TEST_SEED` replays). Tolerances are DESIGN.md's (f32: ‖Δ‖/‖ref‖ ≤ 1e-5).
 
-use ejc_dsl_demo::kernels::{alibi, causal_window, prefix_lm, scaled_matmul, softmax_rows};
+use ejc_dsl_demo::kernels::{alibi, causal_window, matmul_bf16, prefix_lm, scaled_matmul, softmax_rows};
 use ejc_dsl_demo::library;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference_with_mods, Mods};
 use ejc_ir::flash::Features;
 use ejc_ir::flash::FlashShape;
 use ejc_ir::ir::MaskTerm;
-use ejc_ir::tensor::{compare, HostTensor};
+use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
 use ejc_runtime::call::Call;
 use ejc_runtime::cpu::HostBuffer;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-fn seed() -> u64 {
-    let s = std::env::var("EJC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
-    });
-    println!("seed = {s} (EJC_TEST_SEED={s} replays)");
-    s
-}
-
-fn random(rng: &mut StdRng, shape: &[usize]) -> HostTensor {
-    let n = shape.iter().product();
-    HostTensor::from_vec(DType::F32, shape, (0..n).map(|_| rng.random_range(-1.0f32..1.0) as f64).collect())
-}
-
-fn assert_close(got: &[f64], want: &[f64], what: &str) {
-    assert!(got.iter().all(|x| x.is_finite()), "{what}: non-finite output");
-    let (rel, max_abs) = compare(got, want);
-    assert!(rel <= 1e-5, "{what}: rel_err={rel:e} max_abs_err={max_abs:e}");
-}
-
-/// Plain Rust: alpha · a·b, then relu. `b` is read through `get`, so views work.
-fn matmul_ref(a: &HostTensor, b: &HostTensor, alpha: f64, relu: bool) -> Vec<f64> {
-    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let mut out = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let dot: f64 = (0..k).map(|p| a.get(&[i, p]) * b.get(&[p, j])).sum();
-            let x = alpha * dot;
-            out[i * n + j] = if relu { x.max(0.0) } else { x };
-        }
-    }
-    out
-}
+mod common;
+use common::*;
 
 #[test]
 fn scaled_matmul_matches_plain_rust() {
@@ -87,6 +57,22 @@ fn scaled_matmul_matches_plain_rust() {
 }
 
 #[test]
+fn matmul_bf16_matches_plain_rust() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let kernel = library().kernel(matmul_bf16::NAME).unwrap();
+    for &(m, k, n) in &[(70, 45, 93), (64, 64, 64), (1, 3, 130)] {
+        let (a, b) = (random_bf16(&mut rng, &[m, k]), random_bf16(&mut rng, &[k, n]));
+        let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[m, n], f64::NAN));
+        let grid = [m.div_ceil(matmul_bf16::BM as usize) as i64, n.div_ceil(matmul_bf16::BN as usize) as i64, 1];
+        matmul_bf16::launch(&kernel, grid, 2, &HostBuffer::from_host(&a), &HostBuffer::from_host(&b), &mut out)
+            .unwrap();
+        let want = matmul_ref(&a, &b, 1.0, false);
+        assert_close(&out.to_host().to_vec(), &want, &format!("matmul_bf16 {m}x{k}x{n} seed={seed}"));
+    }
+}
+
+#[test]
 fn softmax_rows_matches_plain_rust() {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -99,13 +85,7 @@ fn softmax_rows_matches_plain_rust() {
         let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], f64::NAN));
         let grid = [r.div_ceil(softmax_rows::BR as usize) as i64, 1, 1];
         softmax_rows::launch(&kernel, grid, 2, &HostBuffer::from_host(&x), &mut out).unwrap();
-        let mut want = Vec::new();
-        for i in 0..r {
-            let row: Vec<f64> = (0..c).map(|j| x.get(&[i, j])).collect();
-            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
-            want.extend(row.iter().map(|v| (v - m).exp() / s));
-        }
+        let want = softmax_ref(&x);
         assert_close(&out.to_host().to_vec(), &want, &format!("softmax_rows {r}x{c} seed={seed}"));
     }
 }
@@ -205,15 +185,57 @@ fn launch_checks_its_arguments() {
     assert!(e.contains("no kernel `nope`") && e.contains("scaled_matmul"), "{e}");
 }
 
+/// Without ejc-runtime's `cuda` feature (as CI builds it) the GPU half says what is
+/// missing instead of failing somewhere later.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn the_gpu_launch_says_when_cuda_is_not_built_in() {
+    let e = ejc_runtime::dsl::Gpu::new().err().expect("no GPU without the cuda feature").to_string();
+    assert!(e.contains("without its `cuda` feature"), "{e}");
+}
+
 #[test]
 fn everything_is_registered_and_built() {
     let mut names: Vec<&str> = ejc_ir::dsl::registered().iter().map(|r| r.name()).collect();
     names.sort();
-    assert_eq!(names, ["alibi", "causal_window", "prefix_lm", "scaled_matmul", "softmax_rows"]);
+    assert_eq!(names, ["alibi", "causal_window", "matmul_bf16", "prefix_lm", "scaled_matmul", "softmax_rows"]);
     assert_eq!(
         library().names(),
-        ["flash_causal_window", "flash_prefix_lm_alibi", "scaled_matmul", "softmax_rows"].map(String::from)
+        ["flash_causal_window", "flash_prefix_lm_alibi", "matmul_bf16", "scaled_matmul", "softmax_rows"]
+            .map(String::from)
     );
+    // The kernels also for the GPU (build.rs asks for sm_80 and sm_90a), the flash
+    // kernels with mods only for the CPU; every PTX file passes ptxas where it is here.
+    let dir = std::path::PathBuf::from(env!("EJC_DEMO_DIR"));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    let mut ptx: Vec<(String, String, String)> = manifest["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["target"].as_str().unwrap().starts_with("ptx:"))
+        .map(|a| {
+            let s = |k: &str| a[k].as_str().unwrap().to_string();
+            (s("kernel_id"), s("target"), s("file"))
+        })
+        .collect();
+    ptx.sort();
+    let want: Vec<(String, String)> = ["matmul_bf16", "scaled_matmul", "softmax_rows"]
+        .iter()
+        .flat_map(|k| ["ptx:sm_80", "ptx:sm_90a"].map(|t| (k.to_string(), t.to_string())))
+        .collect();
+    assert_eq!(ptx.iter().map(|(k, t, _)| (k.clone(), t.clone())).collect::<Vec<_>>(), want);
+    match ejc_codegen::ptx::find_ptxas() {
+        Some(tool) => {
+            for (k, t, file) in &ptx {
+                let arch: ejc_codegen::ptx::Arch = t.trim_start_matches("ptx:").parse().unwrap();
+                let text = std::fs::read_to_string(dir.join(file)).unwrap();
+                let r = ejc_codegen::ptx::ptxas(&tool, &text, arch).unwrap_or_else(|e| panic!("{k} {t}: {e}"));
+                assert_eq!(r.spill_stores + r.spill_loads, 0, "{k} {t} spills: {r:?}");
+            }
+        }
+        None => eprintln!("skipped ptxas on the demo's PTX: no ptxas (run scripts/setup.sh or set EJC_PTXAS)"),
+    }
     let info = library().flash_info("flash_prefix_lm_alibi").unwrap();
     assert_eq!((info.mask_mod.as_deref(), info.score_mod.as_deref()), (Some("prefix_lm"), Some("alibi")));
 }

@@ -1,0 +1,61 @@
+//! What the demo's tests share: seeds, random inputs, tolerances and plain-Rust
+//! references (f64).
+
+#![allow(dead_code)] // each test file uses its part
+
+use ejc_ir::tensor::{compare, HostTensor};
+use ejc_ir::types::DType;
+use rand::rngs::StdRng;
+use rand::Rng;
+
+pub fn seed() -> u64 {
+    let s = std::env::var("EJC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    println!("seed = {s} (EJC_TEST_SEED={s} replays)");
+    s
+}
+
+pub fn random(rng: &mut StdRng, shape: &[usize]) -> HostTensor {
+    let n = shape.iter().product();
+    HostTensor::from_vec(DType::F32, shape, (0..n).map(|_| rng.random_range(-1.0f32..1.0) as f64).collect())
+}
+
+pub fn assert_close(got: &[f64], want: &[f64], what: &str) {
+    assert!(got.iter().all(|x| x.is_finite()), "{what}: non-finite output");
+    let (rel, max_abs) = compare(got, want);
+    assert!(rel <= 1e-5, "{what}: rel_err={rel:e} max_abs_err={max_abs:e}");
+}
+
+/// Plain Rust: alpha · a·b, then relu. `b` is read through `get`, so views work.
+pub fn matmul_ref(a: &HostTensor, b: &HostTensor, alpha: f64, relu: bool) -> Vec<f64> {
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k).map(|p| a.get(&[i, p]) * b.get(&[p, j])).sum();
+            let x = alpha * dot;
+            out[i * n + j] = if relu { x.max(0.0) } else { x };
+        }
+    }
+    out
+}
+
+/// `[M, K]` bf16 numbers (rounded to bf16, so the reference sees what the kernel reads).
+pub fn random_bf16(rng: &mut StdRng, shape: &[usize]) -> HostTensor {
+    let n = shape.iter().product();
+    HostTensor::from_vec(DType::BF16, shape, (0..n).map(|_| rng.random_range(-1.0f32..1.0) as f64).collect())
+}
+
+/// Plain Rust row-wise softmax of a `[R, C]` tensor.
+pub fn softmax_ref(x: &HostTensor) -> Vec<f64> {
+    let (r, c) = (x.shape[0], x.shape[1]);
+    let mut want = Vec::new();
+    for i in 0..r {
+        let row: Vec<f64> = (0..c).map(|j| x.get(&[i, j])).collect();
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        want.extend(row.iter().map(|v| (v - m).exp() / s));
+    }
+    want
+}
