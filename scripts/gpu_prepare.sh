@@ -10,6 +10,7 @@
 #                                          # the benchmark sets (gpu_run.sh --ops, then gpu_run.sh --ops-bench)
 #   bash scripts/gpu_prepare.sh --cpu      # the GPU host's CPU (an AMX Xeon): the compiler and the C runtime, for
 #                                          # gpu_run.sh --cpu (AMX checks, the table against torch, thread scaling)
+#   bash scripts/gpu_prepare.sh --dsl      # examples/dsl-demo's #[ej_kernel] kernels on the GPU (gpu_run.sh --dsl)
 #   bash scripts/gpu_prepare.sh --kernels  # the back ends' generality cases (ejc-codegen/tests/kernels/*.tir: transposed
 #                                          # products, loops of 3 and 4 products) on every PTX path, for
 #                                          # gpu_run.sh --kernels (checked against the interpreter)
@@ -35,6 +36,7 @@
 #                                          # sm_80, f16 d64 on both; MLIR's gpu form) and the bench set (bf16, d64/d128,
 #                                          # sm_90a, the Hopper paths) with flash's dense `full` beside it
 #                                          # (gpu_run.sh --bs, then --bs-bench; FA4's halves as for --paged)
+#   bash scripts/gpu_prepare.sh --bs-bench # the bench set alone (gpu_run.sh --bs-bench-check, then --bs-bench, --bs-bench-bwd)
 #   bash scripts/gpu_prepare.sh --ring     # ring attention (issue 23): `ejc-ring` and the ring specs' blocks (bf16,
 #                                          # d64/d128, sm_90a), for gpu_run.sh --ring and --ring-bench on a kind
 #                                          # with several GPUs (nvidia-h100-x4: 2 and 4 ranks)
@@ -52,6 +54,24 @@ if [ "${1:-}" = "--cpu" ]; then
     strip -o .gpu/ejc target/release/ejc && xz -T0 -6 .gpu/ejc
     cp target/release/libejc_runtime_capi.so .gpu/
     cp "$(ldconfig -p | awk '/libffi.so.8 /{print $NF; exit}')" .gpu/ 2>/dev/null || true
+    du -sh .gpu/*
+    exit 0
+fi
+if [ "${1:-}" = "--dsl" ]; then
+    # examples/dsl-demo's #[ej_kernel] kernels on the GPU (gpu_run.sh --dsl): its GPU test
+    # binary (feature `cuda`; no LLVM linked in) and the build's kernels (PTX for sm_80 and
+    # sm_90a, found through EJC_DEMO_DIR there).
+    bin=$(cargo test -q -p ejc-dsl-demo --features cuda --test gpu --no-run --message-format=json \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu": print(m["executable"])' | tail -1)
+    [ -n "$bin" ] || { echo "no GPU test binary of examples/dsl-demo was built" >&2; exit 1; }
+    # Beside whatever .gpu holds (another pack may travel in the same call).
+    mkdir -p .gpu && rm -rf .gpu/dsl_gpu_test .gpu/ejc-demo
+    strip -o .gpu/dsl_gpu_test "$bin"
+    out=$(ls -td target/debug/build/ejc-dsl-demo-*/out/ejc-demo | head -1)
+    cp -r "$out" .gpu/ejc-demo
     du -sh .gpu/*
     exit 0
 fi
@@ -204,6 +224,27 @@ if [ "${1:-}" = "--bs" ] && [ -n "${EJC_BS_VARIANTS:-}" ]; then
     du -sh .gpu/*
     exit 0
 fi
+# The block-sparse bench set (bench/blocksparse_gpu.py's patterns, and the run-time window and chunk
+# variants beside the compiled ones) on the Hopper paths, flash's dense forward at the same sizes,
+# and the backward's set; packed into .gpu/bs_bench.tar.xz by the callers.
+bs_bench_set() {
+    local variants=(--variant causal --variant sliding_window --variant chunked --variant document --variant strided
+                    --variant runtime_window --variant runtime_chunked)
+    $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 64 --head-dim 128 \
+        "${variants[@]}" --path wgmma --path ws -o .gpu/bs_bench --report --drop-spilling > .gpu/bs_bench_ptxas.txt
+    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 64 --head-dim 128 \
+        --path wgmma --path ws -o .gpu/bs_dense --report --drop-spilling > .gpu/bs_dense_ptxas.txt
+    $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 64 --head-dim 128 \
+        "${variants[@]}" --path wgmma --path ws -o .gpu/bsb_bench --report > .gpu/bsb_bench_ptxas.txt
+}
+if [ "${1:-}" = "--bs-bench" ]; then
+    # The bench pack alone (gpu_run.sh --bs-bench-check, then --bs-bench and --bs-bench-bwd).
+    bs_bench_set
+    XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/bs_bench.tar.xz bs_bench bs_dense bsb_bench
+    rm -rf .gpu/bs_bench .gpu/bs_dense .gpu/bsb_bench
+    du -sh .gpu/*
+    exit 0
+fi
 if [ "${1:-}" = "--bs" ]; then
     # Block-sparse attention: every variant against the reference on both archs (bf16 at d 128,
     # f16 at d 64), the gpu form of MLIR, and the bench set. --drop-spilling: a tuned
@@ -220,17 +261,7 @@ if [ "${1:-}" = "--bs" ]; then
     $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --target ptx:sm_80 --dtype f16 --head-dim 64 \
         -o .gpu/bsb16 --report --drop-spilling > .gpu/bsb16_ptxas.txt
     $EJC build specs/blocksparse_bwd.yaml -q --target mlir:gpu --dtype bf16 --head-dim 64 -o .gpu/bsb_mlir
-    # The bench set (bench/blocksparse_gpu.py's patterns) on the Hopper paths, and flash's dense
-    # forward at the same sizes.
-    $EJC build specs/blocksparse.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 64 --head-dim 128 \
-        --variant causal --variant sliding_window --variant chunked --variant document --variant strided \
-        --path wgmma --path ws -o .gpu/bs_bench --report --drop-spilling > .gpu/bs_bench_ptxas.txt
-    $EJC build specs/flash.yaml -q --target ptx:sm_90a --variant full --dtype bf16 --head-dim 64 --head-dim 128 \
-        --path wgmma --path ws -o .gpu/bs_dense --report --drop-spilling > .gpu/bs_dense_ptxas.txt
-    # The backward's bench set (bench/blocksparse_gpu.py --backward).
-    $EJC build specs/blocksparse_bwd.yaml -q --target ptx:sm_90a --dtype bf16 --head-dim 64 --head-dim 128 \
-        --variant causal --variant sliding_window --variant chunked --variant document --variant strided \
-        --path wgmma --path ws -o .gpu/bsb_bench --report > .gpu/bsb_bench_ptxas.txt
+    bs_bench_set
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/artifacts.tar.xz bs bs16 bs_mlir bsb bsb16 bsb_mlir
     XZ_OPT="-6 -T0" tar -C .gpu -cJf .gpu/bs_bench.tar.xz bs_bench bs_dense bsb_bench
     rm -rf .gpu/bs .gpu/bs16 .gpu/bs_mlir .gpu/bs_bench .gpu/bs_dense .gpu/bsb .gpu/bsb16 .gpu/bsb_mlir .gpu/bsb_bench

@@ -11,6 +11,9 @@
 #   bash scripts/gpu_run.sh --bench-only [ROWS]  # only the benchmark (whole grid, or those sequence lengths; EJC_ONLY=TEXT: those candidates)
 #   bash scripts/gpu_run.sh --verify     # the PTX checks, memcheck on two sm_90a samples, the whole grid: one call
 #   bash scripts/gpu_run.sh --ws [ROWS]  # the warp-specialised artifacts' checks, memcheck, CuPy example, then the bench
+#   bash scripts/gpu_run.sh --dsl        # examples/dsl-demo's kernels through `launch_gpu` against plain Rust
+#                                        # (`gpu_prepare.sh --dsl`; carry .gpu), then the bf16 matmul's
+#                                        # timing at 4096^3 beside torch.matmul's
 #   bash scripts/gpu_run.sh --kernels    # the generality cases (`gpu_prepare.sh --kernels`) against the interpreter,
 #                                        # then memcheck over them and racecheck on five
 #   bash scripts/gpu_run.sh --anchors-check  # call 1 of the FlashAttention-4 side-by-side (`gpu_prepare.sh --anchors`;
@@ -277,6 +280,37 @@ if [ "${1:-}" = "--anchors-bench" ]; then
     status=$?
     grep -E '^(d=|fa4|device)' "$OUT/bench.log"
     exit $status
+fi
+if [ "${1:-}" = "--dsl" ]; then
+    # The demo's kernels through their generated launch_gpu, against plain Rust (both archs' PTX
+    # are in the build; the library picks sm_90a on a Hopper GPU), memcheck over them, then the
+    # bf16 matmul timed beside torch.matmul (cuBLAS) at the same size, in this call.
+    export EJC_DEMO_DIR=$PWD/.gpu/ejc-demo
+    ./.gpu/dsl_gpu_test --test-threads 1 --nocapture 2>&1 | tee "$OUT/dsl_gpu.log"
+    rc=${PIPESTATUS[0]}
+    echo "dsl gpu tests: exit $rc (seeds in dsl_gpu.log)" | tee -a "$OUT/summary.txt"
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/dsl_gpu_test --test-threads 1 \
+            2>&1 | tail -4 | tee -a "$OUT/memcheck.log"
+        m=${PIPESTATUS[0]}
+        echo "memcheck dsl: exit $m" | tee -a "$OUT/summary.txt"
+        [ "$m" -eq 0 ] || rc=1
+    fi
+    ./.gpu/dsl_gpu_test --ignored --nocapture matmul_bf16_timing 2>&1 | grep -E "TFLOP|GPU" | tee -a "$OUT/summary.txt"
+    python3 - <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
+import torch
+from triton.testing import do_bench
+n = 4096
+a = torch.full((n, n), 0.5, device="cuda", dtype=torch.bfloat16)
+b = torch.full((n, n), 0.25, device="cuda", dtype=torch.bfloat16)
+for name, f in (("bf16 out", lambda: a @ b), ("f32 out", lambda: torch.matmul(a, b, out_dtype=torch.float32) if "out_dtype" in torch.matmul.__doc__ else (a @ b).float())):
+    try:
+        ms = do_bench(f, warmup=10, rep=100, return_mode="median")
+        print(f"torch.matmul {n}^3 ({name}): {ms:.3f} ms, {2 * n**3 / ms / 1e9:.0f} TFLOP/s")
+    except Exception as e:  # noqa: BLE001
+        print(f"torch.matmul ({name}): {type(e).__name__}: {e}")
+PY
+    exit $rc
 fi
 if [ "${1:-}" = "--kernels" ]; then
     ./.gpu/ejc-gpu check-kernels /tmp/ejc-art/kernels --seed "$SEED" 2>&1 | tee "$OUT/check_kernels.log"
