@@ -47,24 +47,33 @@ pub struct F16;
 /// Element types a tensor or tile can hold.
 pub trait Elem: Copy {
     const DTYPE: DType;
+    /// The type of a `load_pad` value for tensors of this element: `f32` for the
+    /// floating types, the element itself for the others.
+    type Pad;
 }
 impl Elem for f32 {
     const DTYPE: DType = DType::F32;
+    type Pad = f32;
 }
 impl Elem for i32 {
     const DTYPE: DType = DType::I32;
+    type Pad = i32;
 }
 impl Elem for u32 {
     const DTYPE: DType = DType::U32;
+    type Pad = u32;
 }
 impl Elem for bool {
     const DTYPE: DType = DType::I1;
+    type Pad = bool;
 }
 impl Elem for Bf16 {
     const DTYPE: DType = DType::BF16;
+    type Pad = f32;
 }
 impl Elem for F16 {
     const DTYPE: DType = DType::F16;
+    type Pad = f32;
 }
 
 /// A kernel parameter naming a tensor in memory: element type and rank.
@@ -121,6 +130,22 @@ macro_rules! tile_ops {
 }
 tile_ops!(Add add, Sub sub, Mul mul, Div div);
 
+// `acc += t` on a tile (the macro re-emits it as `acc = acc + t`; rustc checks it here).
+macro_rules! tile_assign_ops {
+    ($($tr:ident $m:ident),*) => {$(
+        impl<T: Elem> std::ops::$tr for Tile<T> {
+            fn $m(&mut self, _: Tile<T>) { kernel_only() }
+        }
+        impl std::ops::$tr<f32> for Tile<f32> {
+            fn $m(&mut self, _: f32) { kernel_only() }
+        }
+        impl std::ops::$tr<i32> for Tile<i32> {
+            fn $m(&mut self, _: i32) { kernel_only() }
+        }
+    )*};
+}
+tile_assign_ops!(AddAssign add_assign, SubAssign sub_assign, MulAssign mul_assign, DivAssign div_assign);
+
 impl std::ops::BitAnd for Tile<bool> {
     type Output = Tile<bool>;
     fn bitand(self, _: Tile<bool>) -> Tile<bool> {
@@ -136,6 +161,58 @@ impl std::ops::BitOr for Tile<bool> {
 impl std::ops::Not for Tile<bool> {
     type Output = Tile<bool>;
     fn not(self) -> Tile<bool> {
+        kernel_only()
+    }
+}
+
+/// `<`, `<=`, `>`, `>=`, `==`, `!=` in a kernel body, as rustc checks them (the macro's
+/// type-checked copy calls these): `bool` between scalars, `Tile<bool>` where a tile is
+/// involved (numpy's broadcasting against the other side).
+pub trait Compare<Rhs> {
+    type Output;
+    fn cmp_lt(self, r: Rhs) -> Self::Output;
+    fn cmp_le(self, r: Rhs) -> Self::Output;
+    fn cmp_gt(self, r: Rhs) -> Self::Output;
+    fn cmp_ge(self, r: Rhs) -> Self::Output;
+    fn cmp_eq(self, r: Rhs) -> Self::Output;
+    fn cmp_ne(self, r: Rhs) -> Self::Output;
+}
+macro_rules! compare_impl {
+    ($($l:ty, $r:ty => $o:ty);* $(;)?) => {$(
+        impl Compare<$r> for $l {
+            type Output = $o;
+            fn cmp_lt(self, _: $r) -> $o { kernel_only() }
+            fn cmp_le(self, _: $r) -> $o { kernel_only() }
+            fn cmp_gt(self, _: $r) -> $o { kernel_only() }
+            fn cmp_ge(self, _: $r) -> $o { kernel_only() }
+            fn cmp_eq(self, _: $r) -> $o { kernel_only() }
+            fn cmp_ne(self, _: $r) -> $o { kernel_only() }
+        }
+    )*};
+}
+compare_impl! {
+    f32, f32 => bool; i32, i32 => bool; u32, u32 => bool; bool, bool => bool;
+    Tile<f32>, f32 => Tile<bool>; f32, Tile<f32> => Tile<bool>;
+    Tile<i32>, i32 => Tile<bool>; i32, Tile<i32> => Tile<bool>;
+}
+impl<T: Elem> Compare<Tile<T>> for Tile<T> {
+    type Output = Tile<bool>;
+    fn cmp_lt(self, _: Tile<T>) -> Tile<bool> {
+        kernel_only()
+    }
+    fn cmp_le(self, _: Tile<T>) -> Tile<bool> {
+        kernel_only()
+    }
+    fn cmp_gt(self, _: Tile<T>) -> Tile<bool> {
+        kernel_only()
+    }
+    fn cmp_ge(self, _: Tile<T>) -> Tile<bool> {
+        kernel_only()
+    }
+    fn cmp_eq(self, _: Tile<T>) -> Tile<bool> {
+        kernel_only()
+    }
+    fn cmp_ne(self, _: Tile<T>) -> Tile<bool> {
         kernel_only()
     }
 }
@@ -208,8 +285,9 @@ pub fn span(_start: i32, _size: i32, _limit: i32) -> Axis {
 pub fn load<T: Elem, const R: usize, const N: usize>(_t: Tensor<T, R>, _at: [Axis; N]) -> Tile<T> {
     kernel_only()
 }
-/// [`load`] with `pad` (a literal) where elements are outside.
-pub fn load_pad<T: Elem, const R: usize, const N: usize>(_t: Tensor<T, R>, _at: [Axis; N], _pad: f32) -> Tile<T> {
+/// [`load`] with `pad` (a literal of the tensor's kind: `f32::NEG_INFINITY` for float
+/// tensors, `-1` for i32 ones, `false` for bool) where elements are outside.
+pub fn load_pad<T: Elem, const R: usize, const N: usize>(_t: Tensor<T, R>, _at: [Axis; N], _pad: T::Pad) -> Tile<T> {
     kernel_only()
 }
 /// Store a tile (elements outside the tensor or past a span's limit are not written).
@@ -392,13 +470,36 @@ impl<'b> Dsl<'b> {
     pub fn boolean(&mut self, v: bool) -> V {
         self.b.constant(v as u8 as f64, DType::I1)
     }
-    /// `a op b` with numpy-style broadcasting (scalars against tiles, size-1 axes);
-    /// mixed i32/f32 is an error (cast first), as in the IR.
+    /// `a op b` with numpy-style broadcasting (scalars against tiles, size-1 axes, and
+    /// rank promotion: a `[N]` tile against a `[M, N]` one is `[1, N]`); mixed i32/f32 is
+    /// an error (cast first), as in the IR.
     pub fn bin(&mut self, op: BinOp, a: V, b: V) -> V {
+        let (a, b) = self.promote(a, b);
         self.b.binary(op, a, b)
     }
     pub fn cmp(&mut self, p: CmpPred, a: V, b: V) -> V {
+        let (a, b) = self.promote(a, b);
         self.b.cmp(p, a, b)
+    }
+    fn rank(&self, v: V) -> usize {
+        match self.b.ty(v) {
+            Type::Tile(_, shape) => shape.len(),
+            _ => 0,
+        }
+    }
+    /// numpy's rank promotion between two tiles: the lower-rank one gains leading axes
+    /// of size 1 (scalars broadcast as they are).
+    fn promote(&mut self, mut a: V, mut b: V) -> (V, V) {
+        let (ra, rb) = (self.rank(a), self.rank(b));
+        if ra > 0 && rb > 0 {
+            for _ in ra..rb {
+                a = self.b.expand_dims(a, 0);
+            }
+            for _ in rb..ra {
+                b = self.b.expand_dims(b, 0);
+            }
+        }
+        (a, b)
     }
     pub fn neg(&mut self, a: V) -> V {
         self.b.unary(UnOp::Neg, a)
@@ -449,6 +550,9 @@ impl<'b> Dsl<'b> {
         self.b.reduce(op, t, axis.clamp(0, 1) as u8)
     }
     pub fn select(&mut self, c: V, a: V, b: V) -> V {
+        let (a, b) = self.promote(a, b);
+        let (c, a) = self.promote(c, a);
+        let (c, b) = self.promote(c, b);
         self.b.select(c, a, b)
     }
 }

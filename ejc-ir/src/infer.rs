@@ -317,7 +317,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> 
         return Ok(a.to_vec());
     }
     if a.len() != b.len() {
-        return Err(format!("ranks {} and {} differ (use tile.expand_dims)", a.len(), b.len()));
+        return Err(format!("ranks {} and {} differ (add an axis to one: `tile.expand_dims` in the IR, `.expand(axis)` in #[ej_kernel])", a.len(), b.len()));
     }
     let mut out = Vec::with_capacity(a.len());
     for (ax, (&x, &y)) in a.iter().zip(b).enumerate() {

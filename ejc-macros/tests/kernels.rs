@@ -214,3 +214,68 @@ fn mods_in_a_flash_kernel_match_the_reference_and_affine_ones_skip_blocks() {
     run(Some((checker::MOD, checker)), Some((tanh_cap::MOD, tanh_cap)), seed);
     run(Some((causal::MOD, causal)), Some((tanh_cap::MOD, tanh_cap)), seed);
 }
+
+/// The natural operators (issue 18): `+=` on a tile, `<` / `>=` between tiles and
+/// scalars, numpy's rank promotion (`[B, C] * [C]`), an i32 tensor padded with an i32
+/// literal, and a trailing `if` that only stores.
+#[ej_kernel(b = 16, c = 32)]
+pub fn natural_ops(x: Tensor<f32, 2>, w: Tensor<f32, 1>, ids: Tensor<i32, 1>, out: Tensor<f32, 2>, lim: f32) {
+    let r0 = program_id(0) * B;
+    let rows = dim(x, 0);
+    let cols = dim(x, 1);
+    let mut acc = full([B, C], 1.0);
+    let t = load(x, [span(r0, B, rows), span(0, C, cols)]);
+    acc += t;
+    acc *= 2.0;
+    let wv = load(w, [span(0, C, cols)]);
+    let id = load_pad(ids, [span(0, C, cols)], -1);
+    let y = acc * wv;
+    let keep = (id >= 0) & (wv < lim) & (y > t);
+    let y = select(keep, y, full([B, C], 0.0));
+    if rows > 0 {
+        store(out, [span(r0, B, rows), span(0, C, cols)], y);
+    }
+}
+
+#[test]
+fn natural_operators_broadcast_and_compare_like_numpy() {
+    use ejc_ir::interp::{launch, Arg};
+    use ejc_ir::tensor::HostTensor;
+    use rand::{Rng, SeedableRng};
+    let seed = seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = natural_ops::kernel().unwrap();
+    let text = print_kernel(&k);
+    assert!(text.contains("tile.expand_dims"), "the rank-1 tiles are promoted: {text}");
+    // 37 rows (3 programs, the last partial), 29 columns (the tile's 32 padded).
+    let (r, c) = (37usize, 29usize);
+    let x: Vec<f64> = (0..r * c).map(|_| rng.random_range(-1.0f32..1.0) as f64).collect();
+    let w: Vec<f64> = (0..c).map(|_| rng.random_range(-1.0f32..1.0) as f64).collect();
+    // ids: some negative (hidden), and the padded columns read -1.
+    let ids: Vec<f64> = (0..c).map(|_| rng.random_range(-3i32..5) as f64).collect();
+    let lim = 0.4f64;
+    let mut args = vec![
+        Arg::Tensor(HostTensor::from_vec(DType::F32, &[r, c], x.clone())),
+        Arg::Tensor(HostTensor::from_vec(DType::F32, &[c], w.clone())),
+        Arg::Tensor(HostTensor::from_vec(DType::I32, &[c], ids.clone())),
+        Arg::Tensor(HostTensor::full(DType::F32, &[r, c], f64::NAN)),
+        Arg::Scalar(lim),
+    ];
+    launch(&k, &mut args, [r.div_ceil(16), 1, 1]).unwrap();
+    let got = args[3].tensor().unwrap().to_vec();
+    let want: Vec<f64> = (0..r * c)
+        .map(|e| {
+            let (i, j) = (e / c, e % c);
+            let t = x[i * c + j] as f32;
+            let y = (1.0 + t) * 2.0 * w[j] as f32;
+            let keep = ids[j] >= 0.0 && (w[j] as f32) < lim as f32 && y > t;
+            if keep {
+                y as f64
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let (rel, max_abs) = compare(&got, &want);
+    assert!(rel <= 1e-6, "natural_ops seed={seed}: rel {rel:e}, max abs {max_abs:e}");
+}

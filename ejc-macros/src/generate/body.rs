@@ -515,9 +515,11 @@ fn call(f: &str, a: &[Expr_], span: Span, scope: &Scope) -> syn::Result<TokenStr
                 None => 0.0,
                 Some(Expr_::Float(v, _)) => *v,
                 Some(Expr_::Int(v, _)) => *v as f64,
-                Some(other) => {
-                    return Err(err(other.span(), "the pad value is a literal (`0.0`, `f32::NEG_INFINITY` ...)"))
-                }
+                Some(Expr_::Bool(v, _)) => *v as u8 as f64,
+                Some(other) => return Err(err(
+                    other.span(),
+                    "the pad value is a literal of the tensor's kind (`0.0`, `f32::NEG_INFINITY`, `-1`, `false` ...)",
+                )),
             };
             let pad = float(pad);
             quote! { { let __ax = #ax; #loc __d.load(#t, __ax, #pad) } }

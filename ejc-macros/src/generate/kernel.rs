@@ -41,6 +41,31 @@ fn stored(list: &[Stmt], out: &mut Vec<String>) {
 }
 
 /// The typecheck copy: the user's function, renamed, with the constants declared.
+/// Rewrites `a < b` (and `<=`, `>`, `>=`, `==`, `!=`) in the type-checked copy into
+/// `ejc_ir::dsl::Compare` calls: `bool` for scalars, `Tile<bool>` for tiles (Rust's
+/// comparison traits must return `bool`, so tiles could not be compared with `<`).
+struct Comparisons;
+
+impl syn::visit_mut::VisitMut for Comparisons {
+    fn visit_expr_mut(&mut self, e: &mut syn::Expr) {
+        syn::visit_mut::visit_expr_mut(self, e);
+        if let syn::Expr::Binary(b) = e {
+            let m = match b.op {
+                syn::BinOp::Lt(_) => "lt",
+                syn::BinOp::Le(_) => "le",
+                syn::BinOp::Gt(_) => "gt",
+                syn::BinOp::Ge(_) => "ge",
+                syn::BinOp::Eq(_) => "eq",
+                syn::BinOp::Ne(_) => "ne",
+                _ => return,
+            };
+            let m = format_ident!("cmp_{}", m);
+            let (l, r) = (&b.left, &b.right);
+            *e = syn::parse_quote!(::ejc_ir::dsl::Compare::#m(#l, #r));
+        }
+    }
+}
+
 pub fn typecheck_copy(f: &ItemFn, attr: &Attr) -> TokenStream {
     let mut copy = f.clone();
     copy.sig.ident = format_ident!("__ejc_typecheck_{}", f.sig.ident);
@@ -50,7 +75,10 @@ pub fn typecheck_copy(f: &ItemFn, attr: &Attr) -> TokenStream {
         let (n, v) = (&c.name, c.value as i32);
         quote! { const #n: i32 = #v; }
     });
-    let body = &f.block.stmts;
+    let mut body = f.block.stmts.clone();
+    for s in body.iter_mut() {
+        syn::visit_mut::VisitMut::visit_stmt_mut(&mut Comparisons, s);
+    }
     copy.block = syn::parse_quote!({ #(#consts)* #(#body)* });
     quote! {
         // rustc checks the body against the DSL's types (`ejc_ir::dsl`); it never runs.

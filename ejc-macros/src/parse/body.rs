@@ -160,7 +160,9 @@ pub fn block(b: &Block) -> syn::Result<(Vec<Stmt>, Option<Expr_>)> {
                 let last = i + 1 == n && semi.is_none();
                 match e {
                     Expr::ForLoop(f) => out.push(for_loop(f)?),
-                    Expr::If(x) if !last => out.push(if_stmt(x)?),
+                    // A trailing `if` is the body's value only where its branch ends in one
+                    // (`if c { store(...); }` at the end of a kernel is a statement).
+                    Expr::If(x) if !last || !gives_value(&x.then_branch) => out.push(if_stmt(x)?),
                     Expr::Assign(a) => out.push(assign(&a.left, expr(&a.right)?)?),
                     Expr::Binary(b) if compound(&b.op).is_some() => {
                         let op = compound(&b.op).unwrap_or(Bin::Add);
@@ -183,6 +185,17 @@ pub fn block(b: &Block) -> syn::Result<(Vec<Stmt>, Option<Expr_>)> {
         }
     }
     Ok((out, tail))
+}
+
+/// Whether a block ends in a value (a last expression without `;` that is not itself a
+/// statement form: a `for` loop, or an `if` whose branch gives none).
+fn gives_value(b: &Block) -> bool {
+    match b.stmts.last() {
+        Some(SynStmt::Expr(Expr::ForLoop(_), None)) => false,
+        Some(SynStmt::Expr(Expr::If(x), None)) => gives_value(&x.then_branch),
+        Some(SynStmt::Expr(_, None)) => true,
+        _ => false,
+    }
 }
 
 fn macro_error(m: &syn::Macro) -> syn::Error {
