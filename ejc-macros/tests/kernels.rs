@@ -279,3 +279,62 @@ fn natural_operators_broadcast_and_compare_like_numpy() {
     let (rel, max_abs) = compare(&got, &want);
     assert!(rel <= 1e-6, "natural_ops seed={seed}: rel {rel:e}, max abs {max_abs:e}");
 }
+
+/// A helper generic over the element type.
+#[ej_kernel(helper)]
+pub fn square<T: Elem>(x: Tile<T>) -> Tile<T> {
+    x * x
+}
+
+/// `x / sqrt(mean(x²) + eps)` along rows.
+#[ej_kernel(helper)]
+pub fn rms_norm_rows(x: Tile<f32>, eps: f32, cols: i32) -> Tile<f32> {
+    let ms = sum(square(x), 1) / (cols as f32);
+    x / sqrt(ms + eps).expand(1)
+}
+
+/// A helper that loads through a tensor and calls another helper.
+#[ej_kernel(helper, c = 32)]
+pub fn load_normed(x: Tensor<f32, 2>, r0: i32, rows: i32, cols: i32, eps: f32) -> Tile<f32> {
+    let t = load(x, [span(r0, 16, rows), span(0, C, cols)]);
+    rms_norm_rows(t, eps, cols)
+}
+
+/// RMSNorm of rows of up to 32 columns, through two helpers.
+#[ej_kernel(b = 16, c = 32)]
+pub fn rms_norm(x: Tensor<f32, 2>, out: Tensor<f32, 2>, eps: f32) {
+    let r0 = program_id(0) * B;
+    let rows = dim(x, 0);
+    let cols = dim(x, 1);
+    let y = load_normed(x, r0, rows, cols, eps);
+    store(out, [span(r0, B, rows), span(0, C, cols)], y);
+}
+
+#[test]
+fn helpers_are_inlined_and_match_plain_rust() {
+    use ejc_ir::interp::{launch, Arg};
+    use ejc_ir::tensor::HostTensor;
+    use rand::{Rng, SeedableRng};
+    let seed = seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let k = rms_norm::kernel().unwrap();
+    let (r, c) = (41usize, 27usize);
+    let x: Vec<f64> = (0..r * c).map(|_| rng.random_range(-2.0f32..2.0) as f64).collect();
+    let eps = 1e-3;
+    let mut args = vec![
+        Arg::Tensor(HostTensor::from_vec(DType::F32, &[r, c], x.clone())),
+        Arg::Tensor(HostTensor::full(DType::F32, &[r, c], f64::NAN)),
+        Arg::Scalar(eps),
+    ];
+    launch(&k, &mut args, [r.div_ceil(16), 1, 1]).unwrap();
+    let got = args[1].tensor().unwrap().to_vec();
+    let want: Vec<f64> = (0..r)
+        .flat_map(|i| {
+            let row = &x[i * c..(i + 1) * c];
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
+            row.iter().map(move |v| v / (ms + eps).sqrt()).collect::<Vec<_>>()
+        })
+        .collect();
+    let (rel, max_abs) = compare(&got, &want);
+    assert!(rel <= 1e-5, "rms_norm seed={seed}: rel {rel:e}, max abs {max_abs:e}");
+}

@@ -28,6 +28,9 @@ pub struct Scope {
     /// Whether an `if` may have a tile condition (mods: `q_idx`, `kv_idx` are tiles
     /// there, though plain `i32` to rustc). In kernels rustc already requires a `bool`.
     pub tile_conditions: bool,
+    /// Whether `#[ej_kernel(helper)]` functions may be called (kernels and helpers; a
+    /// mod is also a host function, where a helper cannot run).
+    pub helpers: bool,
 }
 
 fn err(span: Span, msg: impl Into<String>) -> syn::Error {
@@ -414,6 +417,7 @@ pub fn expr(e: &Expr_, scope: &Scope) -> syn::Result<TokenStream> {
                 readonly: scope.readonly.clone(),
                 locals: scope.locals.clone(),
                 tile_conditions: scope.tile_conditions,
+                helpers: scope.helpers,
             };
             inner.locals.push(Vec::new());
             let tstmts = stmts(ts, &mut inner)?;
@@ -481,6 +485,30 @@ pub fn expr(e: &Expr_, scope: &Scope) -> syn::Result<TokenStream> {
             }
         }
         Expr_::Call(f, a, span) => call(f, a, *span, scope)?,
+        Expr_::Helper(name, args, span) => {
+            if !scope.helpers {
+                return Err(err(
+                    *span,
+                    format!(
+                        "`{name}` is not a DSL function; a mod calls only the DSL's (it is also a host function), \
+                         #[ej_kernel(helper)] functions are called from kernels and helpers"
+                    ),
+                ));
+            }
+            // Tensors pass as themselves (the helper loads and stores through them).
+            let vals = args
+                .iter()
+                .map(|a| match a {
+                    Expr_::Var(id) if scope.tensors.contains(&id.to_string()) => Ok(quote!(#id)),
+                    other => expr(other, scope),
+                })
+                .collect::<syn::Result<Vec<_>>>()?;
+            let tmps: Vec<syn::Ident> = (0..vals.len()).map(|i| quote::format_ident!("__h{}", i)).collect();
+            let loc = location(*span);
+            // `<name>::` (a type path): an unknown name reads "cannot find type", not "crate".
+            let callee = quote_spanned! {name.span()=> <#name>::__ej_emit };
+            quote! { { #(let #tmps = #vals;)* __d.b.set_location(#loc); #callee(__d, #(#tmps),*) } }
+        }
     })
 }
 

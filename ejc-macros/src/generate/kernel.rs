@@ -66,6 +66,15 @@ impl syn::visit_mut::VisitMut for Comparisons {
     }
 }
 
+/// `stmts` with their comparisons rewritten as [`Comparisons`] does.
+pub fn comparisons_rewritten(stmts: &[syn::Stmt]) -> Vec<syn::Stmt> {
+    let mut body = stmts.to_vec();
+    for s in body.iter_mut() {
+        syn::visit_mut::VisitMut::visit_stmt_mut(&mut Comparisons, s);
+    }
+    body
+}
+
 pub fn typecheck_copy(f: &ItemFn, attr: &Attr) -> TokenStream {
     let mut copy = f.clone();
     copy.sig.ident = format_ident!("__ejc_typecheck_{}", f.sig.ident);
@@ -75,10 +84,7 @@ pub fn typecheck_copy(f: &ItemFn, attr: &Attr) -> TokenStream {
         let (n, v) = (&c.name, c.value as i32);
         quote! { const #n: i32 = #v; }
     });
-    let mut body = f.block.stmts.clone();
-    for s in body.iter_mut() {
-        syn::visit_mut::VisitMut::visit_stmt_mut(&mut Comparisons, s);
-    }
+    let body = comparisons_rewritten(&f.block.stmts);
     copy.block = syn::parse_quote!({ #(#consts)* #(#body)* });
     quote! {
         // rustc checks the body against the DSL's types (`ejc_ir::dsl`); it never runs.
@@ -101,6 +107,7 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
         readonly: params.iter().filter(|p| matches!(p.ty, ParamTy::Scalar(_))).map(|p| p.name.to_string()).collect(),
         locals: vec![Vec::new()],
         tile_conditions: false,
+        helpers: true,
     };
     let code = stmts(body, &mut scope)?;
 

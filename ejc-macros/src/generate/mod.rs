@@ -2,6 +2,7 @@
 //! mask and score mods, both on top of [`body`] (DSL statements → IR-building Rust).
 
 pub mod body;
+pub mod helper;
 pub mod kernel;
 pub mod mods;
 
@@ -21,6 +22,10 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
             "#[ej_kernel] goes on a function: `#[ej_kernel] fn name(x: Tensor<f32, 2>, ...) { ... }`",
         )
     })?;
+    if attr.kind == Kind::Helper {
+        let (stmts, tail) = pbody::block(&f.block)?;
+        return helper::generate(&f, &attr, &stmts, tail.as_ref());
+    }
     let params = signature::parse(&f, attr.kind)?;
     for c in &attr.consts {
         if params.iter().any(|p| p.name == c.name) {
@@ -41,6 +46,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> syn::Result<TokenStream> 
             }
             kernel::generate(&f, &attr, &params, &stmts)
         }
+        Kind::Helper => unreachable!("helpers are generated above"),
         Kind::MaskMod | Kind::ScoreMod => {
             let Some(tail) = tail else {
                 let what = if attr.kind == Kind::MaskMod { "`bool` (true = attend)" } else { "the new score (`f32`)" };

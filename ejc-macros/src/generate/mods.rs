@@ -99,6 +99,7 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: 
         readonly: params.iter().map(|p| p.name.to_string()).collect(),
         locals: vec![Vec::new()],
         tile_conditions: true,
+        helpers: false,
     };
     let code = stmts(body, &mut scope)?;
     let value = expr(tail, &scope)?;

@@ -12,6 +12,8 @@ pub enum Kind {
     Kernel,
     MaskMod,
     ScoreMod,
+    /// A function kernels call (inlined into each caller's IR).
+    Helper,
 }
 
 /// A compile-time integer: `block = 64` becomes `BLOCK`, usable in the body.
@@ -52,6 +54,7 @@ pub fn parse(attr: TokenStream) -> syn::Result<Attr> {
             Meta::Path(p) if p.is_ident("mask_mod") => kind = Kind::MaskMod,
             Meta::Path(p) if p.is_ident("score_mod") => kind = Kind::ScoreMod,
             Meta::Path(p) if p.is_ident("kernel") => kind = Kind::Kernel,
+            Meta::Path(p) if p.is_ident("helper") => kind = Kind::Helper,
             Meta::NameValue(nv) => {
                 let Some(key) = nv.path.get_ident() else {
                     return Err(syn::Error::new_spanned(&nv.path, "expected a name: `#[ej_kernel(block = 64)]`"));
@@ -68,13 +71,11 @@ pub fn parse(attr: TokenStream) -> syn::Result<Attr> {
                 }
                 consts.push(ConstArg { name: upper, value });
             }
-            other => {
-                return Err(syn::Error::new_spanned(
-                    other,
-                    "unknown #[ej_kernel] argument; allowed: `kernel` (the default), `mask_mod`, `score_mod`, and \
-                     integer parameters `name = 64` (read in the body as `NAME`)",
-                ))
-            }
+            other => return Err(syn::Error::new_spanned(
+                other,
+                "unknown #[ej_kernel] argument; allowed: `kernel` (the default), `mask_mod`, `score_mod`, `helper`, \
+                     and integer parameters `name = 64` (read in the body as `NAME`)",
+            )),
         }
     }
     Ok(Attr { kind, consts })

@@ -107,6 +107,8 @@ pub enum Expr_ {
     Neg(Box<Expr_>, Span),
     Not(Box<Expr_>, Span),
     Call(String, Vec<Expr_>, Span),
+    /// A call of a `#[ej_kernel(helper)]` function (any name the DSL does not provide).
+    Helper(syn::Ident, Vec<Expr_>, Span),
     Method(Box<Expr_>, String, Vec<Expr_>, Option<Elem>, Span),
     Cast(Box<Expr_>, Elem, Span),
     If(Box<Expr_>, Vec<Stmt>, Box<Expr_>, Vec<Stmt>, Box<Expr_>, Span),
@@ -119,7 +121,7 @@ impl Expr_ {
             Expr_::Int(_, s) | Expr_::Float(_, s) | Expr_::Bool(_, s) | Expr_::Neg(_, s) | Expr_::Not(_, s) => *s,
             Expr_::Var(i) => i.span(),
             Expr_::Bin(_, _, _, s) | Expr_::Call(_, _, s) | Expr_::Method(_, _, _, _, s) | Expr_::Cast(_, _, s) => *s,
-            Expr_::If(.., s) | Expr_::Array(_, s) => *s,
+            Expr_::If(.., s) | Expr_::Array(_, s) | Expr_::Helper(_, _, s) => *s,
         }
     }
 }
@@ -388,13 +390,10 @@ pub fn expr(e: &Expr) -> syn::Result<Expr_> {
                 other => return Err(err(other.span(), "calls name a DSL function")),
             };
             let Some((_, counts)) = FUNCTIONS.iter().find(|f| f.0 == name) else {
-                return Err(err(
-                    c.func.span(),
-                    format!(
-                        "unknown function `{name}`; the tile DSL provides: {}",
-                        list(FUNCTIONS.iter().map(|f| f.0.to_string()))
-                    ),
-                ));
+                // Not the DSL's: a `#[ej_kernel(helper)]` function (rustc says so if it
+                // is neither: the type-checked copy calls it by name).
+                let id = syn::Ident::new(&name, c.func.span());
+                return Ok(Expr_::Helper(id, c.args.iter().map(expr).collect::<syn::Result<_>>()?, span));
             };
             if !counts.contains(&c.args.len()) {
                 return Err(err(

@@ -128,6 +128,8 @@ pub fn parse(f: &ItemFn, kind: Kind) -> syn::Result<Vec<Param>> {
         params.push(Param { name: id.ident.clone(), ty });
     }
     match kind {
+        // Helpers have their own signature rules (generate::helper).
+        Kind::Helper => {}
         Kind::Kernel => {
             if let ReturnType::Type(_, t) = &sig.output {
                 return Err(syn::Error::new_spanned(t, "a kernel returns nothing: it writes its outputs with `store`"));
