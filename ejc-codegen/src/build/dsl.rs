@@ -151,8 +151,8 @@ impl DslBuild {
     /// code runs on every GPU from Ampere on, `sm_90a` on Hopper only), in the
     /// configuration the PTX target's candidate policy offers ([`crate::ptx::candidates`]):
     /// tensor cores (`mma.sync`, `wgmma` on `sm_90a`) for products of 16-bit tiles, the
-    /// CUDA cores for f32 products (fewer warps where the tiles' rows do not split over
-    /// four). The CPU libraries are compiled as well. Flash kernels with mods
+    /// CUDA cores for f32 products; the most warps the tiles' rows split over. The CPU
+    /// libraries are compiled as well. Flash kernels with mods
     /// ([`DslBuild::flash`]) stay CPU-only for now.
     pub fn ptx(mut self, arch: Arch) -> DslBuild {
         if !self.archs.contains(&arch) {
@@ -374,13 +374,14 @@ impl DslBuild {
 }
 
 /// The configuration a DSL kernel is compiled in for `arch`: a candidate of the PTX
-/// target's policy (warps 4, then 8, 2, 1; two stages; on `sm_90a` `wgmma` where the
-/// products allow it), or, for f32 products (which
+/// target's policy (the most warps the tiles' rows allow, 8 to 1 — two warpgroups for a
+/// 128-row tile measured 2.1x one on the H100, docs/perf.md; two stages; on `sm_90a`
+/// `wgmma` where the products allow it), or, for f32 products (which
 /// the policy leaves to the CPU targets) and tiles whose rows split over no warp count,
 /// `mma.sync`'s path on the CUDA cores with the most warps the tiles allow.
 fn ptx_config(k: &Kernel, arch: Arch) -> Result<PtxConfig, String> {
     use crate::ptx::candidates::{candidates, register_rows};
-    if let Ok(c) = candidates(k, arch, &[4, 8, 2, 1], &[2], &[]) {
+    if let Ok(c) = candidates(k, arch, &[8, 4, 2, 1], &[2], &[]) {
         // On sm_90a the first `wgmma` one without warp specialisation (whose copies run
         // in the aligned entry, which takes tensor maps).
         let pick = c.iter().find(|c| matches!(c.cfg.path, CodePath::Wgmma { .. })).or(c.first());

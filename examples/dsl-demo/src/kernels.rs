@@ -29,7 +29,7 @@ pub fn scaled_matmul(a: Tensor<f32, 2>, b: Tensor<f32, 2>, out: Tensor<f32, 2>, 
 
 /// `out = a · b` for bf16 `a` `[M, K]` and `b` `[K, N]`, accumulated and stored in f32:
 /// the products run on tensor cores on a GPU (`mma.sync`, `wgmma` on Hopper).
-#[ej_kernel(bm = 64, bn = 64, bk = 32)]
+#[ej_kernel(bm = 128, bn = 128, bk = 64)]
 pub fn matmul_bf16(a: Tensor<Bf16, 2>, b: Tensor<Bf16, 2>, out: Tensor<f32, 2>) {
     let m0 = program_id(0) * BM;
     let n0 = program_id(1) * BN;
