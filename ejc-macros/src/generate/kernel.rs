@@ -75,17 +75,23 @@ pub fn comparisons_rewritten(stmts: &[syn::Stmt]) -> Vec<syn::Stmt> {
     body
 }
 
-pub fn typecheck_copy(f: &ItemFn, attr: &Attr) -> TokenStream {
-    let mut copy = f.clone();
-    copy.sig.ident = format_ident!("__ejc_typecheck_{}", f.sig.ident);
-    copy.vis = syn::Visibility::Inherited;
-    copy.attrs.retain(|a| !a.path().is_ident("doc"));
+/// `f`'s body as rustc checks it: the attribute's integers as `const`s, then the
+/// statements with their comparisons rewritten (kernels' copies and helpers).
+pub fn checked_block(f: &ItemFn, attr: &Attr) -> syn::Block {
     let consts = attr.consts.iter().map(|c| {
         let (n, v) = (&c.name, c.value as i32);
         quote! { const #n: i32 = #v; }
     });
     let body = comparisons_rewritten(&f.block.stmts);
-    copy.block = syn::parse_quote!({ #(#consts)* #(#body)* });
+    syn::parse_quote!({ #(#consts)* #(#body)* })
+}
+
+pub fn typecheck_copy(f: &ItemFn, attr: &Attr) -> TokenStream {
+    let mut copy = f.clone();
+    copy.sig.ident = format_ident!("__ejc_typecheck_{}", f.sig.ident);
+    copy.vis = syn::Visibility::Inherited;
+    copy.attrs.retain(|a| !a.path().is_ident("doc"));
+    *copy.block = checked_block(f, attr);
     quote! {
         // rustc checks the body against the DSL's types (`ejc_ir::dsl`); it never runs.
         const _: () = {
