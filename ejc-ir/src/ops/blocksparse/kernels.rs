@@ -212,11 +212,13 @@ pub(super) fn block_visibility(
         vis = b.and(vis, inside);
     }
     if let Some(c) = m.chunk {
+        // ⌊q / c⌋ = ⌊kv / c⌋ and kv ≤ q  ⇔  ⌊q / c⌋·c ≤ kv ≤ q (positions are ≥ 0): one
+        // division per row instead of one per key, by a divisor known only at run time.
         let qc = b.div(rows.q_pos, c);
-        let kc = b.div(kv_pos, c);
-        let same = b.cmp(CmpPred::Eq, qc, kc);
+        let start = b.mul(qc, c);
+        let after = b.cmp(CmpPred::Ge, kv_pos, start);
         let causal = b.cmp(CmpPred::Le, kv_pos, rows.q_pos);
-        let ok = b.and(same, causal);
+        let ok = b.and(after, causal);
         vis = b.and(vis, ok);
     }
     if !f.head_masks.is_empty() {
