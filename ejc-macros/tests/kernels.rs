@@ -338,3 +338,39 @@ fn helpers_are_inlined_and_match_plain_rust() {
     let (rel, max_abs) = compare(&got, &want);
     assert!(rel <= 1e-5, "rms_norm seed={seed}: rel {rel:e}, max abs {max_abs:e}");
 }
+
+/// One kernel body, two element types: `row_scale_f32` and `row_scale_bf16`, each
+/// `out = x · s` with `x` read as its type and computed in f32 (the cast names `T` too).
+#[ej_kernel(b = 16, c = 32, dtypes(T = [f32, Bf16]))]
+pub fn row_scale<T: Elem>(x: Tensor<T, 2>, out: Tensor<f32, 2>, s: f32) {
+    let r0 = program_id(0) * B;
+    let rows = dim(x, 0);
+    let cols = dim(x, 1);
+    let t = load(x, [span(r0, B, rows), span(0, C, cols)]).cast::<f32>();
+    store(out, [span(r0, B, rows), span(0, C, cols)], t * s);
+}
+
+#[test]
+fn a_generic_kernel_is_one_kernel_per_listed_type() {
+    use ejc_ir::interp::{launch, Arg};
+    use ejc_ir::tensor::HostTensor;
+    use rand::{Rng, SeedableRng};
+    let seed = seed();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    assert_eq!((row_scale_f32::NAME, row_scale_bf16::NAME), ("row_scale_f32", "row_scale_bf16"));
+    let (r, c) = (21usize, 30usize);
+    let x: Vec<f64> = (0..r * c).map(|_| rng.random_range(-2.0f32..2.0) as f64).collect();
+    for (k, dt) in [(row_scale_f32::kernel().unwrap(), DType::F32), (row_scale_bf16::kernel().unwrap(), DType::BF16)] {
+        let xt = HostTensor::from_vec(dt, &[r, c], x.clone());
+        let want: Vec<f64> = xt.to_vec().iter().map(|v| (*v as f32 * 1.5f32) as f64).collect();
+        let mut args =
+            vec![Arg::Tensor(xt), Arg::Tensor(HostTensor::full(DType::F32, &[r, c], f64::NAN)), Arg::Scalar(1.5)];
+        launch(&k, &mut args, [r.div_ceil(16), 1, 1]).unwrap();
+        let (rel, _) = compare(&args[1].tensor().unwrap().to_vec(), &want);
+        assert!(rel <= 1e-6, "{} seed={seed}: rel {rel:e}", k.name);
+        // The parameter really has the instance's type.
+        assert!(print_kernel(&k).contains(&format!("%x: tensor<?x?x{dt}>")), "{}", print_kernel(&k));
+    }
+    let names: Vec<&str> = registered().iter().map(|r| r.name()).collect();
+    assert!(names.contains(&"row_scale_f32") && names.contains(&"row_scale_bf16"), "{names:?}");
+}

@@ -27,6 +27,22 @@ pub struct ConstArg {
 pub struct Attr {
     pub kind: Kind,
     pub consts: Vec<ConstArg>,
+    /// `dtypes(T = [f32, Bf16])`: a kernel generic over `T`, one kernel per listed type.
+    pub dtypes: Option<(Ident, Vec<Ident>)>,
+}
+
+/// `T = [f32, Bf16]` inside `dtypes(...)`.
+struct Dtypes(Ident, Vec<Ident>);
+
+impl Parse for Dtypes {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let t: Ident = input.parse()?;
+        input.parse::<Token![=]>()?;
+        let list;
+        syn::bracketed!(list in input);
+        let tys: Punctuated<Ident, Token![,]> = Punctuated::parse_terminated(&list)?;
+        Ok(Dtypes(t, tys.into_iter().collect()))
+    }
 }
 
 struct Args(Punctuated<Meta, Token![,]>);
@@ -49,8 +65,23 @@ pub fn parse(attr: TokenStream) -> syn::Result<Attr> {
     let args: Args = syn::parse2(attr)?;
     let mut kind = Kind::Kernel;
     let mut consts: Vec<ConstArg> = Vec::new();
+    let mut dtypes = None;
     for meta in args.0 {
         match &meta {
+            Meta::List(l) if l.path.is_ident("dtypes") => {
+                let Dtypes(t, tys) = syn::parse2(l.tokens.clone())
+                    .map_err(|e| syn::Error::new(e.span(), "write the element types as `dtypes(T = [f32, Bf16])`"))?;
+                if let Some(bad) = tys.iter().find(|t| super::signature::Elem::from_name(&t.to_string()).is_none()) {
+                    return Err(syn::Error::new_spanned(
+                        bad,
+                        format!("`{bad}` is not an element type (f32, Bf16, F16, i32, u32, bool)"),
+                    ));
+                }
+                if tys.is_empty() {
+                    return Err(syn::Error::new_spanned(l, "list at least one element type: `dtypes(T = [f32])`"));
+                }
+                dtypes = Some((t, tys));
+            }
             Meta::Path(p) if p.is_ident("mask_mod") => kind = Kind::MaskMod,
             Meta::Path(p) if p.is_ident("score_mod") => kind = Kind::ScoreMod,
             Meta::Path(p) if p.is_ident("kernel") => kind = Kind::Kernel,
@@ -74,9 +105,9 @@ pub fn parse(attr: TokenStream) -> syn::Result<Attr> {
             other => return Err(syn::Error::new_spanned(
                 other,
                 "unknown #[ej_kernel] argument; allowed: `kernel` (the default), `mask_mod`, `score_mod`, `helper`, \
-                     and integer parameters `name = 64` (read in the body as `NAME`)",
+                     `dtypes(T = [f32, Bf16])`, and integer parameters `name = 64` (read in the body as `NAME`)",
             )),
         }
     }
-    Ok(Attr { kind, consts })
+    Ok(Attr { kind, consts, dtypes })
 }

@@ -107,7 +107,8 @@ pub fn parse(f: &ItemFn, kind: Kind) -> syn::Result<Vec<Param>> {
     if let Some(g) = sig.generics.params.first() {
         return Err(syn::Error::new_spanned(
             g,
-            "generic parameters are not supported; use `#[ej_kernel(name = 64)]` for compile-time integers",
+            "a generic kernel lists its element types: `#[ej_kernel(dtypes(T = [f32, Bf16]))]` makes one kernel \
+             per type (`name_f32`, `name_bf16`); compile-time integers are `#[ej_kernel(name = 64)]`",
         ));
     }
     if let Some(a) = &sig.asyncness {
