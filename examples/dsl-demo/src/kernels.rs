@@ -27,10 +27,11 @@ pub fn scaled_matmul(a: Tensor<f32, 2>, b: Tensor<f32, 2>, out: Tensor<f32, 2>, 
     store(out, [span(m0, BM, m), span(n0, BN, n)], acc);
 }
 
-/// `out = a · b` for bf16 `a` `[M, K]` and `b` `[K, N]`, accumulated and stored in f32:
-/// the products run on tensor cores on a GPU (`mma.sync`, `wgmma` on Hopper).
-#[ej_kernel(bm = 128, bn = 128, bk = 64)]
-pub fn matmul_bf16(a: Tensor<Bf16, 2>, b: Tensor<Bf16, 2>, out: Tensor<f32, 2>) {
+/// `out = a · b` for 16-bit `a` `[M, K]` and `b` `[K, N]`, accumulated and stored in
+/// f32: one body, two kernels (`matmul_bf16`, `matmul_f16`); the products run on tensor
+/// cores on a GPU (`mma.sync`, `wgmma` on Hopper).
+#[ej_kernel(bm = 128, bn = 128, bk = 64, dtypes(T = [Bf16, F16]))]
+pub fn matmul<T: Elem>(a: Tensor<T, 2>, b: Tensor<T, 2>, out: Tensor<f32, 2>) {
     let m0 = program_id(0) * BM;
     let n0 = program_id(1) * BN;
     let m = dim(a, 0);

@@ -1,6 +1,7 @@
 //! # ejc-dsl-demo
 //!
-//! A user crate of ejc: three kernels (`scaled_matmul`, `matmul_bf16`, `softmax_rows`),
+//! A user crate of ejc: kernels (`scaled_matmul`, `softmax_rows`, and `matmul`, generic
+//! over its element type: `matmul_bf16`, `matmul_f16`),
 //! two mask mods (`prefix_lm`, `causal_window`) and a score mod (`alibi`) written with
 //! `#[ej_kernel]` in [`kernels`]; `build.rs` compiles them (and two flash kernels with
 //! the mods fused in) to a CPU library and the kernels to PTX (`sm_80`, `sm_90a`);

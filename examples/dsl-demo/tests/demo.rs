@@ -2,7 +2,7 @@
 //! Rust written here. Inputs are fresh random numbers; the seed is printed
 //! (`EJC_TEST_SEED` replays). Tolerances are DESIGN.md's (f32: ‖Δ‖/‖ref‖ ≤ 1e-5).
 
-use ejc_dsl_demo::kernels::{alibi, causal_window, matmul_bf16, prefix_lm, scaled_matmul, softmax_rows};
+use ejc_dsl_demo::kernels::{alibi, causal_window, matmul_bf16, matmul_f16, prefix_lm, scaled_matmul, softmax_rows};
 use ejc_dsl_demo::library;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference_with_mods, Mods};
@@ -57,18 +57,24 @@ fn scaled_matmul_matches_plain_rust() {
 }
 
 #[test]
-fn matmul_bf16_matches_plain_rust() {
+fn the_generic_matmul_matches_plain_rust_in_both_types() {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    let kernel = library().kernel(matmul_bf16::NAME).unwrap();
-    for &(m, k, n) in &[(70, 45, 93), (64, 64, 64), (1, 3, 130)] {
-        let (a, b) = (random_bf16(&mut rng, &[m, k]), random_bf16(&mut rng, &[k, n]));
-        let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[m, n], f64::NAN));
-        let grid = [m.div_ceil(matmul_bf16::BM as usize) as i64, n.div_ceil(matmul_bf16::BN as usize) as i64, 1];
-        matmul_bf16::launch(&kernel, grid, 2, &HostBuffer::from_host(&a), &HostBuffer::from_host(&b), &mut out)
+    for (name, dt) in [(matmul_bf16::NAME, DType::BF16), (matmul_f16::NAME, DType::F16)] {
+        let kernel = library().kernel(name).unwrap();
+        for &(m, k, n) in &[(70, 45, 93), (128, 64, 128), (1, 3, 130)] {
+            let (a, b) = (random_16(&mut rng, dt, &[m, k]), random_16(&mut rng, dt, &[k, n]));
+            let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[m, n], f64::NAN));
+            let grid = [m.div_ceil(matmul_bf16::BM as usize) as i64, n.div_ceil(matmul_bf16::BN as usize) as i64, 1];
+            let (a_, b_) = (HostBuffer::from_host(&a), HostBuffer::from_host(&b));
+            match dt {
+                DType::BF16 => matmul_bf16::launch(&kernel, grid, 2, &a_, &b_, &mut out),
+                _ => matmul_f16::launch(&kernel, grid, 2, &a_, &b_, &mut out),
+            }
             .unwrap();
-        let want = matmul_ref(&a, &b, 1.0, false);
-        assert_close(&out.to_host().to_vec(), &want, &format!("matmul_bf16 {m}x{k}x{n} seed={seed}"));
+            let want = matmul_ref(&a, &b, 1.0, false);
+            assert_close(&out.to_host().to_vec(), &want, &format!("{name} {m}x{k}x{n} seed={seed}"));
+        }
     }
 }
 
@@ -198,10 +204,13 @@ fn the_gpu_launch_says_when_cuda_is_not_built_in() {
 fn everything_is_registered_and_built() {
     let mut names: Vec<&str> = ejc_ir::dsl::registered().iter().map(|r| r.name()).collect();
     names.sort();
-    assert_eq!(names, ["alibi", "causal_window", "matmul_bf16", "prefix_lm", "scaled_matmul", "softmax_rows"]);
+    assert_eq!(
+        names,
+        ["alibi", "causal_window", "matmul_bf16", "matmul_f16", "prefix_lm", "scaled_matmul", "softmax_rows"]
+    );
     assert_eq!(
         library().names(),
-        ["flash_causal_window", "flash_prefix_lm_alibi", "matmul_bf16", "scaled_matmul", "softmax_rows"]
+        ["flash_causal_window", "flash_prefix_lm_alibi", "matmul_bf16", "matmul_f16", "scaled_matmul", "softmax_rows"]
             .map(String::from)
     );
     // The kernels also for the GPU (build.rs asks for sm_80 and sm_90a), the flash
@@ -220,7 +229,7 @@ fn everything_is_registered_and_built() {
         })
         .collect();
     ptx.sort();
-    let want: Vec<(String, String)> = ["matmul_bf16", "scaled_matmul", "softmax_rows"]
+    let want: Vec<(String, String)> = ["matmul_bf16", "matmul_f16", "scaled_matmul", "softmax_rows"]
         .iter()
         .flat_map(|k| ["ptx:sm_80", "ptx:sm_90a"].map(|t| (k.to_string(), t.to_string())))
         .collect();

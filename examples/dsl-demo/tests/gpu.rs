@@ -5,7 +5,7 @@
 //! says so and passes. `EJC_DEMO_DIR` points at the build's kernels on another machine.
 #![cfg(feature = "cuda")]
 
-use ejc_dsl_demo::kernels::{matmul_bf16, scaled_matmul, softmax_rows};
+use ejc_dsl_demo::kernels::{matmul_bf16, matmul_f16, scaled_matmul, softmax_rows};
 use ejc_dsl_demo::library;
 use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
@@ -59,21 +59,27 @@ fn scaled_matmul_on_the_gpu() {
 }
 
 #[test]
-fn matmul_bf16_on_the_gpu() {
+fn the_generic_matmul_on_the_gpu() {
     let Some(gpu) = gpu() else { return };
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    let kernel = library().gpu_kernel(&gpu, matmul_bf16::NAME).unwrap();
-    println!("matmul_bf16: {}", kernel.target);
-    for &(m, k, n) in &[(70, 45, 93), (64, 64, 64), (1, 3, 130), (200, 300, 190)] {
-        let (a, b) = (random_bf16(&mut rng, &[m, k]), random_bf16(&mut rng, &[k, n]));
-        let (da, db) =
-            (gpu.upload(&HostBuffer::from_host(&a)).unwrap(), gpu.upload(&HostBuffer::from_host(&b)).unwrap());
-        let mut dout = gpu.upload(&nan(&[m, n])).unwrap();
-        let grid = [m.div_ceil(matmul_bf16::BM as usize) as i64, n.div_ceil(matmul_bf16::BN as usize) as i64, 1];
-        matmul_bf16::launch_gpu(&kernel, grid, &da, &db, &mut dout).unwrap();
-        let got = gpu.download(&dout).unwrap().to_host().to_vec();
-        assert_close(&got, &matmul_ref(&a, &b, 1.0, false), &format!("gpu matmul_bf16 {m}x{k}x{n} seed={seed}"));
+    for (name, dt) in [(matmul_bf16::NAME, DType::BF16), (matmul_f16::NAME, DType::F16)] {
+        let kernel = library().gpu_kernel(&gpu, name).unwrap();
+        println!("{name}: {}", kernel.target);
+        for &(m, k, n) in &[(70, 45, 93), (128, 64, 128), (1, 3, 130), (200, 300, 190)] {
+            let (a, b) = (random_16(&mut rng, dt, &[m, k]), random_16(&mut rng, dt, &[k, n]));
+            let da = gpu.upload(&HostBuffer::from_host(&a)).unwrap();
+            let db = gpu.upload(&HostBuffer::from_host(&b)).unwrap();
+            let mut dout = gpu.upload(&nan(&[m, n])).unwrap();
+            let grid = [m.div_ceil(matmul_bf16::BM as usize) as i64, n.div_ceil(matmul_bf16::BN as usize) as i64, 1];
+            match dt {
+                DType::BF16 => matmul_bf16::launch_gpu(&kernel, grid, &da, &db, &mut dout),
+                _ => matmul_f16::launch_gpu(&kernel, grid, &da, &db, &mut dout),
+            }
+            .unwrap();
+            let got = gpu.download(&dout).unwrap().to_host().to_vec();
+            assert_close(&got, &matmul_ref(&a, &b, 1.0, false), &format!("gpu {name} {m}x{k}x{n} seed={seed}"));
+        }
     }
 }
 

@@ -41,10 +41,10 @@ pub fn matmul_ref(a: &HostTensor, b: &HostTensor, alpha: f64, relu: bool) -> Vec
     out
 }
 
-/// `[M, K]` bf16 numbers (rounded to bf16, so the reference sees what the kernel reads).
-pub fn random_bf16(rng: &mut StdRng, shape: &[usize]) -> HostTensor {
+/// 16-bit numbers of `dtype` (rounded to it, so the reference sees what the kernel reads).
+pub fn random_16(rng: &mut StdRng, dtype: DType, shape: &[usize]) -> HostTensor {
     let n = shape.iter().product();
-    HostTensor::from_vec(DType::BF16, shape, (0..n).map(|_| rng.random_range(-1.0f32..1.0) as f64).collect())
+    HostTensor::from_vec(dtype, shape, (0..n).map(|_| rng.random_range(-1.0f32..1.0) as f64).collect())
 }
 
 /// Plain Rust row-wise softmax of a `[R, C]` tensor.
