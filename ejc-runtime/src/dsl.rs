@@ -162,6 +162,10 @@ impl DslLibrary {
     }
 }
 
+/// Whether this build of ejc-runtime has CUDA support (its `cuda` feature: cargo turns it
+/// on for every crate of a build where one dependent asks for it).
+pub const CUDA_BUILT_IN: bool = cfg!(feature = "cuda");
+
 /// Why a DSL kernel could not run on the GPU.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
