@@ -72,6 +72,11 @@ fn check_plan(plan: Plan, name: &str, f: &Features, dtype: DType, shape: &str, s
     }
     for (what, g, w) in pairs {
         let (rel, abs) = compare(&g.to_vec(), &w.to_vec());
+        // dsinks is one sum per head of ±terms over every row (`−Σ exp(sink − lse)·delta`):
+        // it can cancel to far below its terms, so f32 rounding of the terms is a larger
+        // share of it than of any other output (seen at 2.5e-5 in f32 on a 45-row call);
+        // its bound is ten times the others'.
+        let tol = if what == "dsinks" { tol * 10.0 } else { tol };
         assert!(
             rel <= tol,
             "{name} {} {dtype} {what} shape={shape} seed={seed} pipeline={pipeline}: rel {rel:e} abs {abs:e}",
