@@ -122,7 +122,7 @@ fn the_gpu_launch_checks_its_arguments() {
 /// Timing, not a check: the bf16 matmul at 4096³ (TFLOP/s; `--ignored --nocapture`), for
 /// the side-by-side with torch.matmul that `scripts/gpu_run.sh --dsl` prints next to it.
 #[test]
-#[ignore]
+#[ignore = "a timing, not a check: scripts/gpu_run.sh --dsl runs it beside torch.matmul"]
 fn matmul_bf16_timing() {
     let Some(gpu) = gpu() else { return };
     let n = 4096usize;
