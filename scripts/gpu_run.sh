@@ -296,7 +296,7 @@ if [ "${1:-}" = "--dsl" ]; then
         echo "memcheck dsl: exit $m" | tee -a "$OUT/summary.txt"
         [ "$m" -eq 0 ] || rc=1
     fi
-    ./.gpu/dsl_gpu_test --ignored --nocapture matmul_bf16_timing 2>&1 | grep -E "TFLOP|GPU" | tee -a "$OUT/summary.txt"
+    ./.gpu/dsl_gpu_test --ignored --nocapture dsl_timings 2>&1 | grep -E "TFLOP|GB/s|GPU|point" | tee -a "$OUT/summary.txt"
     python3 - <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
 import torch
 from triton.testing import do_bench
@@ -309,6 +309,18 @@ for name, f in (("bf16 out", lambda: a @ b), ("f32 out", lambda: torch.matmul(a,
         print(f"torch.matmul {n}^3 ({name}): {ms:.3f} ms, {2 * n**3 / ms / 1e9:.0f} TFLOP/s")
     except Exception as e:  # noqa: BLE001
         print(f"torch.matmul ({name}): {type(e).__name__}: {e}")
+del a, b
+r, c = 16384, 8192
+for dt in (torch.float32, torch.bfloat16):
+    x = torch.full((r, c), 0.5, device="cuda", dtype=dt)
+    y = torch.empty_like(x)
+    w = torch.full((c,), 1.5, device="cuda", dtype=dt)
+    gb = 2 * x.numel() * x.element_size() / 1e6
+    for name, f in (("copy", lambda: y.copy_(x)),
+                    ("torch rms_norm", lambda: torch.nn.functional.rms_norm(x, (c,), w, 1e-5)),
+                    ("torch softmax", lambda: torch.softmax(x, -1))):
+        ms = do_bench(f, warmup=10, rep=100, return_mode="median")
+        print(f"{name} {r}x{c} {str(dt).split('.')[-1]}: {ms:.3f} ms, {gb / ms:.0f} GB/s")
 PY
     exit $rc
 fi

@@ -591,11 +591,39 @@ impl std::fmt::Debug for ScoreMod {
     }
 }
 
+/// How a kernel's IR is built.
+pub type KernelBuildFn = fn() -> Result<Kernel, DslError>;
+
 /// A kernel written with `#[ej_kernel]`: its name and how to build its IR.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelDef {
     pub name: &'static str,
+    /// The IR at the default point (the first value of every `tune(...)` list).
     pub build: fn() -> Result<Kernel, DslError>,
+    /// The schedule space of `#[ej_kernel(tune(bm = [64, 128], ...))]`: one point per
+    /// combination of the tuned constants, the default first; empty for a kernel
+    /// without `tune`.
+    pub points: &'static [TunePoint],
+    /// GPU warp counts to try (`tune(warps = [4, 8])`); empty = the PTX target's choice.
+    pub warps: &'static [u32],
+    /// Pipeline stages to try on the GPU (`tune(stages = [2, 3])`); empty = its choice.
+    pub stages: &'static [u32],
+}
+
+/// One point of a kernel's schedule space: the tuned constants' values and the IR
+/// built with them.
+#[derive(Clone, Copy, Debug)]
+pub struct TunePoint {
+    /// `[("BM", 64), ("BN", 128)]`, in the attribute's order.
+    pub consts: &'static [(&'static str, i64)],
+    pub build: fn() -> Result<Kernel, DslError>,
+}
+
+impl TunePoint {
+    /// `bm64_bn128`: the point's part of entry and artifact names.
+    pub fn suffix(&self) -> String {
+        self.consts.iter().map(|(n, v)| format!("{}{v}", n.to_lowercase())).collect::<Vec<_>>().join("_")
+    }
 }
 
 /// What `#[ej_kernel]` registers (collected with `inventory`).

@@ -193,10 +193,18 @@ impl<'a> TensorArg<'a> {
     pub fn write(name: &'static str, dtype: DType, rank: usize, buf: &'a mut HostBuffer) -> Self {
         TensorArg { name, dtype, rank, buf: ArgBuf::Write(buf) }
     }
-    fn buffer(&self) -> &HostBuffer {
+    /// The buffer given.
+    pub fn buffer(&self) -> &HostBuffer {
         match &self.buf {
             ArgBuf::Read(b) => b,
             ArgBuf::Write(b) => b,
+        }
+    }
+    /// The buffer, when the kernel stores to it.
+    pub(crate) fn written(&mut self) -> Option<&mut HostBuffer> {
+        match &mut self.buf {
+            ArgBuf::Write(b) => Some(b),
+            ArgBuf::Read(_) => None,
         }
     }
     fn descriptors(&mut self) -> Vec<EjcTensor> {
@@ -224,6 +232,16 @@ pub fn launch_checked(
     grid: [i64; 3],
     threads: usize,
 ) -> Result<(), CpuError> {
+    check_tensor_args(kernel_name, tensors)?;
+    let abi: Vec<EjcTensor> = tensors.iter_mut().flat_map(|t| t.descriptors()).collect();
+    // Safety: dtypes, ranks and bounds are checked above; written tensors are
+    // exclusive borrows, so they overlap nothing else.
+    unsafe { kernel.launch(&abi, scalars, grid, threads) }
+}
+
+/// What [`launch_checked`] checks before it launches: every tensor's dtype, rank and
+/// bounds against its parameter.
+pub fn check_tensor_args(kernel_name: &str, tensors: &[TensorArg]) -> Result<(), CpuError> {
     for t in tensors.iter() {
         let b = t.buffer();
         if b.dtype != t.dtype || b.shape.len() != t.rank || b.strides.len() != t.rank {
@@ -234,10 +252,7 @@ pub fn launch_checked(
         }
         b.check_bounds().map_err(|e| CpuError::Invalid(format!("`{kernel_name}`: `{}`: {e}", t.name)))?;
     }
-    let abi: Vec<EjcTensor> = tensors.iter_mut().flat_map(|t| t.descriptors()).collect();
-    // Safety: dtypes, ranks and bounds are checked above; written tensors are
-    // exclusive borrows, so they overlap nothing else.
-    unsafe { kernel.launch(&abi, scalars, grid, threads) }
+    Ok(())
 }
 
 /// A scalar argument's 64-bit slot (see the ABI).

@@ -203,26 +203,59 @@ impl DslBuild {
         let mut metas = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for item in &self.items {
-            let (id, raw, meta) = match item {
+            let mut built: Vec<(String, Kernel, Meta)> = Vec::new();
+            match item {
                 Item::Kernel(def) => {
-                    let k = (def.build)()
-                        .map_err(|e| CodegenError::Kernel { kernel: def.name.into(), message: e.to_string() })?;
-                    let params = kernel_params(&k);
-                    (
-                        def.name.to_string(),
-                        k,
-                        Meta {
-                            instance: Instance {
-                                variant: def.name.to_string(),
-                                dtype: "none".into(),
-                                keys: BTreeMap::new(),
+                    // One kernel per point of the schedule space (the default keeps the
+                    // plain name; the others' entries carry the point).
+                    let points: Vec<(String, BTreeMap<String, i64>, ejc_ir::dsl::KernelBuildFn)> =
+                        if def.points.is_empty() {
+                            vec![("default".into(), BTreeMap::new(), def.build)]
+                        } else {
+                            def.points
+                                .iter()
+                                .map(|p| {
+                                    let consts = p.consts.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+                                    (p.suffix(), consts, p.build)
+                                })
+                                .collect()
+                        };
+                    for (i, (point, consts, build)) in points.into_iter().enumerate() {
+                        let mut k = build()
+                            .map_err(|e| CodegenError::Kernel { kernel: def.name.into(), message: e.to_string() })?;
+                        if i > 0 {
+                            k.name = format!("{}__{point}", def.name);
+                        }
+                        let params = kernel_params(&k);
+                        let config: BTreeMap<String, u32> = consts
+                            .iter()
+                            .filter(|(_, v)| **v >= 0)
+                            .map(|(n, v)| (n.to_lowercase(), *v as u32))
+                            .collect();
+                        let mut features = BTreeMap::new();
+                        if !def.points.is_empty() {
+                            features.insert("point".to_string(), serde_json::Value::from(point.clone()));
+                            features.insert("consts".to_string(), serde_json::json!(consts));
+                        }
+                        built.push((
+                            def.name.to_string(),
+                            k,
+                            Meta {
+                                instance: Instance {
+                                    variant: def.name.to_string(),
+                                    dtype: "none".into(),
+                                    keys: BTreeMap::new(),
+                                },
+                                features,
+                                config,
+                                params,
+                                grid: ["caller".into(), "caller".into(), "caller".into()],
+                                point,
+                                warps: def.warps,
+                                stages: def.stages,
                             },
-                            features: BTreeMap::new(),
-                            config: BTreeMap::new(),
-                            params,
-                            grid: ["caller".into(), "caller".into(), "caller".into()],
-                        },
-                    )
+                        ));
+                    }
                 }
                 Item::Flash(name, f) => {
                     let k =
@@ -242,7 +275,7 @@ impl DslBuild {
                     let op = &ejc_ir::flash::op::FlashAttentionFwd;
                     let params = params_info(&k, &|n| op.param_doc(n));
                     let keys = BTreeMap::from([("head_dim".to_string(), f.head_dim as u32)]);
-                    (
+                    built.push((
                         name.clone(),
                         k,
                         Meta {
@@ -251,16 +284,24 @@ impl DslBuild {
                             config,
                             params,
                             grid,
+                            point: "default".into(),
+                            warps: &[],
+                            stages: &[],
                         },
-                    )
+                    ));
                 }
-            };
-            if !seen.insert(id.clone()) {
-                return Err(CodegenError::Empty(format!("build `{}` has two kernels named `{id}`", self.name)));
             }
-            let k = run_pipeline(&raw, &pipeline).map_err(|e| super::pipeline_error(&id, e))?;
-            kernels.push(k);
-            metas.push((id, meta));
+            if !seen.insert(built[0].0.clone()) {
+                return Err(CodegenError::Empty(format!(
+                    "build `{}` has two kernels named `{}`",
+                    self.name, built[0].0
+                )));
+            }
+            for (id, raw, meta) in built {
+                let k = run_pipeline(&raw, &pipeline).map_err(|e| super::pipeline_error(&id, e))?;
+                kernels.push(k);
+                metas.push((id, meta));
+            }
         }
 
         let isas = if self.isas.is_empty() { vec![Isa::host()] } else { self.isas.clone() };
@@ -279,7 +320,7 @@ impl DslBuild {
                     role: "main".into(),
                     features: m.features.clone(),
                     config: m.config.clone(),
-                    artifact_id: format!("{id}@{target}"),
+                    artifact_id: artifact_id(id, m, &target),
                     target,
                     file: file.clone(),
                     sha256: sha.clone(),
@@ -297,50 +338,94 @@ impl DslBuild {
             // Kernels only: a flash kernel with mods runs through a flash call
             // (`DslLibrary::run_flash`), which has no GPU form yet.
             for (k, (id, m)) in kernels.iter().zip(&metas).filter(|(_, (_, m))| m.instance.dtype == "none") {
-                let cfg = ptx_config(k, arch).map_err(|e| CodegenError::Kernel { kernel: id.clone(), message: e })?;
-                let p = crate::ptx::compile(k, &cfg)?;
-                if p.code.smem_bytes > arch.max_shared_memory() {
+                let cfgs = ptx_configs(k, arch, m.warps, m.stages)
+                    .map_err(|e| CodegenError::Kernel { kernel: id.clone(), message: e })?;
+                let schedule = !m.warps.is_empty() || !m.stages.is_empty();
+                let mut too_big = Vec::new();
+                for cfg in cfgs {
+                    // A kernel whose warps or stages are tuned has one entry per schedule.
+                    let point = if schedule {
+                        let base = if m.point == "default" { String::new() } else { format!("{}_", m.point) };
+                        format!("{base}w{}_s{}", cfg.num_warps, cfg.num_stages)
+                    } else {
+                        m.point.clone()
+                    };
+                    let p = if schedule {
+                        let mut renamed = k.clone();
+                        renamed.name = format!("{id}__{point}");
+                        crate::ptx::compile(&renamed, &cfg)?
+                    } else {
+                        crate::ptx::compile(k, &cfg)?
+                    };
+                    if p.code.smem_bytes > arch.max_shared_memory() {
+                        too_big.push(format!(
+                            "{} warps, {} stages: {} bytes",
+                            cfg.num_warps, cfg.num_stages, p.code.smem_bytes
+                        ));
+                        continue;
+                    }
+                    let (entry, ptx) = (p.code.entry.clone(), &p.ptx);
+                    let file = format!("{}.{entry}.{}.ptx", self.name, arch.name());
+                    let path = dir.join(&file);
+                    write_atomic(&path, ptx.as_bytes())?;
+                    let target = format!("ptx:{}", arch.name());
+                    let mut config = m.config.clone();
+                    config.insert("num_warps".into(), cfg.num_warps as u32);
+                    config.insert("num_stages".into(), cfg.num_stages as u32);
+                    let mut features = m.features.clone();
+                    if schedule {
+                        features.insert("point".into(), serde_json::Value::from(point.clone()));
+                        features.entry("consts".to_string()).or_insert_with(|| serde_json::json!({}));
+                    }
+                    let pm = Meta { point: point.clone(), features: features.clone(), ..m.clone() };
+                    artifacts.push(Artifact {
+                        kernel_id: id.clone(),
+                        instance: m.instance.clone(),
+                        role: "main".into(),
+                        features,
+                        config,
+                        artifact_id: artifact_id(id, &pm, &target),
+                        target,
+                        file,
+                        sha256: sha256_hex(ptx.as_bytes()),
+                        entry,
+                        params: m.params.clone(),
+                        grid: m.grid.clone(),
+                        block: Some([p.code.threads as u32, 1, 1]),
+                        dynamic_shared_memory: p.code.smem_bytes as u32,
+                        scratch_bytes: 0,
+                        // The general entry only: the aligned one's tensor maps are a
+                        // launch-time matter the DSL launch does not make yet.
+                        aligned: None,
+                    });
+                }
+                if !too_big.is_empty()
+                    && !artifacts.iter().any(|a| a.kernel_id == *id && a.target == format!("ptx:{}", arch.name()))
+                {
                     return Err(CodegenError::Kernel {
                         kernel: id.clone(),
                         message: format!(
-                            "needs {} bytes of shared memory on {arch}; a block may have {}",
-                            p.code.smem_bytes,
-                            arch.max_shared_memory()
+                            "needs more shared memory on {arch} than a block may have ({} bytes): {}",
+                            arch.max_shared_memory(),
+                            too_big.join("; ")
                         ),
                     });
                 }
-                let file = format!("{}.{id}.{}.ptx", self.name, arch.name());
-                let path = dir.join(&file);
-                write_atomic(&path, p.ptx.as_bytes())?;
-                let target = format!("ptx:{}", arch.name());
-                let mut config = m.config.clone();
-                config.insert("num_warps".into(), cfg.num_warps as u32);
-                config.insert("num_stages".into(), cfg.num_stages as u32);
-                artifacts.push(Artifact {
-                    kernel_id: id.clone(),
-                    instance: m.instance.clone(),
-                    role: "main".into(),
-                    features: m.features.clone(),
-                    config,
-                    artifact_id: format!("{id}@{target}"),
-                    target,
-                    file,
-                    sha256: sha256_hex(p.ptx.as_bytes()),
-                    entry: p.code.entry.clone(),
-                    params: m.params.clone(),
-                    grid: m.grid.clone(),
-                    block: Some([p.code.threads as u32, 1, 1]),
-                    dynamic_shared_memory: p.code.smem_bytes as u32,
-                    scratch_bytes: 0,
-                    // The general entry only: the aligned one's tensor maps are a
-                    // launch-time matter the DSL launch does not make yet.
-                    aligned: None,
-                });
+                for t in &too_big {
+                    if !self.quiet {
+                        println!(
+                            "cargo:warning=ejc: `{id}` point `{}` skipped on {arch}: shared memory ({t})",
+                            m.point
+                        );
+                    }
+                }
             }
         }
         // Every kernel runs alone: one `single` plan each, like an operation's.
+        let mut planned = std::collections::HashSet::new();
         let plans = metas
             .iter()
+            .filter(|(id, _)| planned.insert(id.clone()))
             .map(|(_, m)| Plan {
                 name: "single".into(),
                 instance: m.instance.clone(),
@@ -373,31 +458,82 @@ impl DslBuild {
     }
 }
 
-/// The configuration a DSL kernel is compiled in for `arch`: a candidate of the PTX
-/// target's policy (the most warps the tiles' rows allow, 8 to 1 — two warpgroups for a
-/// 128-row tile measured 2.1x one on the H100, docs/perf.md; two stages; on `sm_90a`
-/// `wgmma` where the products allow it), or, for f32 products (which
-/// the policy leaves to the CPU targets) and tiles whose rows split over no warp count,
-/// `mma.sync`'s path on the CUDA cores with the most warps the tiles allow.
-fn ptx_config(k: &Kernel, arch: Arch) -> Result<PtxConfig, String> {
+/// The configurations a DSL kernel is compiled in for `arch`. Without a tuned schedule
+/// (`warps`, `stages` empty): one, a candidate of the PTX target's policy (the most
+/// warps the tiles' rows allow, 8 to 1 — two warpgroups for a 128-row tile measured 2.1x
+/// one on the H100, docs/perf.md; two stages; on `sm_90a` `wgmma` where the products
+/// allow it), or, for f32 products (which the policy leaves to the CPU targets) and tiles
+/// whose rows split over no warp count, `mma.sync`'s path on the CUDA cores with the
+/// most warps the tiles allow. With one: one per listed warp count and stage count the
+/// tiles allow (the same path choice for each).
+fn ptx_configs(k: &Kernel, arch: Arch, warps: &[u32], stages: &[u32]) -> Result<Vec<PtxConfig>, String> {
     use crate::ptx::candidates::{candidates, register_rows};
-    if let Ok(c) = candidates(k, arch, &[8, 4, 2, 1], &[2], &[]) {
-        // On sm_90a the first `wgmma` one without warp specialisation (whose copies run
-        // in the aligned entry, which takes tensor maps).
-        let pick = c.iter().find(|c| matches!(c.cfg.path, CodePath::Wgmma { .. })).or(c.first());
-        if let Some(p) = pick {
-            return Ok(p.cfg);
+    let schedule = !warps.is_empty() || !stages.is_empty();
+    let ws: &[u32] = if warps.is_empty() { &[8, 4, 2, 1] } else { warps };
+    let ss: &[u32] = if stages.is_empty() { &[2] } else { stages };
+    let rows = register_rows(k);
+    let fits = |w: usize| rows.iter().all(|r| r.is_multiple_of(16 * w));
+    let mut out: Vec<PtxConfig> = Vec::new();
+    if let Ok(c) = candidates(k, arch, ws, ss, &[]) {
+        // On sm_90a the `wgmma` ones without warp specialisation (whose copies run in the
+        // aligned entry, which takes tensor maps), else the first, per (warps, stages).
+        for &w in ws {
+            for &st in ss {
+                let of = |c: &&crate::ptx::candidates::Candidate| {
+                    c.cfg.num_warps == w as usize && c.cfg.num_stages == st as usize
+                };
+                let pick =
+                    c.iter().filter(of).find(|c| matches!(c.cfg.path, CodePath::Wgmma { .. })).or(c.iter().find(of));
+                if let Some(p) = pick {
+                    out.push(p.cfg);
+                }
+            }
         }
     }
-    let rows = register_rows(k);
-    let num_warps = [4usize, 2, 1].into_iter().find(|w| rows.iter().all(|r| r.is_multiple_of(16 * w))).unwrap_or(1);
-    Ok(PtxConfig { arch, num_warps, num_stages: 1, path: CodePath::MmaSync })
+    if out.is_empty() {
+        // CUDA cores.
+        let cuda_ws: Vec<usize> = if schedule {
+            ws.iter().map(|&w| w as usize).filter(|&w| w <= 4 && fits(w)).collect()
+        } else {
+            [4usize, 2, 1].into_iter().find(|&w| fits(w)).into_iter().collect()
+        };
+        let cuda_ws = if cuda_ws.is_empty() && !schedule { vec![1] } else { cuda_ws };
+        for w in cuda_ws {
+            for &st in if schedule { ss } else { &[1][..] } {
+                out.push(PtxConfig { arch, num_warps: w, num_stages: st as usize, path: CodePath::MmaSync });
+            }
+        }
+    }
+    if !schedule {
+        out.truncate(1);
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "no schedule of warps {ws:?} and stages {ss:?} fits its register tiles (rows {rows:?}: every one must be a \
+             multiple of 16 × warps)"
+        ));
+    }
+    Ok(out)
 }
 
+/// `name@target` for a kernel without a schedule space, `name[point]@target` with one.
+fn artifact_id(id: &str, m: &Meta, target: &str) -> String {
+    if m.point == "default" {
+        format!("{id}@{target}")
+    } else {
+        format!("{id}[{}]@{target}", m.point)
+    }
+}
+
+#[derive(Clone)]
 struct Meta {
     instance: Instance,
     features: BTreeMap<String, serde_json::Value>,
     config: BTreeMap<String, u32>,
     params: Vec<AbiParamInfo>,
     grid: [String; 3],
+    /// The point of the schedule space (`bm64_bn128`), or `default`.
+    point: String,
+    warps: &'static [u32],
+    stages: &'static [u32],
 }

@@ -107,40 +107,98 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
     let vis = &f.vis;
     let docs: Vec<&syn::Attribute> = f.attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
 
-    let mut scope = Scope {
-        consts: attr.consts.iter().map(|c| (c.name.to_string(), c.value)).collect::<HashMap<_, _>>(),
-        tensors: params.iter().filter(|p| matches!(p.ty, ParamTy::Tensor { .. })).map(|p| p.name.to_string()).collect(),
-        readonly: params.iter().filter(|p| matches!(p.ty, ParamTy::Scalar(_))).map(|p| p.name.to_string()).collect(),
-        locals: vec![Vec::new()],
-        tile_conditions: false,
-        helpers: true,
-    };
-    let code = stmts(body, &mut scope)?;
-
     // IR parameters, in declaration order.
-    let ir_params = params.iter().map(|p| {
-        let n = &p.name;
-        let ns = n.to_string();
-        let ty = match &p.ty {
-            ParamTy::Tensor { elem, rank } => {
-                let d = dtype(*elem);
-                let r = *rank;
-                quote!(::ejc_ir::types::Type::Tensor(#d, #r))
-            }
-            ParamTy::Scalar(e) => {
-                let d = dtype(*e);
-                quote!(::ejc_ir::types::Type::Scalar(#d))
-            }
+    let ir_params: Vec<TokenStream> = params
+        .iter()
+        .map(|p| {
+            let n = &p.name;
+            let ns = n.to_string();
+            let ty = match &p.ty {
+                ParamTy::Tensor { elem, rank } => {
+                    let d = dtype(*elem);
+                    let r = *rank;
+                    quote!(::ejc_ir::types::Type::Tensor(#d, #r))
+                }
+                ParamTy::Scalar(e) => {
+                    let d = dtype(*e);
+                    quote!(::ejc_ir::types::Type::Scalar(#d))
+                }
+            };
+            quote! { let #n: ::ejc_ir::ir::Value = __b.param(#ns, #ty); }
+        })
+        .collect();
+
+    // One IR builder per point of the schedule space (constants fold at expansion, so
+    // each point is its own code); the first is the default.
+    let points = attr.points();
+    let tuned = !attr.tuned.is_empty();
+    let attr0 = attr.at(&points[0]);
+    let mut point_fns = Vec::new();
+    for (i, point) in points.iter().enumerate() {
+        let a = attr.at(point);
+        let mut scope = Scope {
+            consts: a.consts.iter().map(|c| (c.name.to_string(), c.value)).collect::<HashMap<_, _>>(),
+            tensors: params
+                .iter()
+                .filter(|p| matches!(p.ty, ParamTy::Tensor { .. }))
+                .map(|p| p.name.to_string())
+                .collect(),
+            readonly: params
+                .iter()
+                .filter(|p| matches!(p.ty, ParamTy::Scalar(_)))
+                .map(|p| p.name.to_string())
+                .collect(),
+            locals: vec![Vec::new()],
+            tile_conditions: false,
+            helpers: true,
         };
-        quote! { let #n: ::ejc_ir::ir::Value = __b.param(#ns, #ty); }
-    });
-    let const_values = attr.consts.iter().map(|c| {
+        let code = stmts(body, &mut scope).map_err(|e| {
+            if i == 0 {
+                return e;
+            }
+            let at: Vec<String> =
+                point.iter().map(|(n, v)| format!("{} = {v}", n.to_string().to_lowercase())).collect();
+            syn::Error::new(e.span(), format!("{e} (at the schedule point {})", at.join(", ")))
+        })?;
+        let const_values = a.consts.iter().map(|c| {
+            let (n, v) = (&c.name, c.value);
+            quote! { let #n: ::ejc_ir::ir::Value = __d.int(#v); }
+        });
+        let fname = format_ident!("__ej_point_{}", i);
+        point_fns.push(quote! {
+            #[allow(unused_mut, unused_variables, non_snake_case, unused_braces)]
+            fn #fname() -> ::core::result::Result<::ejc_ir::ir::Kernel, ::ejc_ir::dsl::DslError> {
+                let mut __b = ::ejc_ir::builder::KernelBuilder::new(#name_str);
+                #(#ir_params)*
+                __b.attr("frontend", "ej_kernel");
+                {
+                    let __d = &mut ::ejc_ir::dsl::Dsl::new(&mut __b);
+                    #(#const_values)*
+                    #code
+                }
+                __b.finish().map_err(::ejc_ir::dsl::DslError::from)
+            }
+        });
+    }
+    let def_points = if tuned {
+        let ps = points.iter().enumerate().map(|(i, point)| {
+            let names = point.iter().map(|(n, _)| n.to_string());
+            let values = point.iter().map(|(_, v)| *v);
+            let fname = format_ident!("__ej_point_{}", i);
+            quote! { ::ejc_ir::dsl::TunePoint { consts: &[#((#names, #values)),*], build: #name::#fname } }
+        });
+        quote!(&[#(#ps),*])
+    } else {
+        quote!(&[])
+    };
+    let (warps, stages) = (&attr.warps, &attr.stages);
+    let const_items = attr0.consts.iter().map(|c| {
         let (n, v) = (&c.name, c.value);
-        quote! { let #n: ::ejc_ir::ir::Value = __d.int(#v); }
-    });
-    let const_items = attr.consts.iter().map(|c| {
-        let (n, v) = (&c.name, c.value);
-        let doc = format!("`#[ej_kernel({} = {v})]`", n.to_string().to_lowercase());
+        let lower = n.to_string().to_lowercase();
+        let doc = match attr.tuned.iter().find(|(t, _)| t == n) {
+            Some((_, vs)) => format!("The default of `#[ej_kernel(tune({lower} = {vs:?}))]`"),
+            None => format!("`#[ej_kernel({lower} = {v})]`"),
+        };
         quote! { #[doc = #doc] pub const #n: i64 = #v; }
     });
 
@@ -195,7 +253,69 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
          Tensors are checked against the parameters' dtypes and ranks first; `Gpu::download` waits for the result. \
          Needs ejc-runtime's `cuda` feature and a build with `DslBuild::ptx`."
     );
-    let typecheck = typecheck_copy(f, attr);
+    let typecheck = typecheck_copy(f, &attr0);
+
+    let tuned_items = if tuned {
+        let config = format_ident!("{}_config", name);
+        let fields: Vec<&syn::Ident> = attr0.consts.iter().map(|c| &c.name).collect();
+        let field_strs: Vec<String> = fields.iter().map(|f| f.to_string()).collect();
+        let defaults: Vec<i64> = attr0.consts.iter().map(|c| c.value).collect();
+        let config_doc = format!(
+            "The constants of one point of `{name_str}`'s schedule space, for the grid closure of \
+             `{name_str}::launch_tuned` / `launch_gpu_tuned`."
+        );
+        let tuned_doc = format!(
+            "Run `{name_str}` on the CPU at the point of its schedule space the chain picks for this call (a pin, \
+             this process's choice, the tuning cache, or tuning now: ejc_runtime::dsl's docs); `grid` gives the \
+             grid of a point. Otherwise as `launch`."
+        );
+        let gpu_tuned_doc = format!(
+            "Queue `{name_str}` on the GPU at the point the chain picks for this call (tuning first, with CUDA \
+             events, when nothing is known); `grid` gives the grid of a point. Otherwise as `launch_gpu`."
+        );
+        quote! {
+            #[doc = #config_doc]
+            #[allow(non_camel_case_types, non_snake_case)]
+            #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+            #vis struct #config { #(pub #fields: i64),* }
+
+            #[allow(clippy::all)]
+            impl #name {
+                #[doc = #tuned_doc]
+                #[allow(clippy::too_many_arguments)]
+                pub fn launch_tuned(
+                    kernel: &::ejc_runtime::dsl::TunedKernel,
+                    grid: impl Fn(&#config) -> [i64; 3],
+                    threads: usize,
+                    #(#launch_params),*
+                ) -> ::core::result::Result<(), ::ejc_runtime::cpu::CpuError> {
+                    let mut __tensors: ::std::vec::Vec<::ejc_runtime::cpu::TensorArg> = ::std::vec![#(#tensor_args),*];
+                    let __scalars: &[u64] = &[#(#scalar_args),*];
+                    let __grid = |__m: &::std::collections::BTreeMap<::std::string::String, i64>| {
+                        grid(&#config { #(#fields: __m.get(#field_strs).copied().unwrap_or(#defaults)),* })
+                    };
+                    ::ejc_runtime::dsl::launch_tuned_checked(kernel, #name_str, &mut __tensors, __scalars, &__grid, threads)
+                }
+
+                #[doc = #gpu_tuned_doc]
+                #[allow(clippy::too_many_arguments)]
+                pub fn launch_gpu_tuned(
+                    kernel: &::ejc_runtime::dsl::GpuTunedKernel,
+                    grid: impl Fn(&#config) -> [i64; 3],
+                    #(#gpu_params),*
+                ) -> ::core::result::Result<(), ::ejc_runtime::dsl::GpuError> {
+                    let __tensors: ::std::vec::Vec<::ejc_runtime::dsl::GpuTensorArg> = ::std::vec![#(#gpu_tensor_args),*];
+                    let __scalars: &[(::ejc_ir::types::DType, f64)] = &[#(#gpu_scalar_args),*];
+                    let __grid = |__m: &::std::collections::BTreeMap<::std::string::String, i64>| {
+                        grid(&#config { #(#fields: __m.get(#field_strs).copied().unwrap_or(#defaults)),* })
+                    };
+                    ::ejc_runtime::dsl::launch_gpu_tuned_checked(kernel, #name_str, &__tensors, __scalars, &__grid)
+                }
+            }
+        }
+    } else {
+        TokenStream::new()
+    };
 
     Ok(quote! {
         #(#docs)*
@@ -209,21 +329,21 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
             pub const NAME: &'static str = #name_str;
             #(#const_items)*
             /// What the build-script helper compiles.
-            pub const DEF: ::ejc_ir::dsl::KernelDef = ::ejc_ir::dsl::KernelDef { name: #name_str, build: #name::kernel };
+            pub const DEF: ::ejc_ir::dsl::KernelDef = ::ejc_ir::dsl::KernelDef {
+                name: #name_str,
+                build: #name::kernel,
+                points: #def_points,
+                warps: &[#(#warps),*],
+                stages: &[#(#stages),*],
+            };
 
-            /// Build the kernel's tile IR (verified).
-            #[allow(unused_mut, unused_variables, non_snake_case, unused_braces)]
+            /// Build the kernel's tile IR (verified; a kernel with a schedule space at its
+            /// default point).
             pub fn kernel() -> ::core::result::Result<::ejc_ir::ir::Kernel, ::ejc_ir::dsl::DslError> {
-                let mut __b = ::ejc_ir::builder::KernelBuilder::new(#name_str);
-                #(#ir_params)*
-                __b.attr("frontend", "ej_kernel");
-                {
-                    let __d = &mut ::ejc_ir::dsl::Dsl::new(&mut __b);
-                    #(#const_values)*
-                    #code
-                }
-                __b.finish().map_err(::ejc_ir::dsl::DslError::from)
+                #name::__ej_point_0()
             }
+
+            #(#point_fns)*
 
             #[doc = #launch_doc]
             #[allow(clippy::too_many_arguments)]
@@ -250,6 +370,8 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
                 ::ejc_runtime::dsl::launch_gpu_checked(kernel, #name_str, &__tensors, __scalars, grid)
             }
         }
+
+        #tuned_items
 
         ::ejc_ir::dsl::inventory::submit! { ::ejc_ir::dsl::Registration::Kernel(#name::DEF) }
 

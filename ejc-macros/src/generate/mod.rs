@@ -70,12 +70,9 @@ fn expand_one(attr: &attr::Attr, f: ItemFn) -> syn::Result<TokenStream> {
         return helper::generate(&f, attr, &stmts, tail.as_ref());
     }
     let params = signature::parse(&f, attr.kind)?;
-    for c in &attr.consts {
-        if params.iter().any(|p| p.name == c.name) {
-            return Err(syn::Error::new(
-                c.name.span(),
-                format!("`{}` is both a parameter and an #[ej_kernel] constant", c.name),
-            ));
+    for c in attr.consts.iter().map(|c| &c.name).chain(attr.tuned.iter().map(|(n, _)| n)) {
+        if params.iter().any(|p| p.name == *c) {
+            return Err(syn::Error::new(c.span(), format!("`{c}` is both a parameter and an #[ej_kernel] constant")));
         }
     }
     let (stmts, tail) = pbody::block(&f.block)?;
@@ -104,7 +101,26 @@ fn expand_one(attr: &attr::Attr, f: ItemFn) -> syn::Result<TokenStream> {
 /// second round of errors from the body); for a mod, the function as written.
 pub fn fallback(attr: TokenStream, item: TokenStream) -> TokenStream {
     let Ok(f) = syn::parse2::<ItemFn>(item) else { return TokenStream::new() };
-    let kind = attr::parse(attr).map(|a| a.kind).unwrap_or(Kind::Kernel);
+    // The kind, even when the rest of the attribute is wrong (so that a mod with a bad
+    // argument is not also reported as a kernel returning a value).
+    let kind = attr::parse(attr.clone()).map(|a| a.kind).unwrap_or_else(|_| {
+        let words: Vec<String> = attr
+            .into_iter()
+            .filter_map(|t| match t {
+                proc_macro2::TokenTree::Ident(i) => Some(i.to_string()),
+                _ => None,
+            })
+            .collect();
+        if words.iter().any(|w| w == "mask_mod") {
+            Kind::MaskMod
+        } else if words.iter().any(|w| w == "score_mod") {
+            Kind::ScoreMod
+        } else if words.iter().any(|w| w == "helper") {
+            Kind::Helper
+        } else {
+            Kind::Kernel
+        }
+    });
     if kind != Kind::Kernel {
         return quote!(#[allow(unused)] #f);
     }

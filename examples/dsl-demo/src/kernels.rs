@@ -29,8 +29,10 @@ pub fn scaled_matmul(a: Tensor<f32, 2>, b: Tensor<f32, 2>, out: Tensor<f32, 2>, 
 
 /// `out = a · b` for 16-bit `a` `[M, K]` and `b` `[K, N]`, accumulated and stored in
 /// f32: one body, two kernels (`matmul_bf16`, `matmul_f16`); the products run on tensor
-/// cores on a GPU (`mma.sync`, `wgmma` on Hopper).
-#[ej_kernel(bm = 128, bn = 128, bk = 64, dtypes(T = [Bf16, F16]))]
+/// cores on a GPU (`mma.sync`, `wgmma` on Hopper). Tuned: the tile (`BM × BN`, the
+/// default 128 × 128 first) on both devices, warps and pipeline depth on the GPU; the
+/// launch's grid follows the chosen tile (`matmul_bf16::launch_tuned`).
+#[ej_kernel(tune(bm = [128, 64], bn = [128, 256], warps = [8, 4], stages = [2, 3]), bk = 64, dtypes(T = [Bf16, F16]))]
 pub fn matmul<T: Elem>(a: Tensor<T, 2>, b: Tensor<T, 2>, out: Tensor<f32, 2>) {
     let m0 = program_id(0) * BM;
     let n0 = program_id(1) * BN;
@@ -47,8 +49,9 @@ pub fn matmul<T: Elem>(a: Tensor<T, 2>, b: Tensor<T, 2>, out: Tensor<f32, 2>) {
 }
 
 /// Row-wise softmax of `x` (`[R, C]`, any `C`): one program per `BR` rows, two
-/// passes over the columns in blocks of `BC` (online max and sum, then normalise).
-#[ej_kernel(br = 16, bc = 32)]
+/// passes over the columns in blocks of `BC` (online max and sum, then normalise); the
+/// column block is tuned.
+#[ej_kernel(br = 16, tune(bc = [32, 64, 128]))]
 pub fn softmax_rows(x: Tensor<f32, 2>, out: Tensor<f32, 2>) {
     let r0 = program_id(0) * BR;
     let rows = dim(x, 0);
@@ -66,6 +69,39 @@ pub fn softmax_rows(x: Tensor<f32, 2>, out: Tensor<f32, 2>) {
         let s = load_pad(x, [span(r0, BR, rows), span(c0, BC, cols)], f32::NEG_INFINITY);
         store(out, [span(r0, BR, rows), span(c0, BC, cols)], exp(s - m_i.expand(1)) / l_i.expand(1));
     }
+}
+
+/// RMSNorm of every row of `x` (`[R, C]`, any `C`), scaled by `w` (`[C]`): `out = x /
+/// sqrt(mean(x²) + eps) · w`, in f32 inside, in `T` outside (`rms_norm_f32`,
+/// `rms_norm_bf16`). One program per `BR` rows, two passes over the columns in blocks
+/// of `BC`; both are tuned.
+#[ej_kernel(tune(br = [16, 32], bc = [128, 64]), dtypes(T = [f32, Bf16]))]
+pub fn rms_norm<T: Elem>(x: Tensor<T, 2>, w: Tensor<T, 1>, out: Tensor<T, 2>, eps: f32) {
+    let r0 = program_id(0) * BR;
+    let rows = dim(x, 0);
+    let cols = dim(x, 1);
+    let mut ss = full1(BR, 0.0);
+    for c0 in range(0, cols, BC) {
+        let t = load(x, [span(r0, BR, rows), span(c0, BC, cols)]).cast::<f32>();
+        ss += sum(t * t, 1);
+    }
+    let inv = 1.0 / sqrt(ss / cols as f32 + eps);
+    for c0 in range(0, cols, BC) {
+        let t = load(x, [span(r0, BR, rows), span(c0, BC, cols)]).cast::<f32>();
+        let g = load(w, [span(c0, BC, cols)]).cast::<f32>();
+        store(out, [span(r0, BR, rows), span(c0, BC, cols)], (t * inv.expand(1) * g).cast::<T>());
+    }
+}
+
+/// `out += alpha · x` over rank-1 tensors, one program per `B` elements (tuned). It
+/// reads its output: tuning must put `out` back before the chosen point runs.
+#[ej_kernel(tune(b = [128, 1024]))]
+pub fn accumulate(x: Tensor<f32, 1>, out: Tensor<f32, 1>, alpha: f32) {
+    let i0 = program_id(0) * B;
+    let n = dim(x, 0);
+    let mut acc = load(out, [span(i0, B, n)]);
+    acc += load(x, [span(i0, B, n)]) * alpha;
+    store(out, [span(i0, B, n)], acc);
 }
 
 /// Prefix-LM: every query sees the first `PREFIX` keys, and the keys up to itself.

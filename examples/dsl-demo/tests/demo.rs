@@ -2,7 +2,10 @@
 //! Rust written here. Inputs are fresh random numbers; the seed is printed
 //! (`EJC_TEST_SEED` replays). Tolerances are DESIGN.md's (f32: ‖Δ‖/‖ref‖ ≤ 1e-5).
 
-use ejc_dsl_demo::kernels::{alibi, causal_window, matmul_bf16, matmul_f16, prefix_lm, scaled_matmul, softmax_rows};
+use ejc_dsl_demo::kernels::{
+    accumulate, accumulate_config, alibi, causal_window, matmul_bf16, matmul_bf16_config, matmul_f16, prefix_lm,
+    rms_norm_bf16, rms_norm_bf16_config, rms_norm_f32, rms_norm_f32_config, scaled_matmul, softmax_rows,
+};
 use ejc_dsl_demo::library;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference_with_mods, Mods};
@@ -212,12 +215,33 @@ fn everything_is_registered_and_built() {
     names.sort();
     assert_eq!(
         names,
-        ["alibi", "causal_window", "matmul_bf16", "matmul_f16", "prefix_lm", "scaled_matmul", "softmax_rows"]
+        [
+            "accumulate",
+            "alibi",
+            "causal_window",
+            "matmul_bf16",
+            "matmul_f16",
+            "prefix_lm",
+            "rms_norm_bf16",
+            "rms_norm_f32",
+            "scaled_matmul",
+            "softmax_rows"
+        ]
     );
     assert_eq!(
         library().names(),
-        ["flash_causal_window", "flash_prefix_lm_alibi", "matmul_bf16", "matmul_f16", "scaled_matmul", "softmax_rows"]
-            .map(String::from)
+        [
+            "accumulate",
+            "flash_causal_window",
+            "flash_prefix_lm_alibi",
+            "matmul_bf16",
+            "matmul_f16",
+            "rms_norm_bf16",
+            "rms_norm_f32",
+            "scaled_matmul",
+            "softmax_rows"
+        ]
+        .map(String::from)
     );
     // The kernels also for the GPU (build.rs asks for sm_80 and sm_90a), the flash
     // kernels with mods only for the CPU; every PTX file passes ptxas where it is here.
@@ -235,11 +259,18 @@ fn everything_is_registered_and_built() {
         })
         .collect();
     ptx.sort();
-    let want: Vec<(String, String)> = ["matmul_bf16", "matmul_f16", "scaled_matmul", "softmax_rows"]
-        .iter()
-        .flat_map(|k| ["ptx:sm_80", "ptx:sm_90a"].map(|t| (k.to_string(), t.to_string())))
-        .collect();
-    assert_eq!(ptx.iter().map(|(k, t, _)| (k.clone(), t.clone())).collect::<Vec<_>>(), want);
+    let kernels =
+        ["accumulate", "matmul_bf16", "matmul_f16", "rms_norm_bf16", "rms_norm_f32", "scaled_matmul", "softmax_rows"];
+    let want: Vec<(String, String)> =
+        kernels.iter().flat_map(|k| ["ptx:sm_80", "ptx:sm_90a"].map(|t| (k.to_string(), t.to_string()))).collect();
+    let mut built: Vec<(String, String)> = ptx.iter().map(|(k, t, _)| (k.clone(), t.clone())).collect();
+    built.dedup();
+    assert_eq!(built, want);
+    // Every point of a schedule space is its own entry: the matmul's 4 tiles times the
+    // warps and stages each allows (a 64-row tile splits over 4 warps, not 8).
+    let points = |k: &str, t: &str| ptx.iter().filter(|(k2, t2, _)| k2 == k && t2 == t).count();
+    assert_eq!(points("matmul_bf16", "ptx:sm_90a"), 10);
+    assert_eq!(points("rms_norm_f32", "ptx:sm_80"), 4);
     match ejc_codegen::ptx::find_ptxas() {
         Some(tool) => {
             for (k, t, file) in &ptx {
@@ -253,4 +284,148 @@ fn everything_is_registered_and_built() {
     }
     let info = library().flash_info("flash_prefix_lm_alibi").unwrap();
     assert_eq!((info.mask_mod.as_deref(), info.score_mod.as_deref()), (Some("prefix_lm"), Some("alibi")));
+}
+
+/// Plain Rust RMSNorm of a `[R, C]` tensor scaled by `w` (`[C]`).
+fn rms_norm_ref(x: &HostTensor, w: &HostTensor, eps: f64) -> Vec<f64> {
+    let (r, c) = (x.shape[0], x.shape[1]);
+    let mut out = Vec::with_capacity(r * c);
+    for i in 0..r {
+        let ms: f64 = (0..c).map(|j| x.get(&[i, j]).powi(2)).sum::<f64>() / c as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        out.extend((0..c).map(|j| x.get(&[i, j]) * inv * w.get(&[j])));
+    }
+    out
+}
+
+/// Every point of a tuned kernel's schedule space (pinned one at a time), then the
+/// tuner's own choice, against plain Rust: the matmul (tile), RMSNorm in f32 and bf16
+/// (rows and column block).
+#[test]
+fn tuned_kernels_match_plain_rust_at_every_point() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let lib = library();
+
+    let mm = lib.tuned_kernel(matmul_bf16::NAME).unwrap().without_persistent_cache();
+    let ids: Vec<String> = mm.points().iter().map(|p| p.id.clone()).collect();
+    assert_eq!(ids, ["bm128_bn128", "bm128_bn256", "bm64_bn128", "bm64_bn256"], "the schedule space, default first");
+    let (m, k, n) = (77, 70, 263);
+    let (a, b) = (random_16(&mut rng, DType::BF16, &[m, k]), random_16(&mut rng, DType::BF16, &[k, n]));
+    let want = matmul_ref(&a, &b, 1.0, false);
+    let (a_, b_) = (HostBuffer::from_host(&a), HostBuffer::from_host(&b));
+    let grid = |c: &matmul_bf16_config| [m.div_ceil(c.BM as usize) as i64, n.div_ceil(c.BN as usize) as i64, 1];
+    for id in ids.iter().map(Some).chain([None]) {
+        let mut mm = lib.tuned_kernel(matmul_bf16::NAME).unwrap().without_persistent_cache();
+        if let Some(id) = id {
+            mm.pin(id).unwrap();
+        }
+        let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[m, n], f64::NAN));
+        matmul_bf16::launch_tuned(&mm, grid, 2, &a_, &b_, &mut out).unwrap();
+        let choice = mm.last_choice().unwrap();
+        match id {
+            Some(id) => assert_eq!((choice.point.as_str(), choice.source), (id.as_str(), "pinned")),
+            None => {
+                assert_eq!(choice.source, "tuned");
+                assert_eq!(choice.timings.len(), 4, "{choice:?}");
+                assert!(choice.timings.iter().all(|t| t.median_ms.is_some()), "{choice:?}");
+            }
+        }
+        assert_close(&out.to_host().to_vec(), &want, &format!("matmul_bf16 at {choice:?} seed={seed}"));
+    }
+
+    for (r, c) in [(45, 700), (16, 256), (3, 1)] {
+        let eps = 1e-5f32;
+        let x = random(&mut rng, &[r, c]);
+        let w = random(&mut rng, &[c]);
+        let grid32 = |cf: &rms_norm_f32_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+        let grid16 = |cf: &rms_norm_bf16_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+        let k32 = lib.tuned_kernel(rms_norm_f32::NAME).unwrap().without_persistent_cache();
+        let k16 = lib.tuned_kernel(rms_norm_bf16::NAME).unwrap().without_persistent_cache();
+        assert_eq!(k32.points().len(), 4);
+        for id in k32.points().iter().map(|p| Some(p.id.clone())).chain([None]) {
+            let (mut p32, mut p16) = (
+                lib.tuned_kernel(rms_norm_f32::NAME).unwrap().without_persistent_cache(),
+                lib.tuned_kernel(rms_norm_bf16::NAME).unwrap().without_persistent_cache(),
+            );
+            let (p32, p16) = match &id {
+                Some(id) => {
+                    p32.pin(id).unwrap();
+                    p16.pin(id).unwrap();
+                    (&p32, &p16)
+                }
+                None => (&k32, &k16),
+            };
+            let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], f64::NAN));
+            let (x_, w_) = (HostBuffer::from_host(&x), HostBuffer::from_host(&w));
+            rms_norm_f32::launch_tuned(p32, grid32, 2, &x_, &w_, &mut out, eps).unwrap();
+            let want = rms_norm_ref(&x, &w, eps as f64);
+            assert_close(&out.to_host().to_vec(), &want, &format!("rms_norm_f32 {r}x{c} at {id:?} seed={seed}"));
+
+            // bf16 in and out: the reference reads the rounded inputs; the output's
+            // rounding (2^-9 relative) bounds the error.
+            let bf16 = |t: &HostTensor| HostTensor::from_vec(DType::BF16, &t.shape, t.to_vec());
+            let (xb, wb) = (bf16(&x), bf16(&w));
+            let mut out = HostBuffer::from_host(&HostTensor::full(DType::BF16, &[r, c], f64::NAN));
+            rms_norm_bf16::launch_tuned(
+                p16,
+                grid16,
+                2,
+                &HostBuffer::from_host(&xb),
+                &HostBuffer::from_host(&wb),
+                &mut out,
+                eps,
+            )
+            .unwrap();
+            let want = rms_norm_ref(&xb, &wb, eps as f64);
+            let got = out.to_host().to_vec();
+            let (rel, _) = ejc_ir::tensor::compare(&got, &want);
+            assert!(rel <= 4e-3, "rms_norm_bf16 {r}x{c} at {id:?}: rel_err={rel:e} seed={seed}");
+        }
+    }
+}
+
+/// Tuning runs the kernel many times on the caller's tensors: a kernel that reads its
+/// output (`out += alpha · x`) must still see the output as it was, once.
+#[test]
+fn tuning_puts_the_output_back_before_the_chosen_point_runs() {
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let n = 5000;
+    let (x, y) = (random(&mut rng, &[n]), random(&mut rng, &[n]));
+    let k = library().tuned_kernel(accumulate::NAME).unwrap().without_persistent_cache();
+    let mut out = HostBuffer::from_host(&y);
+    let grid = |c: &accumulate_config| [n.div_ceil(c.B as usize) as i64, 1, 1];
+    accumulate::launch_tuned(&k, grid, 2, &HostBuffer::from_host(&x), &mut out, 0.5).unwrap();
+    assert_eq!(k.last_choice().unwrap().source, "tuned");
+    let want: Vec<f64> = (0..n).map(|i| y.get(&[i]) + 0.5 * x.get(&[i])).collect();
+    assert_close(&out.to_host().to_vec(), &want, &format!("accumulate after tuning seed={seed}"));
+    // The second call knows its point and runs once more.
+    accumulate::launch_tuned(&k, grid, 2, &HostBuffer::from_host(&x), &mut out, 0.5).unwrap();
+    assert_eq!(k.last_choice().unwrap().source, "memory");
+    let want: Vec<f64> = want.iter().zip(0..n).map(|(w, i)| w + 0.5 * x.get(&[i])).collect();
+    assert_close(&out.to_host().to_vec(), &want, &format!("accumulate, second call seed={seed}"));
+}
+
+/// The choice outlives the process: a second kernel object on the same cache
+/// directory finds it there; another shape tunes again; an unknown pin is refused.
+#[test]
+fn the_tuned_choice_is_kept_in_the_cache() {
+    let dir = std::env::temp_dir().join(format!("ejc-demo-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = |n: usize| {
+        let k = library().tuned_kernel(accumulate::NAME).unwrap().with_cache_dir(&dir);
+        let x = HostBuffer::from_host(&HostTensor::full(DType::F32, &[n], 1.0));
+        let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[n], 0.0));
+        accumulate::launch_tuned(&k, |c| [n.div_ceil(c.B as usize) as i64, 1, 1], 1, &x, &mut out, 2.0).unwrap();
+        assert!(out.to_host().to_vec().iter().all(|&v| v == 2.0));
+        k.last_choice().unwrap().source
+    };
+    assert_eq!(run(3000), "tuned");
+    assert_eq!(run(3000), "cache");
+    assert_eq!(run(3001), "tuned", "another shape is another call");
+    let mut k = library().tuned_kernel(accumulate::NAME).unwrap();
+    let e = k.pin("b7").unwrap_err().to_string();
+    assert!(e.contains("no point `b7`") && e.contains("b128, b1024"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -5,7 +5,9 @@
 //! says so and passes. `EJC_DEMO_DIR` points at the build's kernels on another machine.
 #![cfg(feature = "cuda")]
 
-use ejc_dsl_demo::kernels::{matmul_bf16, matmul_f16, scaled_matmul, softmax_rows};
+use ejc_dsl_demo::kernels::{
+    accumulate, matmul_bf16, matmul_f16, rms_norm_bf16, rms_norm_f32, scaled_matmul, softmax_rows,
+};
 use ejc_dsl_demo::library;
 use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
@@ -119,28 +121,185 @@ fn the_gpu_launch_checks_its_arguments() {
     assert!(e.contains("no kernel `nope`"), "{e}");
 }
 
-/// Timing, not a check: the bf16 matmul at 4096³ (TFLOP/s; `--ignored --nocapture`), for
-/// the side-by-side with torch.matmul that `scripts/gpu_run.sh --dsl` prints next to it.
+/// Plain Rust RMSNorm of a `[R, C]` tensor scaled by `w` (`[C]`).
+fn rms_norm_ref(x: &HostTensor, w: &HostTensor, eps: f64) -> Vec<f64> {
+    let (r, c) = (x.shape[0], x.shape[1]);
+    let mut out = Vec::with_capacity(r * c);
+    for i in 0..r {
+        let ms: f64 = (0..c).map(|j| x.get(&[i, j]).powi(2)).sum::<f64>() / c as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        out.extend((0..c).map(|j| x.get(&[i, j]) * inv * w.get(&[j])));
+    }
+    out
+}
+
+/// Every point of the tuned kernels' schedule spaces on the GPU (pinned one at a time),
+/// then the tuner's own choice, against plain Rust; tuning puts a read-and-written
+/// output back before the chosen point runs.
 #[test]
-#[ignore = "a timing, not a check: scripts/gpu_run.sh --dsl runs it beside torch.matmul"]
-fn matmul_bf16_timing() {
+fn tuned_kernels_on_the_gpu() {
     let Some(gpu) = gpu() else { return };
-    let n = 4096usize;
-    let kernel = library().gpu_kernel(&gpu, matmul_bf16::NAME).unwrap();
-    let a = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[n, n], 0.5))).unwrap();
-    let b = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[n, n], 0.25))).unwrap();
-    let mut out = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::F32, &[n, n], 0.0))).unwrap();
-    let grid = [(n / matmul_bf16::BM as usize) as i64, (n / matmul_bf16::BN as usize) as i64, 1];
-    let mut run = || matmul_bf16::launch_gpu(&kernel, grid, &a, &b, &mut out);
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let lib = library();
+
+    let (m, k, n) = (200, 300, 390);
+    let (a, b) = (random_16(&mut rng, DType::BF16, &[m, k]), random_16(&mut rng, DType::BF16, &[k, n]));
+    let want = matmul_ref(&a, &b, 1.0, false);
+    let (da, db) = (gpu.upload(&HostBuffer::from_host(&a)).unwrap(), gpu.upload(&HostBuffer::from_host(&b)).unwrap());
+    let all = lib.gpu_tuned_kernel(&gpu, matmul_bf16::NAME).unwrap().without_persistent_cache();
+    println!("matmul_bf16 on {}: {} points", all.target(), all.points().len());
+    assert!(all.points().len() >= 8, "{:?}", all.points());
+    for id in all.points().iter().map(|p| Some(p.id.clone())).chain([None]) {
+        let mut kk = lib.gpu_tuned_kernel(&gpu, matmul_bf16::NAME).unwrap().without_persistent_cache();
+        if let Some(id) = &id {
+            kk.pin(id).unwrap();
+        }
+        let mut dout = gpu.upload(&nan(&[m, n])).unwrap();
+        let grid = |c: &ejc_dsl_demo::kernels::matmul_bf16_config| {
+            [m.div_ceil(c.BM as usize) as i64, n.div_ceil(c.BN as usize) as i64, 1]
+        };
+        matmul_bf16::launch_gpu_tuned(&kk, grid, &da, &db, &mut dout).unwrap();
+        let got = gpu.download(&dout).unwrap().to_host().to_vec();
+        let choice = kk.last_choice().unwrap();
+        if id.is_none() {
+            println!("matmul_bf16 {m}x{k}x{n} tuned: {choice:?}");
+            assert!(choice.timings.iter().all(|t| t.median_ms.is_some()), "{choice:?}");
+        }
+        assert_close(&got, &want, &format!("gpu matmul_bf16 {m}x{k}x{n} at {} seed={seed}", choice.point));
+    }
+
+    for (r, c) in [(45, 700), (1000, 129), (3, 1)] {
+        let eps = 1e-5f32;
+        let x = random(&mut rng, &[r, c]);
+        let w = random(&mut rng, &[c]);
+        let bf16 = |t: &HostTensor| HostTensor::from_vec(DType::BF16, &t.shape, t.to_vec());
+        let (xb, wb) = (bf16(&x), bf16(&w));
+        let up = |t: &HostTensor| gpu.upload(&HostBuffer::from_host(t)).unwrap();
+        let (dx, dw, dxb, dwb) = (up(&x), up(&w), up(&xb), up(&wb));
+        let ids: Vec<String> =
+            lib.gpu_tuned_kernel(&gpu, rms_norm_f32::NAME).unwrap().points().iter().map(|p| p.id.clone()).collect();
+        for id in ids.iter().map(Some).chain([None]) {
+            let mut k32 = lib.gpu_tuned_kernel(&gpu, rms_norm_f32::NAME).unwrap().without_persistent_cache();
+            let mut k16 = lib.gpu_tuned_kernel(&gpu, rms_norm_bf16::NAME).unwrap().without_persistent_cache();
+            if let Some(id) = id {
+                k32.pin(id).unwrap();
+                k16.pin(id).unwrap();
+            }
+            let mut dout = gpu.upload(&nan(&[r, c])).unwrap();
+            rms_norm_f32::launch_gpu_tuned(
+                &k32,
+                |cf| [r.div_ceil(cf.BR as usize) as i64, 1, 1],
+                &dx,
+                &dw,
+                &mut dout,
+                eps,
+            )
+            .unwrap();
+            let got = gpu.download(&dout).unwrap().to_host().to_vec();
+            assert_close(
+                &got,
+                &rms_norm_ref(&x, &w, eps as f64),
+                &format!("gpu rms_norm_f32 {r}x{c} at {id:?} seed={seed}"),
+            );
+            let mut dout = up(&HostTensor::full(DType::BF16, &[r, c], f64::NAN));
+            rms_norm_bf16::launch_gpu_tuned(
+                &k16,
+                |cf| [r.div_ceil(cf.BR as usize) as i64, 1, 1],
+                &dxb,
+                &dwb,
+                &mut dout,
+                eps,
+            )
+            .unwrap();
+            let got = gpu.download(&dout).unwrap().to_host().to_vec();
+            let (rel, _) = ejc_ir::tensor::compare(&got, &rms_norm_ref(&xb, &wb, eps as f64));
+            assert!(rel <= 4e-3, "gpu rms_norm_bf16 {r}x{c} at {id:?}: rel_err={rel:e} seed={seed}");
+        }
+    }
+
+    let n = 100_003;
+    let (x, y) = (random(&mut rng, &[n]), random(&mut rng, &[n]));
+    let k = lib.gpu_tuned_kernel(&gpu, accumulate::NAME).unwrap().without_persistent_cache();
+    let dx = gpu.upload(&HostBuffer::from_host(&x)).unwrap();
+    let mut dout = gpu.upload(&HostBuffer::from_host(&y)).unwrap();
+    accumulate::launch_gpu_tuned(&k, |c| [n.div_ceil(c.B as usize) as i64, 1, 1], &dx, &mut dout, 0.5).unwrap();
+    assert_eq!(k.last_choice().unwrap().source, "tuned");
+    let want: Vec<f64> = (0..n).map(|i| y.get(&[i]) + 0.5 * x.get(&[i])).collect();
+    assert_close(&gpu.download(&dout).unwrap().to_host().to_vec(), &want, &format!("gpu accumulate seed={seed}"));
+}
+
+fn median_ms(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), GpuError>) -> f32 {
     for _ in 0..3 {
         run().unwrap();
     }
-    let mut t = gpu.time(20, &mut run).unwrap();
+    let mut t = gpu.time(20, run).unwrap();
     t.sort_by(f32::total_cmp);
-    let ms = t[t.len() / 2];
+    t[t.len() / 2]
+}
+
+/// Timing, not a check (`--ignored --nocapture`): the tuned bf16 matmul at 4096³
+/// (TFLOP/s), RMSNorm (f32, bf16) and softmax at 16384 × 8192 (GB/s of one read and one
+/// write), each after tuning, for the side-by-side with torch.matmul and a device copy
+/// that `scripts/gpu_run.sh --dsl` prints next to them.
+#[test]
+#[ignore = "a timing, not a check: scripts/gpu_run.sh --dsl runs it beside torch.matmul and a copy"]
+fn dsl_timings() {
+    let Some(gpu) = gpu() else { return };
+    let lib = library();
+    let n = 4096usize;
+    let a = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[n, n], 0.5))).unwrap();
+    let b = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[n, n], 0.25))).unwrap();
+    let mut out = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::F32, &[n, n], 0.0))).unwrap();
+    let mm = lib.gpu_tuned_kernel(&gpu, matmul_bf16::NAME).unwrap().without_persistent_cache();
+    let grid =
+        |c: &ejc_dsl_demo::kernels::matmul_bf16_config| [(n / c.BM as usize) as i64, (n / c.BN as usize) as i64, 1];
+    matmul_bf16::launch_gpu_tuned(&mm, grid, &a, &b, &mut out).unwrap();
+    let choice = mm.last_choice().unwrap();
+    for t in &choice.timings {
+        println!("  matmul_bf16 point {}: {:?} ms ({})", t.config_id, t.median_ms, t.status);
+    }
+    let ms = median_ms(&gpu, &mut || matmul_bf16::launch_gpu_tuned(&mm, grid, &a, &b, &mut out));
     println!(
-        "ejc DSL matmul_bf16 {n}^3 ({}): {ms:.3} ms, {:.0} TFLOP/s",
-        kernel.target,
+        "ejc DSL matmul_bf16 {n}^3 ({}, tuned: {}): {ms:.3} ms, {:.0} TFLOP/s",
+        mm.target(),
+        choice.point,
         2.0 * (n as f64).powi(3) / ms as f64 / 1e9
     );
+    drop((a, b, out));
+
+    let (r, c) = (16384usize, 8192usize);
+    for dt in [DType::F32, DType::BF16] {
+        let x = gpu.upload(&HostBuffer::from_host(&HostTensor::full(dt, &[r, c], 0.5))).unwrap();
+        let w = gpu.upload(&HostBuffer::from_host(&HostTensor::full(dt, &[c], 1.5))).unwrap();
+        let mut o = gpu.upload(&HostBuffer::from_host(&HostTensor::full(dt, &[r, c], 0.0))).unwrap();
+        let grid32 = |cf: &ejc_dsl_demo::kernels::rms_norm_f32_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+        let grid16 = |cf: &ejc_dsl_demo::kernels::rms_norm_bf16_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+        let (name, k) = if dt == DType::F32 {
+            (rms_norm_f32::NAME, lib.gpu_tuned_kernel(&gpu, rms_norm_f32::NAME).unwrap().without_persistent_cache())
+        } else {
+            (rms_norm_bf16::NAME, lib.gpu_tuned_kernel(&gpu, rms_norm_bf16::NAME).unwrap().without_persistent_cache())
+        };
+        let mut run = || {
+            if dt == DType::F32 {
+                rms_norm_f32::launch_gpu_tuned(&k, grid32, &x, &w, &mut o, 1e-5)
+            } else {
+                rms_norm_bf16::launch_gpu_tuned(&k, grid16, &x, &w, &mut o, 1e-5)
+            }
+        };
+        run().unwrap();
+        let point = k.last_choice().unwrap().point;
+        let ms = median_ms(&gpu, &mut run);
+        let bytes = 2.0 * (r * c * dt.size_bytes()) as f64;
+        println!("ejc DSL {name} {r}x{c} ({point}): {ms:.3} ms, {:.0} GB/s", bytes / ms as f64 / 1e6);
+    }
+    let x = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], 0.5))).unwrap();
+    let mut o = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], 0.0))).unwrap();
+    let sm = lib.gpu_tuned_kernel(&gpu, softmax_rows::NAME).unwrap().without_persistent_cache();
+    let grid = |cf: &ejc_dsl_demo::kernels::softmax_rows_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+    softmax_rows::launch_gpu_tuned(&sm, grid, &x, &mut o).unwrap();
+    let point = sm.last_choice().unwrap().point;
+    let ms = median_ms(&gpu, &mut || softmax_rows::launch_gpu_tuned(&sm, grid, &x, &mut o));
+    let bytes = 2.0 * (r * c * 4) as f64;
+    println!("ejc DSL softmax_rows {r}x{c} f32 ({point}): {ms:.3} ms, {:.0} GB/s", bytes / ms as f64 / 1e6);
 }

@@ -28,6 +28,9 @@ use crate::call::Call;
 use crate::cpu::{CpuError, CpuKernel, CpuLibrary};
 use crate::manifest::{load, Loaded};
 
+mod tune;
+pub use tune::{launch_gpu_tuned_checked, launch_tuned_checked, Choice, GpuTunedKernel, Point, TunedKernel};
+
 /// The op prefix of manifests written by the build-script helper.
 pub const OP_PREFIX: &str = "dsl:";
 
@@ -94,9 +97,14 @@ impl DslLibrary {
         })
     }
 
-    /// The kernel `name`, ready for its generated `launch` wrapper.
+    /// The kernel `name`, ready for its generated `launch` wrapper (for a kernel with a
+    /// schedule space, its default point; [`DslLibrary::tuned_kernel`] has them all).
     pub fn kernel(&self, name: &str) -> Result<CpuKernel, CpuError> {
         let (a, _) = self.artifact(name)?;
+        self.load_cpu(a)
+    }
+
+    fn load_cpu(&self, a: &Artifact) -> Result<CpuKernel, CpuError> {
         let path = self.loaded.path_of(a);
         let mut libs = self.libs.lock().map_err(|_| invalid("library table poisoned".into()))?;
         let lib = match libs.get(&path) {
@@ -341,19 +349,38 @@ pub struct GpuTensorArg<'a> {
     pub name: &'static str,
     pub dtype: DType,
     pub rank: usize,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     buf: &'a GpuBuffer,
+    /// The kernel stores to it (saved and put back around tuning).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    written: bool,
 }
 
 impl<'a> GpuTensorArg<'a> {
     /// A tensor the kernel only loads from.
     pub fn read(name: &'static str, dtype: DType, rank: usize, buf: &'a GpuBuffer) -> Self {
-        GpuTensorArg { name, dtype, rank, buf }
+        GpuTensorArg { name, dtype, rank, buf, written: false }
     }
     /// A tensor the kernel stores to (an exclusive borrow: it aliases no other argument).
     pub fn write(name: &'static str, dtype: DType, rank: usize, buf: &'a mut GpuBuffer) -> Self {
-        GpuTensorArg { name, dtype, rank, buf }
+        GpuTensorArg { name, dtype, rank, buf, written: true }
     }
+}
+
+/// What [`launch_gpu_checked`] checks first: every tensor's dtype and rank.
+pub(crate) fn check_gpu_tensor_args(kernel_name: &str, tensors: &[GpuTensorArg]) -> Result<(), GpuError> {
+    for t in tensors {
+        if t.buf.dtype() != t.dtype || t.buf.shape().len() != t.rank {
+            return Err(GpuError::Invalid(format!(
+                "`{kernel_name}`: `{}` must be a {} tensor of rank {}, got {} with shape {:?}",
+                t.name,
+                t.dtype,
+                t.rank,
+                t.buf.dtype(),
+                t.buf.shape()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A checked GPU launch (the generated `launch_gpu` wrappers call this): every tensor's
@@ -371,15 +398,7 @@ pub fn launch_gpu_checked(
     #[cfg(feature = "cuda")]
     {
         use crate::cuda::Scalar;
-        for t in tensors {
-            let b = &t.buf.buf;
-            if b.dtype != t.dtype || b.shape.len() != t.rank || b.strides.len() != t.rank {
-                return Err(GpuError::Invalid(format!(
-                    "`{kernel_name}`: `{}` must be a {} tensor of rank {}, got {} with shape {:?}",
-                    t.name, t.dtype, t.rank, b.dtype, b.shape
-                )));
-            }
-        }
+        check_gpu_tensor_args(kernel_name, tensors)?;
         let views: Vec<_> = tensors.iter().map(|t| t.buf.buf.view()).collect();
         let scalars: Vec<Scalar> = scalars
             .iter()
@@ -406,8 +425,23 @@ pub fn launch_gpu_checked(
 impl DslLibrary {
     /// Kernel `name` loaded on `gpu`: the build's PTX for this GPU (`ptx:sm_90a` on
     /// compute capability 9.0, else `ptx:sm_80`; `DslBuild::ptx` at build time), for its
-    /// generated `launch_gpu` wrapper.
+    /// generated `launch_gpu` wrapper (for a kernel with a schedule space, its default
+    /// point; [`DslLibrary::gpu_tuned_kernel`] has them all).
     pub fn gpu_kernel(&self, gpu: &Gpu, name: &str) -> Result<GpuKernel, GpuError> {
+        let target = self.gpu_target(gpu, name)?;
+        let a = self
+            .loaded
+            .manifest
+            .artifacts
+            .iter()
+            .find(|a| a.kernel_id == name && a.target == target)
+            .ok_or_else(|| GpuError::Invalid(format!("kernel `{name}` has no `{target}` artifact")))?;
+        self.load_gpu(gpu, a)
+    }
+
+    /// The PTX target of `name` this GPU runs best: `ptx:sm_90a` where it runs (the exact
+    /// architecture), then the newest portable one.
+    fn gpu_target(&self, gpu: &Gpu, name: &str) -> Result<String, GpuError> {
         #[cfg(feature = "cuda")]
         {
             let cc = gpu.cuda.compute_capability();
@@ -419,7 +453,6 @@ impl DslLibrary {
                     self.names().join(", ")
                 )));
             }
-            // sm_90a first where it runs (the exact architecture), then the newest portable one.
             found.retain(|a| crate::cuda::runs_on(&a.target, cc));
             found.sort_by_key(|a| (a.target != "ptx:sm_90a", std::cmp::Reverse(a.target.clone())));
             let a = found.first().ok_or_else(|| {
@@ -428,6 +461,18 @@ impl DslLibrary {
                      `DslBuild::ptx(Arch::Sm80)` (every GPU from Ampere on) or `Arch::Sm90a` (Hopper)"
                 ))
             })?;
+            Ok(a.target.clone())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = name;
+            match gpu._none {}
+        }
+    }
+
+    fn load_gpu(&self, gpu: &Gpu, a: &Artifact) -> Result<GpuKernel, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
             let path = self.loaded.path_of(a);
             let ptx =
                 std::fs::read_to_string(&path).map_err(|e| GpuError::Invalid(format!("{}: {e}", path.display())))?;
@@ -437,8 +482,78 @@ impl DslLibrary {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = name;
+            let _ = a;
             match gpu._none {}
+        }
+    }
+}
+
+/// Written tensors saved while a tuned kernel is timed.
+pub(crate) struct Saved {
+    #[cfg(feature = "cuda")]
+    copies: Vec<(usize, crate::cuda::DeviceBuffer)>,
+}
+
+impl Gpu {
+    /// The GPU `k` was loaded on.
+    pub(crate) fn of_kernel(k: &GpuKernel) -> Gpu {
+        #[cfg(feature = "cuda")]
+        {
+            Gpu { cuda: k.cuda.clone() }
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            match k._none {}
+        }
+    }
+
+    /// This GPU as the tuning cache names machines.
+    pub fn fingerprint(&self) -> String {
+        #[cfg(feature = "cuda")]
+        {
+            self.cuda.fingerprint()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            match self._none {}
+        }
+    }
+
+    /// Copies of the tensors a launch stores to.
+    pub(crate) fn save(&self, tensors: &[GpuTensorArg]) -> Result<Saved, GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            let mut copies = Vec::new();
+            for (j, t) in tensors.iter().enumerate().filter(|(_, t)| t.written) {
+                let c = self
+                    .cuda
+                    .duplicate(&t.buf.buf)
+                    .map_err(|e| GpuError::Invalid(format!("tuning saves `{}` first, and cannot: {e}", t.name)))?;
+                copies.push((j, c));
+            }
+            Ok(Saved { copies })
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = tensors;
+            match self._none {}
+        }
+    }
+
+    /// Put saved tensors back.
+    pub(crate) fn restore(&self, tensors: &[GpuTensorArg], saved: Saved) -> Result<(), GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            for (j, c) in &saved.copies {
+                self.cuda.copy(c, &tensors[*j].buf.buf)?;
+            }
+            self.cuda.synchronize()?;
+            Ok(())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (tensors, saved);
+            match self._none {}
         }
     }
 }
