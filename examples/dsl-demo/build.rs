@@ -24,6 +24,7 @@ fn main() {
         .registered() // scaled_matmul, softmax_rows
         .ptx(ejc_codegen::ptx::Arch::Sm80)
         .ptx(ejc_codegen::ptx::Arch::Sm90a)
+        .mlir() // and through MLIR: the modules as text, PTX by its NVVM pipeline
         .flash(
             "flash_prefix_lm_alibi",
             flash(FlashHooks { mask_mod: Some(kernels::prefix_lm::MOD), score_mod: Some(kernels::alibi::MOD) }),

@@ -64,6 +64,7 @@ pub struct DslBuild {
     items: Vec<Item>,
     isas: Vec<Isa>,
     archs: Vec<Arch>,
+    mlir: bool,
     out_dir: Option<PathBuf>,
     quiet: bool,
 }
@@ -103,6 +104,7 @@ impl DslBuild {
             items: Vec::new(),
             isas: Vec::new(),
             archs: Vec::new(),
+            mlir: false,
             out_dir: None,
             quiet: false,
         }
@@ -158,6 +160,17 @@ impl DslBuild {
         if !self.archs.contains(&arch) {
             self.archs.push(arch);
         }
+        self
+    }
+
+    /// Also go through the MLIR back end: every kernel's (and point's) verified module as
+    /// text (`mlir:cpu` artifacts, `<name>.<entry>.cpu.mlir`, for reading; the CPU runs
+    /// the CPU target's libraries) and its PTX through MLIR's NVVM pipeline
+    /// (`mlir:gpu:sm_80`, 128 threads a block, tiles in global scratch), which
+    /// `DslLibrary::gpu_kernel_on(gpu, name, "mlir:gpu:sm_80")` loads. Flash kernels with
+    /// mods stay CPU-only.
+    pub fn mlir(mut self) -> DslBuild {
+        self.mlir = true;
         self
     }
 
@@ -419,6 +432,83 @@ impl DslBuild {
                         );
                     }
                 }
+            }
+        }
+        if self.mlir {
+            use super::{MLIR_GPU_CHIP, MLIR_GPU_THREADS};
+            use crate::mlir::{self, Form, GpuOptions};
+            let dsl: Vec<(&Kernel, &(String, Meta))> =
+                kernels.iter().zip(&metas).filter(|(_, (_, m))| m.instance.dtype == "none").collect();
+            // PTX through MLIR's NVVM pipeline on every core (cached on disk by module).
+            let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(dsl.len().max(1));
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let mut ptx: Vec<Option<Result<mlir::GpuPtx, mlir::MlirError>>> = (0..dsl.len()).map(|_| None).collect();
+            std::thread::scope(|scope| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                for _ in 0..threads {
+                    let (tx, next, dsl) = (tx.clone(), &next, &dsl);
+                    scope.spawn(move || loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((k, _)) = dsl.get(i) else { break };
+                        let o = GpuOptions { chip: MLIR_GPU_CHIP.into(), threads: MLIR_GPU_THREADS };
+                        let _ = tx.send((i, mlir::compile_gpu(k, o)));
+                    });
+                }
+                drop(tx);
+                for (i, r) in rx {
+                    ptx[i] = Some(r);
+                }
+            });
+            for ((k, (id, m)), p) in dsl.iter().zip(ptx) {
+                let (text, info) = mlir::to_mlir_cached(k, Form::Cpu)
+                    .map_err(|e| CodegenError::Kernel { kernel: id.clone(), message: format!("MLIR: {e}") })?;
+                let file = format!("{}.{}.cpu.mlir", self.name, k.name);
+                write_atomic(&dir.join(&file), text.as_bytes())?;
+                artifacts.push(Artifact {
+                    kernel_id: id.clone(),
+                    instance: m.instance.clone(),
+                    role: "main".into(),
+                    features: m.features.clone(),
+                    config: m.config.clone(),
+                    artifact_id: artifact_id(id, m, "mlir:cpu"),
+                    target: "mlir:cpu".into(),
+                    file,
+                    sha256: sha256_hex(text.as_bytes()),
+                    entry: info.entry.clone(),
+                    params: m.params.clone(),
+                    grid: m.grid.clone(),
+                    block: None,
+                    dynamic_shared_memory: 0,
+                    scratch_bytes: info.scratch_bytes as u64,
+                    aligned: None,
+                });
+                let p = p.expect("every kernel was compiled").map_err(|e| CodegenError::Kernel {
+                    kernel: id.clone(),
+                    message: format!("MLIR's NVVM pipeline: {e}"),
+                })?;
+                let target = format!("mlir:gpu:{MLIR_GPU_CHIP}");
+                let file = format!("{}.{}.mlir.{MLIR_GPU_CHIP}.ptx", self.name, k.name);
+                write_atomic(&dir.join(&file), p.ptx.as_bytes())?;
+                let mut config = m.config.clone();
+                config.insert("threads".into(), p.threads as u32);
+                artifacts.push(Artifact {
+                    kernel_id: id.clone(),
+                    instance: m.instance.clone(),
+                    role: "main".into(),
+                    features: m.features.clone(),
+                    config,
+                    artifact_id: artifact_id(id, m, &target),
+                    target,
+                    file,
+                    sha256: sha256_hex(p.ptx.as_bytes()),
+                    entry: p.entry,
+                    params: m.params.clone(),
+                    grid: m.grid.clone(),
+                    block: Some([p.threads as u32, 1, 1]),
+                    dynamic_shared_memory: 0,
+                    scratch_bytes: p.scratch_bytes as u64,
+                    aligned: None,
+                });
             }
         }
         // Every kernel runs alone: one `single` plan each, like an operation's.

@@ -439,6 +439,26 @@ impl DslLibrary {
         self.load_gpu(gpu, a)
     }
 
+    /// Kernel `name` from the build's artifact for `target` (`ptx:sm_80`, `ptx:sm_90a`,
+    /// `mlir:gpu:sm_80` from `DslBuild::mlir`), at its default point.
+    pub fn gpu_kernel_on(&self, gpu: &Gpu, name: &str, target: &str) -> Result<GpuKernel, GpuError> {
+        let a = self.loaded.manifest.artifacts.iter().find(|a| a.kernel_id == name && a.target == target).ok_or_else(
+            || {
+                let mut have: Vec<&str> = self
+                    .loaded
+                    .manifest
+                    .artifacts
+                    .iter()
+                    .filter(|a| a.kernel_id == name)
+                    .map(|a| a.target.as_str())
+                    .collect();
+                have.dedup();
+                GpuError::Invalid(format!("kernel `{name}` has no `{target}` artifact (it has: {})", have.join(", ")))
+            },
+        )?;
+        self.load_gpu(gpu, a)
+    }
+
     /// The PTX target of `name` this GPU runs best: `ptx:sm_90a` where it runs (the exact
     /// architecture), then the newest portable one.
     fn gpu_target(&self, gpu: &Gpu, name: &str) -> Result<String, GpuError> {
@@ -454,7 +474,10 @@ impl DslLibrary {
                 )));
             }
             found.retain(|a| crate::cuda::runs_on(&a.target, cc));
-            found.sort_by_key(|a| (a.target != "ptx:sm_90a", std::cmp::Reverse(a.target.clone())));
+            // The PTX target's own code before MLIR's (asked for by name: `gpu_kernel_on`).
+            found.sort_by_key(|a| {
+                (a.target != "ptx:sm_90a", !a.target.starts_with("ptx:"), std::cmp::Reverse(a.target.clone()))
+            });
             let a = found.first().ok_or_else(|| {
                 GpuError::Invalid(format!(
                     "kernel `{name}` has no PTX for this GPU (compute capability {cc}); build it with \
@@ -477,7 +500,9 @@ impl DslLibrary {
             let ptx =
                 std::fs::read_to_string(&path).map_err(|e| GpuError::Invalid(format!("{}: {e}", path.display())))?;
             let threads = a.block.map(|b| b[0]).unwrap_or(128);
-            let kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
+            let mut kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
+            // MLIR's GPU form keeps its tiles in global scratch (the launch appends it).
+            kernel.scratch_bytes = a.scratch_bytes;
             Ok(GpuKernel { kernel, cuda: gpu.cuda.clone(), target: a.target.clone() })
         }
         #[cfg(not(feature = "cuda"))]

@@ -429,3 +429,61 @@ fn the_tuned_choice_is_kept_in_the_cache() {
     assert!(e.contains("no point `b7`") && e.contains("b128, b1024"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The MLIR back end on the demo's kernels: each one's IR (after the pass pipeline, as
+/// the build compiles it) through MLIR to this CPU (`ejc_codegen::mlir::exec`), against
+/// plain Rust; and the build's `mlir:cpu` / `mlir:gpu:sm_80` artifacts are there.
+#[test]
+fn the_kernels_through_mlir_match_plain_rust() {
+    use ejc_codegen::mlir::exec::CpuKernel as MlirKernel;
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let compiled = |k: ejc_ir::ir::Kernel| {
+        let k = ejc_ir::passes::run_pipeline(&k, &ejc_ir::passes::default_pipeline()).unwrap();
+        MlirKernel::compile(&k).unwrap()
+    };
+    let run = |k: &MlirKernel, bufs: &mut [&mut HostBuffer], scalars: &[u64], grid: [i64; 3]| {
+        let abi: Vec<_> = bufs.iter_mut().flat_map(|b| b.descriptors()).collect();
+        // Safety: the buffers are the kernel's parameters in order, with their dtypes.
+        unsafe { k.launch(&abi, scalars, grid, 2) }.unwrap();
+    };
+
+    let (m, k, n) = (45, 70, 37);
+    let (a, b) = (random(&mut rng, &[m, k]), random(&mut rng, &[k, n]));
+    let mm = compiled(scaled_matmul::kernel().unwrap());
+    let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[m, n], f64::NAN));
+    let (mut a_, mut b_) = (HostBuffer::from_host(&a), HostBuffer::from_host(&b));
+    let scalars = [ejc_runtime::cpu::scalar_slot(DType::F32, 0.75), 1];
+    let grid = [m.div_ceil(scaled_matmul::BM as usize) as i64, n.div_ceil(scaled_matmul::BN as usize) as i64, 1];
+    run(&mm, &mut [&mut a_, &mut b_, &mut out], &scalars, grid);
+    assert_close(&out.to_host().to_vec(), &matmul_ref(&a, &b, 0.75, true), &format!("mlir scaled_matmul seed={seed}"));
+
+    let (r, c) = (21, 200);
+    let x = random(&mut rng, &[r, c]);
+    let sm = compiled(softmax_rows::kernel().unwrap());
+    let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], f64::NAN));
+    run(
+        &sm,
+        &mut [&mut HostBuffer::from_host(&x), &mut out],
+        &[],
+        [r.div_ceil(softmax_rows::BR as usize) as i64, 1, 1],
+    );
+    assert_close(&out.to_host().to_vec(), &softmax_ref(&x), &format!("mlir softmax_rows seed={seed}"));
+
+    let w = random(&mut rng, &[c]);
+    let rn = compiled(rms_norm_f32::kernel().unwrap());
+    let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], f64::NAN));
+    let eps = [ejc_runtime::cpu::scalar_slot(DType::F32, 1e-5)];
+    let grid = [r.div_ceil(rms_norm_f32::BR as usize) as i64, 1, 1];
+    run(&rn, &mut [&mut HostBuffer::from_host(&x), &mut HostBuffer::from_host(&w), &mut out], &eps, grid);
+    assert_close(&out.to_host().to_vec(), &rms_norm_ref(&x, &w, 1e-5), &format!("mlir rms_norm_f32 seed={seed}"));
+
+    let dir = std::path::PathBuf::from(env!("EJC_DEMO_DIR"));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    for target in ["mlir:cpu", "mlir:gpu:sm_80"] {
+        let n = manifest["artifacts"].as_array().unwrap().iter().filter(|a| a["target"] == target).count();
+        // One per point: accumulate 2, matmul 4 + 4, RMSNorm 4 + 4, scaled_matmul 1, softmax 3.
+        assert_eq!(n, 22, "{target} artifacts");
+    }
+}

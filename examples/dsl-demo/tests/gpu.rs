@@ -229,6 +229,43 @@ fn tuned_kernels_on_the_gpu() {
     assert_close(&gpu.download(&dout).unwrap().to_host().to_vec(), &want, &format!("gpu accumulate seed={seed}"));
 }
 
+/// The PTX MLIR's NVVM pipeline made (`DslBuild::mlir`, `mlir:gpu:sm_80`: tiles in
+/// global scratch) for three of the kernels, against plain Rust.
+#[test]
+fn the_mlir_ptx_on_the_gpu() {
+    let Some(gpu) = gpu() else { return };
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let lib = library();
+    let up = |t: &HostTensor| gpu.upload(&HostBuffer::from_host(t)).unwrap();
+    let (m, k, n) = (45, 70, 133);
+    let (a, b) = (random(&mut rng, &[m, k]), random(&mut rng, &[k, n]));
+    let mm = lib.gpu_kernel_on(&gpu, scaled_matmul::NAME, "mlir:gpu:sm_80").unwrap();
+    let mut dout = gpu.upload(&nan(&[m, n])).unwrap();
+    let grid = [m.div_ceil(scaled_matmul::BM as usize) as i64, n.div_ceil(scaled_matmul::BN as usize) as i64, 1];
+    scaled_matmul::launch_gpu(&mm, grid, &up(&a), &up(&b), &mut dout, 0.75, true).unwrap();
+    let got = gpu.download(&dout).unwrap().to_host().to_vec();
+    assert_close(&got, &matmul_ref(&a, &b, 0.75, true), &format!("mlir gpu scaled_matmul seed={seed}"));
+
+    let (r, c) = (1000, 129);
+    let x = random(&mut rng, &[r, c]);
+    let sm = lib.gpu_kernel_on(&gpu, softmax_rows::NAME, "mlir:gpu:sm_80").unwrap();
+    let mut dout = gpu.upload(&nan(&[r, c])).unwrap();
+    softmax_rows::launch_gpu(&sm, [r.div_ceil(softmax_rows::BR as usize) as i64, 1, 1], &up(&x), &mut dout).unwrap();
+    let got = gpu.download(&dout).unwrap().to_host().to_vec();
+    assert_close(&got, &softmax_ref(&x), &format!("mlir gpu softmax_rows seed={seed}"));
+
+    let w = random(&mut rng, &[c]);
+    let rn = lib.gpu_kernel_on(&gpu, rms_norm_f32::NAME, "mlir:gpu:sm_80").unwrap();
+    let mut dout = gpu.upload(&nan(&[r, c])).unwrap();
+    let grid = [r.div_ceil(rms_norm_f32::BR as usize) as i64, 1, 1];
+    rms_norm_f32::launch_gpu(&rn, grid, &up(&x), &up(&w), &mut dout, 1e-5).unwrap();
+    let got = gpu.download(&dout).unwrap().to_host().to_vec();
+    assert_close(&got, &rms_norm_ref(&x, &w, 1e-5), &format!("mlir gpu rms_norm_f32 seed={seed}"));
+    let e = lib.gpu_kernel_on(&gpu, softmax_rows::NAME, "mlir:gpu:sm_90a").err().unwrap().to_string();
+    assert!(e.contains("no `mlir:gpu:sm_90a` artifact") && e.contains("ptx:sm_80"), "{e}");
+}
+
 fn median_ms(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), GpuError>) -> f32 {
     for _ in 0..3 {
         run().unwrap();
