@@ -39,7 +39,7 @@ use ejc_ir::types::{DType, Type};
 
 use super::{compile_cpu_library, params_info, sha256_hex, write_atomic, Progress};
 use crate::cpu::Isa;
-use crate::ptx::{Arch, CodePath, PtxConfig};
+use crate::ptx::{Arch, CodePath, Overlap, PtxConfig};
 use crate::{CodegenError, COMPILER_VERSION};
 
 /// A flash kernel of `specs/flash.yaml`'s family with mods compiled in.
@@ -359,7 +359,8 @@ impl DslBuild {
                     // A kernel whose warps or stages are tuned has one entry per schedule.
                     let point = if schedule {
                         let base = if m.point == "default" { String::new() } else { format!("{}_", m.point) };
-                        format!("{base}w{}_s{}", cfg.num_warps, cfg.num_stages)
+                        let ws = if matches!(cfg.path, CodePath::WarpSpecialised { .. }) { "_ws" } else { "" };
+                        format!("{base}w{}_s{}{ws}", cfg.num_warps, cfg.num_stages)
                     } else {
                         m.point.clone()
                     };
@@ -407,9 +408,14 @@ impl DslBuild {
                         block: Some([p.code.threads as u32, 1, 1]),
                         dynamic_shared_memory: p.code.smem_bytes as u32,
                         scratch_bytes: 0,
-                        // The general entry only: the aligned one's tensor maps are a
-                        // launch-time matter the DSL launch does not make yet.
-                        aligned: None,
+                        // The launch runs the aligned entry where the tensors allow it
+                        // (docs/abi.md, "Aligned entry"), with its tensor maps.
+                        aligned: p.code.aligned_entry.clone().map(|entry| ejc_ir::manifest::AlignedEntry {
+                            entry,
+                            tensors: p.code.aligned_tensors.clone(),
+                            positive: p.code.positive_scalars.clone(),
+                            tensor_maps: p.code.tensor_maps.iter().map(|t| t.map_param()).collect(),
+                        }),
                     });
                 }
                 if !too_big.is_empty()
@@ -572,9 +578,16 @@ fn ptx_configs(k: &Kernel, arch: Arch, warps: &[u32], stages: &[u32]) -> Result<
                 let of = |c: &&crate::ptx::candidates::Candidate| {
                     c.cfg.num_warps == w as usize && c.cfg.num_stages == st as usize
                 };
-                let pick =
-                    c.iter().filter(of).find(|c| matches!(c.cfg.path, CodePath::Wgmma { .. })).or(c.iter().find(of));
-                if let Some(p) = pick {
+                let rotated = Overlap::Rotated;
+                let wg = c.iter().filter(of).find(|c| c.cfg.path == CodePath::Wgmma { overlap: rotated });
+                match wg.or(c.iter().find(of)) {
+                    Some(p) => out.push(p.cfg),
+                    None => continue,
+                }
+                // With a schedule, warp specialisation is a point of its own where it
+                // applies (TMA copies by a producer warp in the aligned entry).
+                let ws = CodePath::WarpSpecialised { overlap: rotated };
+                if let Some(p) = c.iter().filter(of).find(|c| c.cfg.path == ws).filter(|_| schedule) {
                     out.push(p.cfg);
                 }
             }

@@ -114,8 +114,31 @@ pub fn tma_loads(kernel: &Kernel, plan: &Plan) -> Result<Vec<TmaLoad>, String> {
             if ranges.len() != 2 || ranges[1].0 != rank - 1 {
                 return Err(why("its columns are not the tensor's last axis"));
             }
-            if ranges[1].1 {
+            // A limit that is the tensor's own extent on that axis (`span(k0, BK, dim(a, 1))`)
+            // is where the copy engine zero-fills anyway.
+            let mut slot = 1;
+            let mut limit_is_extent = Vec::new();
+            for (i, a) in axes.iter().enumerate() {
+                if let AxisIndex::Range { limit: true, .. } = a {
+                    let l = op.operands[slot + 1];
+                    let own = du.def(l).is_some_and(|d| {
+                        matches!(d.kind, OpKind::TensorDim { axis } if axis as usize == i)
+                            && d.operands[0] == op.operands[0]
+                    });
+                    limit_is_extent.push((i, own));
+                }
+                slot += a.operand_count();
+            }
+            let extent = |axis: usize| limit_is_extent.iter().any(|&(i, own)| i == axis && own);
+            if ranges[1].1 && !extent(ranges[1].0) {
                 return Err(why("its column range has a limit (the copy engine zero-fills only outside the tensor)"));
+            }
+            // `#[ej_kernel]` kernels promise nothing about rows past a limit (a product
+            // needs them zero): there a row limit must be the tensor's extent too. The
+            // flash kernels mask those rows themselves.
+            let dsl = kernel.attrs.iter().any(|(k, v)| k == "frontend" && v == "ej_kernel");
+            if dsl && ranges[0].1 && !extent(ranges[0].0) {
+                return Err(why("its row range has a limit other than the tensor's extent"));
             }
             if !op.operands.iter().all(|x| du.iteration_scalar(kernel, *x, iv, &inside)) {
                 return Err(why("its indices are not computed from the loop's induction variable"));

@@ -222,6 +222,9 @@ pub struct GpuBuffer {
 pub struct GpuKernel {
     #[cfg(feature = "cuda")]
     kernel: crate::cuda::CudaKernel,
+    /// The aligned entry (docs/abi.md), run where the call's tensors meet its condition.
+    #[cfg(feature = "cuda")]
+    aligned: Option<(crate::cuda::CudaKernel, ejc_ir::manifest::AlignedEntry)>,
     #[cfg(feature = "cuda")]
     cuda: std::sync::Arc<crate::cuda::Cuda>,
     /// The artifact's target (`ptx:sm_90a`).
@@ -409,10 +412,40 @@ pub fn launch_gpu_checked(
                 _ => Scalar::I32(x as i64 as i32),
             })
             .collect();
+        // The aligned entry where every tensor it names is 16-byte aligned with unit
+        // innermost stride and 8-element outer strides (TMA's rules), with its maps;
+        // `EJC_DSL_GENERAL=1` keeps to the general entry.
+        let meets = |al: &ejc_ir::manifest::AlignedEntry| {
+            al.tensors.iter().all(|t| {
+                tensors.iter().zip(&views).any(|(a, v)| {
+                    a.name == t && {
+                        let st: Vec<i64> = v.strides.iter().map(|s| *s as i64).collect();
+                        ejc_ir::manifest::AlignedEntry::tensor_ok(v.address, &st)
+                    }
+                })
+            })
+        };
+        let general = std::env::var("EJC_DSL_GENERAL").is_ok_and(|v| v == "1");
+        let (k, maps) = match &kernel.aligned {
+            Some((k, al)) if meets(al) && !grid.contains(&0) && !general => {
+                let mut maps = Vec::new();
+                for p in &k.tensor_maps {
+                    let i = tensors.iter().position(|t| t.name == p.tensor).ok_or_else(|| {
+                        GpuError::Invalid(format!(
+                            "`{}` wants a tensor map of `{}`, not a parameter",
+                            k.entry, p.tensor
+                        ))
+                    })?;
+                    maps.push(crate::cuda::encode_tensor_map(&views[i], p)?);
+                }
+                (k, maps)
+            }
+            _ => (&kernel.kernel, Vec::new()),
+        };
         // Safety: dtypes and ranks are checked above, a written tensor is an exclusive
         // borrow (no other argument aliases it), and every access is bounded by the
-        // shapes passed with the pointers.
-        unsafe { kernel.cuda.launch(&kernel.kernel, grid, &views, &scalars, &[]) }?;
+        // shapes passed with the pointers (tensor maps zero-fill outside them).
+        unsafe { kernel.cuda.launch(k, grid, &views, &scalars, &maps) }?;
         Ok(())
     }
     #[cfg(not(feature = "cuda"))]
@@ -503,7 +536,17 @@ impl DslLibrary {
             let mut kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
             // MLIR's GPU form keeps its tiles in global scratch (the launch appends it).
             kernel.scratch_bytes = a.scratch_bytes;
-            Ok(GpuKernel { kernel, cuda: gpu.cuda.clone(), target: a.target.clone() })
+            // Scalars are not named at the launch: an aligned entry that assumes a positive
+            // one (a folded softmax scale) is not used.
+            let aligned = match a.aligned.as_ref().filter(|al| al.positive.is_empty()) {
+                Some(al) => {
+                    let mut k = gpu.cuda.load(&ptx, &al.entry, threads, a.dynamic_shared_memory)?;
+                    k.tensor_maps = al.tensor_maps.clone();
+                    Some((k, al.clone()))
+                }
+                None => None,
+            };
+            Ok(GpuKernel { kernel, aligned, cuda: gpu.cuda.clone(), target: a.target.clone() })
         }
         #[cfg(not(feature = "cuda"))]
         {

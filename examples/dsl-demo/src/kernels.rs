@@ -41,8 +41,10 @@ pub fn matmul<T: Elem>(a: Tensor<T, 2>, b: Tensor<T, 2>, out: Tensor<f32, 2>) {
     let k = dim(a, 1);
     let mut acc = full([BM, BN], 0.0);
     for k0 in range(0, k, BK) {
+        // Each tile bounded by its own tensor's extents: on Hopper the copy engine
+        // (TMA, warp-specialised points) can then fetch it, zero-filling the edges.
         let a_tile = load(a, [span(m0, BM, m), span(k0, BK, k)]);
-        let b_tile = load(b, [span(k0, BK, k), span(n0, BN, n)]);
+        let b_tile = load(b, [span(k0, BK, dim(b, 0)), span(n0, BN, n)]);
         acc = dot(a_tile, b_tile, acc);
     }
     store(out, [span(m0, BM, m), span(n0, BN, n)], acc);

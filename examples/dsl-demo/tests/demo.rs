@@ -267,9 +267,11 @@ fn everything_is_registered_and_built() {
     built.dedup();
     assert_eq!(built, want);
     // Every point of a schedule space is its own entry: the matmul's 4 tiles times the
-    // warps and stages each allows (a 64-row tile splits over 4 warps, not 8).
+    // warps and stages each allows (a 64-row tile splits over 4 warps, not 8), on
+    // sm_90a each with and without warp specialisation.
     let points = |k: &str, t: &str| ptx.iter().filter(|(k2, t2, _)| k2 == k && t2 == t).count();
-    assert_eq!(points("matmul_bf16", "ptx:sm_90a"), 10);
+    assert_eq!(points("matmul_bf16", "ptx:sm_80"), 10);
+    assert_eq!(points("matmul_bf16", "ptx:sm_90a"), 20);
     assert_eq!(points("rms_norm_f32", "ptx:sm_80"), 4);
     match ejc_codegen::ptx::find_ptxas() {
         Some(tool) => {
