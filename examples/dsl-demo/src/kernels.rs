@@ -53,7 +53,7 @@ pub fn matmul<T: Elem>(a: Tensor<T, 2>, b: Tensor<T, 2>, out: Tensor<f32, 2>) {
 /// Row-wise softmax of `x` (`[R, C]`, any `C`): one program per `BR` rows, two
 /// passes over the columns in blocks of `BC` (online max and sum, then normalise); the
 /// column block is tuned.
-#[ej_kernel(br = 16, tune(bc = [32, 64, 128]))]
+#[ej_kernel(tune(br = [16, 64], bc = [32, 64, 128]))]
 pub fn softmax_rows(x: Tensor<f32, 2>, out: Tensor<f32, 2>) {
     let r0 = program_id(0) * BR;
     let rows = dim(x, 0);
@@ -77,7 +77,7 @@ pub fn softmax_rows(x: Tensor<f32, 2>, out: Tensor<f32, 2>) {
 /// sqrt(mean(x²) + eps) · w`, in f32 inside, in `T` outside (`rms_norm_f32`,
 /// `rms_norm_bf16`). One program per `BR` rows, two passes over the columns in blocks
 /// of `BC`; both are tuned.
-#[ej_kernel(tune(br = [16, 32], bc = [128, 64]), dtypes(T = [f32, Bf16]))]
+#[ej_kernel(tune(br = [16, 64, 128], bc = [128, 64]), dtypes(T = [f32, Bf16]))]
 pub fn rms_norm<T: Elem>(x: Tensor<T, 2>, w: Tensor<T, 1>, out: Tensor<T, 2>, eps: f32) {
     let r0 = program_id(0) * BR;
     let rows = dim(x, 0);
