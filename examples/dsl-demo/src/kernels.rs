@@ -50,26 +50,27 @@ pub fn matmul<T: Elem>(a: Tensor<T, 2>, b: Tensor<T, 2>, out: Tensor<f32, 2>) {
     store(out, [span(m0, BM, m), span(n0, BN, n)], acc);
 }
 
-/// Row-wise softmax of `x` (`[R, C]`, any `C`): one program per `BR` rows, two
-/// passes over the columns in blocks of `BC` (online max and sum, then normalise); the
-/// column block is tuned.
-#[ej_kernel(tune(br = [16, 64], bc = [32, 64, 128]))]
-pub fn softmax_rows(x: Tensor<f32, 2>, out: Tensor<f32, 2>) {
+/// Row-wise softmax of `x` (`[R, C]`, any `C`), in f32 inside and `T` outside
+/// (`softmax_f32`, `softmax_bf16`): one program per `BR` rows, two passes over the
+/// columns in blocks of `BC` (online max and sum, then normalise); both tuned.
+#[ej_kernel(tune(br = [16, 64], bc = [32, 64, 128]), dtypes(T = [f32, Bf16]))]
+pub fn softmax<T: Elem>(x: Tensor<T, 2>, out: Tensor<T, 2>) {
     let r0 = program_id(0) * BR;
     let rows = dim(x, 0);
     let cols = dim(x, 1);
     let mut m_i = full1(BR, f32::NEG_INFINITY);
     let mut l_i = full1(BR, 0.0);
     for c0 in range(0, cols, BC) {
-        let s = load_pad(x, [span(r0, BR, rows), span(c0, BC, cols)], f32::NEG_INFINITY);
+        let s = load_pad(x, [span(r0, BR, rows), span(c0, BC, cols)], f32::NEG_INFINITY).cast::<f32>();
         let m_new = maximum(m_i, max_along(s, 1));
         let p = exp(s - m_new.expand(1));
         l_i = l_i * exp(m_i - m_new) + sum(p, 1);
         m_i = m_new;
     }
     for c0 in range(0, cols, BC) {
-        let s = load_pad(x, [span(r0, BR, rows), span(c0, BC, cols)], f32::NEG_INFINITY);
-        store(out, [span(r0, BR, rows), span(c0, BC, cols)], exp(s - m_i.expand(1)) / l_i.expand(1));
+        let s = load_pad(x, [span(r0, BR, rows), span(c0, BC, cols)], f32::NEG_INFINITY).cast::<f32>();
+        let p = exp(s - m_i.expand(1)) / l_i.expand(1);
+        store(out, [span(r0, BR, rows), span(c0, BC, cols)], p.cast::<T>());
     }
 }
 

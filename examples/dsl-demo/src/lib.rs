@@ -1,7 +1,8 @@
 //! # ejc-dsl-demo
 //!
-//! A user crate of ejc: kernels (`scaled_matmul`, `softmax_rows`, and `matmul`, generic
-//! over its element type: `matmul_bf16`, `matmul_f16`),
+//! A user crate of ejc: kernels (`scaled_matmul`, `accumulate`; `matmul`, `softmax` and
+//! `rms_norm`, generic over their element type and tuned: `matmul_bf16`, `matmul_f16`,
+//! `softmax_f32`, `softmax_bf16`, `rms_norm_f32`, `rms_norm_bf16`),
 //! two mask mods (`prefix_lm`, `causal_window`) and a score mod (`alibi`) written with
 //! `#[ej_kernel]` in [`kernels`]; `build.rs` compiles them (and two flash kernels with
 //! the mods fused in) to a CPU library and the kernels to PTX (`sm_80`, `sm_90a`);

@@ -4,7 +4,7 @@
 
 use ejc_dsl_demo::kernels::{
     accumulate, accumulate_config, alibi, causal_window, matmul_bf16, matmul_bf16_config, matmul_f16, prefix_lm,
-    rms_norm_bf16, rms_norm_bf16_config, rms_norm_f32, rms_norm_f32_config, scaled_matmul, softmax_rows,
+    rms_norm_bf16, rms_norm_bf16_config, rms_norm_f32, rms_norm_f32_config, scaled_matmul, softmax_bf16, softmax_f32,
 };
 use ejc_dsl_demo::library;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
@@ -82,20 +82,29 @@ fn the_generic_matmul_matches_plain_rust_in_both_types() {
 }
 
 #[test]
-fn softmax_rows_matches_plain_rust() {
+fn softmax_matches_plain_rust_in_both_types() {
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    let kernel = library().kernel(softmax_rows::NAME).unwrap();
+    let kernel = library().kernel(softmax_f32::NAME).unwrap();
     for &(r, c) in &[(13, 77), (8, 32), (3, 1), (21, 200)] {
         let mut x = random(&mut rng, &[r, c]);
         for v in x.data.iter_mut() {
             *v *= 8.0; // a wider range than [-1, 1): the max subtraction matters
         }
         let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], f64::NAN));
-        let grid = [r.div_ceil(softmax_rows::BR as usize) as i64, 1, 1];
-        softmax_rows::launch(&kernel, grid, 2, &HostBuffer::from_host(&x), &mut out).unwrap();
+        let grid = [r.div_ceil(softmax_f32::BR as usize) as i64, 1, 1];
+        softmax_f32::launch(&kernel, grid, 2, &HostBuffer::from_host(&x), &mut out).unwrap();
         let want = softmax_ref(&x);
-        assert_close(&out.to_host().to_vec(), &want, &format!("softmax_rows {r}x{c} seed={seed}"));
+        assert_close(&out.to_host().to_vec(), &want, &format!("softmax_f32 {r}x{c} seed={seed}"));
+
+        // The same body in bf16: the reference reads the rounded input; the output's
+        // rounding (2^-9 relative) bounds the error.
+        let xb = HostTensor::from_vec(DType::BF16, &x.shape, x.to_vec());
+        let mut out = HostBuffer::from_host(&HostTensor::full(DType::BF16, &[r, c], f64::NAN));
+        let k16 = library().kernel(softmax_bf16::NAME).unwrap();
+        softmax_bf16::launch(&k16, grid, 2, &HostBuffer::from_host(&xb), &mut out).unwrap();
+        let (rel, _) = ejc_ir::tensor::compare(&out.to_host().to_vec(), &softmax_ref(&xb));
+        assert!(rel <= 4e-3, "softmax_bf16 {r}x{c}: rel_err={rel:e} seed={seed}");
     }
 }
 
@@ -182,13 +191,13 @@ fn flash_with_affine_mask_mod_matches_the_reference() {
 
 #[test]
 fn launch_checks_its_arguments() {
-    let kernel = library().kernel(softmax_rows::NAME).unwrap();
+    let kernel = library().kernel(softmax_f32::NAME).unwrap();
     let x = HostBuffer::from_host(&HostTensor::full(DType::BF16, &[4, 4], 1.0));
     let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[4, 4], 0.0));
-    let e = softmax_rows::launch(&kernel, [1, 1, 1], 1, &x, &mut out).unwrap_err().to_string();
-    assert!(e.contains("`softmax_rows`: `x` must be a f32 tensor of rank 2, got bf16"), "{e}");
+    let e = softmax_f32::launch(&kernel, [1, 1, 1], 1, &x, &mut out).unwrap_err().to_string();
+    assert!(e.contains("`softmax_f32`: `x` must be a f32 tensor of rank 2, got bf16"), "{e}");
     let x = HostBuffer::from_host(&HostTensor::full(DType::F32, &[16], 1.0));
-    let e = softmax_rows::launch(&kernel, [1, 1, 1], 1, &x, &mut out).unwrap_err().to_string();
+    let e = softmax_f32::launch(&kernel, [1, 1, 1], 1, &x, &mut out).unwrap_err().to_string();
     assert!(e.contains("rank 2"), "{e}");
     let e = library().kernel("nope").unwrap_err().to_string();
     assert!(e.contains("no kernel `nope`") && e.contains("scaled_matmul"), "{e}");
@@ -225,7 +234,8 @@ fn everything_is_registered_and_built() {
             "rms_norm_bf16",
             "rms_norm_f32",
             "scaled_matmul",
-            "softmax_rows"
+            "softmax_bf16",
+            "softmax_f32"
         ]
     );
     assert_eq!(
@@ -239,7 +249,8 @@ fn everything_is_registered_and_built() {
             "rms_norm_bf16",
             "rms_norm_f32",
             "scaled_matmul",
-            "softmax_rows"
+            "softmax_bf16",
+            "softmax_f32"
         ]
         .map(String::from)
     );
@@ -259,8 +270,16 @@ fn everything_is_registered_and_built() {
         })
         .collect();
     ptx.sort();
-    let kernels =
-        ["accumulate", "matmul_bf16", "matmul_f16", "rms_norm_bf16", "rms_norm_f32", "scaled_matmul", "softmax_rows"];
+    let kernels = [
+        "accumulate",
+        "matmul_bf16",
+        "matmul_f16",
+        "rms_norm_bf16",
+        "rms_norm_f32",
+        "scaled_matmul",
+        "softmax_bf16",
+        "softmax_f32",
+    ];
     let want: Vec<(String, String)> =
         kernels.iter().flat_map(|k| ["ptx:sm_80", "ptx:sm_90a"].map(|t| (k.to_string(), t.to_string()))).collect();
     let mut built: Vec<(String, String)> = ptx.iter().map(|(k, t, _)| (k.clone(), t.clone())).collect();
@@ -462,15 +481,10 @@ fn the_kernels_through_mlir_match_plain_rust() {
 
     let (r, c) = (21, 200);
     let x = random(&mut rng, &[r, c]);
-    let sm = compiled(softmax_rows::kernel().unwrap());
+    let sm = compiled(softmax_f32::kernel().unwrap());
     let mut out = HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], f64::NAN));
-    run(
-        &sm,
-        &mut [&mut HostBuffer::from_host(&x), &mut out],
-        &[],
-        [r.div_ceil(softmax_rows::BR as usize) as i64, 1, 1],
-    );
-    assert_close(&out.to_host().to_vec(), &softmax_ref(&x), &format!("mlir softmax_rows seed={seed}"));
+    run(&sm, &mut [&mut HostBuffer::from_host(&x), &mut out], &[], [r.div_ceil(softmax_f32::BR as usize) as i64, 1, 1]);
+    assert_close(&out.to_host().to_vec(), &softmax_ref(&x), &format!("mlir softmax_f32 seed={seed}"));
 
     let w = random(&mut rng, &[c]);
     let rn = compiled(rms_norm_f32::kernel().unwrap());
@@ -485,7 +499,7 @@ fn the_kernels_through_mlir_match_plain_rust() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
     for target in ["mlir:cpu", "mlir:gpu:sm_80"] {
         let n = manifest["artifacts"].as_array().unwrap().iter().filter(|a| a["target"] == target).count();
-        // One per point: accumulate 2, matmul 4 + 4, RMSNorm 6 + 6, scaled_matmul 1, softmax 6.
-        assert_eq!(n, 29, "{target} artifacts");
+        // One per point: accumulate 2, matmul 4 + 4, RMSNorm 6 + 6, scaled_matmul 1, softmax 6 + 6.
+        assert_eq!(n, 35, "{target} artifacts");
     }
 }

@@ -6,7 +6,7 @@
 #![cfg(feature = "cuda")]
 
 use ejc_dsl_demo::kernels::{
-    accumulate, matmul_bf16, matmul_f16, rms_norm_bf16, rms_norm_f32, scaled_matmul, softmax_rows,
+    accumulate, matmul_bf16, matmul_f16, rms_norm_bf16, rms_norm_f32, scaled_matmul, softmax_bf16, softmax_f32,
 };
 use ejc_dsl_demo::library;
 use ejc_ir::tensor::HostTensor;
@@ -86,12 +86,12 @@ fn the_generic_matmul_on_the_gpu() {
 }
 
 #[test]
-fn softmax_rows_on_the_gpu() {
+fn softmax_on_the_gpu() {
     let Some(gpu) = gpu() else { return };
     let seed = seed();
     let mut rng = StdRng::seed_from_u64(seed);
-    let kernel = library().gpu_kernel(&gpu, softmax_rows::NAME).unwrap();
-    println!("softmax_rows: {}", kernel.target);
+    let kernel = library().gpu_kernel(&gpu, softmax_f32::NAME).unwrap();
+    println!("softmax_f32: {}", kernel.target);
     for &(r, c) in &[(13, 77), (16, 32), (3, 1), (21, 200), (1000, 129)] {
         let mut x = random(&mut rng, &[r, c]);
         for v in x.data.iter_mut() {
@@ -99,22 +99,45 @@ fn softmax_rows_on_the_gpu() {
         }
         let dx = gpu.upload(&HostBuffer::from_host(&x)).unwrap();
         let mut dout = gpu.upload(&nan(&[r, c])).unwrap();
-        let grid = [r.div_ceil(softmax_rows::BR as usize) as i64, 1, 1];
-        softmax_rows::launch_gpu(&kernel, grid, &dx, &mut dout).unwrap();
+        let grid = [r.div_ceil(softmax_f32::BR as usize) as i64, 1, 1];
+        softmax_f32::launch_gpu(&kernel, grid, &dx, &mut dout).unwrap();
         let got = gpu.download(&dout).unwrap().to_host().to_vec();
-        assert_close(&got, &softmax_ref(&x), &format!("gpu softmax_rows {r}x{c} seed={seed}"));
+        assert_close(&got, &softmax_ref(&x), &format!("gpu softmax_f32 {r}x{c} seed={seed}"));
+
+        // bf16 in and out, every point of the schedule space, then the tuner's choice.
+        let xb = HostTensor::from_vec(DType::BF16, &x.shape, x.to_vec());
+        let dxb = gpu.upload(&HostBuffer::from_host(&xb)).unwrap();
+        let ids: Vec<String> = library()
+            .gpu_tuned_kernel(&gpu, softmax_bf16::NAME)
+            .unwrap()
+            .points()
+            .iter()
+            .map(|p| p.id.clone())
+            .collect();
+        for id in ids.iter().map(Some).chain([None]) {
+            let mut k16 = library().gpu_tuned_kernel(&gpu, softmax_bf16::NAME).unwrap().without_persistent_cache();
+            if let Some(id) = id {
+                k16.pin(id).unwrap();
+            }
+            let mut dout =
+                gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[r, c], f64::NAN))).unwrap();
+            let grid = |cf: &ejc_dsl_demo::kernels::softmax_bf16_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+            softmax_bf16::launch_gpu_tuned(&k16, grid, &dxb, &mut dout).unwrap();
+            let (rel, _) = ejc_ir::tensor::compare(&gpu.download(&dout).unwrap().to_host().to_vec(), &softmax_ref(&xb));
+            assert!(rel <= 4e-3, "gpu softmax_bf16 {r}x{c} at {id:?}: rel_err={rel:e} seed={seed}");
+        }
     }
 }
 
 #[test]
 fn the_gpu_launch_checks_its_arguments() {
     let Some(gpu) = gpu() else { return };
-    let kernel = library().gpu_kernel(&gpu, softmax_rows::NAME).unwrap();
+    let kernel = library().gpu_kernel(&gpu, softmax_f32::NAME).unwrap();
     let x = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[4, 4], 1.0))).unwrap();
     let mut out = gpu.upload(&nan(&[4, 4])).unwrap();
-    let e = softmax_rows::launch_gpu(&kernel, [1, 1, 1], &x, &mut out).unwrap_err();
+    let e = softmax_f32::launch_gpu(&kernel, [1, 1, 1], &x, &mut out).unwrap_err();
     assert!(matches!(e, GpuError::Invalid(_)), "{e}");
-    assert!(e.to_string().contains("`softmax_rows`: `x` must be a f32 tensor of rank 2, got bf16"), "{e}");
+    assert!(e.to_string().contains("`softmax_f32`: `x` must be a f32 tensor of rank 2, got bf16"), "{e}");
     let e = library().gpu_kernel(&gpu, "flash_causal_window").err().unwrap().to_string();
     assert!(e.contains("no PTX for this GPU"), "{e}");
     let e = library().gpu_kernel(&gpu, "nope").err().unwrap().to_string();
@@ -253,11 +276,11 @@ fn the_mlir_ptx_on_the_gpu() {
 
     let (r, c) = (1000, 129);
     let x = random(&mut rng, &[r, c]);
-    let sm = lib.gpu_kernel_on(&gpu, softmax_rows::NAME, "mlir:gpu:sm_80").unwrap();
+    let sm = lib.gpu_kernel_on(&gpu, softmax_f32::NAME, "mlir:gpu:sm_80").unwrap();
     let mut dout = gpu.upload(&nan(&[r, c])).unwrap();
-    softmax_rows::launch_gpu(&sm, [r.div_ceil(softmax_rows::BR as usize) as i64, 1, 1], &up(&x), &mut dout).unwrap();
+    softmax_f32::launch_gpu(&sm, [r.div_ceil(softmax_f32::BR as usize) as i64, 1, 1], &up(&x), &mut dout).unwrap();
     let got = gpu.download(&dout).unwrap().to_host().to_vec();
-    assert_close(&got, &softmax_ref(&x), &format!("mlir gpu softmax_rows seed={seed}"));
+    assert_close(&got, &softmax_ref(&x), &format!("mlir gpu softmax_f32 seed={seed}"));
 
     let w = random(&mut rng, &[c]);
     let rn = lib.gpu_kernel_on(&gpu, rms_norm_f32::NAME, "mlir:gpu:sm_80").unwrap();
@@ -266,7 +289,7 @@ fn the_mlir_ptx_on_the_gpu() {
     rms_norm_f32::launch_gpu(&rn, grid, &up(&x), &up(&w), &mut dout, 1e-5).unwrap();
     let got = gpu.download(&dout).unwrap().to_host().to_vec();
     assert_close(&got, &rms_norm_ref(&x, &w, 1e-5), &format!("mlir gpu rms_norm_f32 seed={seed}"));
-    let e = lib.gpu_kernel_on(&gpu, softmax_rows::NAME, "mlir:gpu:sm_90a").err().unwrap().to_string();
+    let e = lib.gpu_kernel_on(&gpu, softmax_f32::NAME, "mlir:gpu:sm_90a").err().unwrap().to_string();
     assert!(e.contains("no `mlir:gpu:sm_90a` artifact") && e.contains("ptx:sm_80"), "{e}");
 }
 
@@ -336,11 +359,20 @@ fn dsl_timings() {
     }
     let x = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], 0.5))).unwrap();
     let mut o = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::F32, &[r, c], 0.0))).unwrap();
-    let sm = lib.gpu_tuned_kernel(&gpu, softmax_rows::NAME).unwrap().without_persistent_cache();
-    let grid = |cf: &ejc_dsl_demo::kernels::softmax_rows_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
-    softmax_rows::launch_gpu_tuned(&sm, grid, &x, &mut o).unwrap();
+    let sm = lib.gpu_tuned_kernel(&gpu, softmax_f32::NAME).unwrap().without_persistent_cache();
+    let grid = |cf: &ejc_dsl_demo::kernels::softmax_f32_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+    softmax_f32::launch_gpu_tuned(&sm, grid, &x, &mut o).unwrap();
     let point = sm.last_choice().unwrap().point;
-    let ms = median_ms(&gpu, &mut || softmax_rows::launch_gpu_tuned(&sm, grid, &x, &mut o));
+    let ms = median_ms(&gpu, &mut || softmax_f32::launch_gpu_tuned(&sm, grid, &x, &mut o));
     let bytes = 2.0 * (r * c * 4) as f64;
-    println!("ejc DSL softmax_rows {r}x{c} f32 ({point}): {ms:.3} ms, {:.0} GB/s", bytes / ms as f64 / 1e6);
+    println!("ejc DSL softmax_f32 {r}x{c} f32 ({point}): {ms:.3} ms, {:.0} GB/s", bytes / ms as f64 / 1e6);
+    let x = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[r, c], 0.5))).unwrap();
+    let mut o = gpu.upload(&HostBuffer::from_host(&HostTensor::full(DType::BF16, &[r, c], 0.0))).unwrap();
+    let sm = lib.gpu_tuned_kernel(&gpu, softmax_bf16::NAME).unwrap().without_persistent_cache();
+    let grid = |cf: &ejc_dsl_demo::kernels::softmax_bf16_config| [r.div_ceil(cf.BR as usize) as i64, 1, 1];
+    softmax_bf16::launch_gpu_tuned(&sm, grid, &x, &mut o).unwrap();
+    let point = sm.last_choice().unwrap().point;
+    let ms = median_ms(&gpu, &mut || softmax_bf16::launch_gpu_tuned(&sm, grid, &x, &mut o));
+    let bytes = 2.0 * (r * c * 2) as f64;
+    println!("ejc DSL softmax_bf16 {r}x{c} ({point}): {ms:.3} ms, {:.0} GB/s", bytes / ms as f64 / 1e6);
 }
