@@ -307,18 +307,6 @@ fn everything_is_registered_and_built() {
     assert_eq!((info.mask_mod.as_deref(), info.score_mod.as_deref()), (Some("prefix_lm"), Some("alibi")));
 }
 
-/// Plain Rust RMSNorm of a `[R, C]` tensor scaled by `w` (`[C]`).
-fn rms_norm_ref(x: &HostTensor, w: &HostTensor, eps: f64) -> Vec<f64> {
-    let (r, c) = (x.shape[0], x.shape[1]);
-    let mut out = Vec::with_capacity(r * c);
-    for i in 0..r {
-        let ms: f64 = (0..c).map(|j| x.get(&[i, j]).powi(2)).sum::<f64>() / c as f64;
-        let inv = 1.0 / (ms + eps).sqrt();
-        out.extend((0..c).map(|j| x.get(&[i, j]) * inv * w.get(&[j])));
-    }
-    out
-}
-
 /// Every point of a tuned kernel's schedule space (pinned one at a time), then the
 /// tuner's own choice, against plain Rust: the matmul (tile), RMSNorm in f32 and bf16
 /// (rows and column block).

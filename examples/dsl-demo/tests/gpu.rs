@@ -144,18 +144,6 @@ fn the_gpu_launch_checks_its_arguments() {
     assert!(e.contains("no kernel `nope`"), "{e}");
 }
 
-/// Plain Rust RMSNorm of a `[R, C]` tensor scaled by `w` (`[C]`).
-fn rms_norm_ref(x: &HostTensor, w: &HostTensor, eps: f64) -> Vec<f64> {
-    let (r, c) = (x.shape[0], x.shape[1]);
-    let mut out = Vec::with_capacity(r * c);
-    for i in 0..r {
-        let ms: f64 = (0..c).map(|j| x.get(&[i, j]).powi(2)).sum::<f64>() / c as f64;
-        let inv = 1.0 / (ms + eps).sqrt();
-        out.extend((0..c).map(|j| x.get(&[i, j]) * inv * w.get(&[j])));
-    }
-    out
-}
-
 /// Every point of the tuned kernels' schedule spaces on the GPU (pinned one at a time),
 /// then the tuner's own choice, against plain Rust; tuning puts a read-and-written
 /// output back before the chosen point runs.

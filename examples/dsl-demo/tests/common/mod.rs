@@ -59,3 +59,15 @@ pub fn softmax_ref(x: &HostTensor) -> Vec<f64> {
     }
     want
 }
+
+/// Plain Rust RMSNorm of a `[R, C]` tensor scaled by `w` (`[C]`).
+pub fn rms_norm_ref(x: &HostTensor, w: &HostTensor, eps: f64) -> Vec<f64> {
+    let (r, c) = (x.shape[0], x.shape[1]);
+    let mut out = Vec::with_capacity(r * c);
+    for i in 0..r {
+        let ms: f64 = (0..c).map(|j| x.get(&[i, j]).powi(2)).sum::<f64>() / c as f64;
+        let inv = 1.0 / (ms + eps).sqrt();
+        out.extend((0..c).map(|j| x.get(&[i, j]) * inv * w.get(&[j])));
+    }
+    out
+}
