@@ -283,19 +283,12 @@ if [ "${1:-}" = "--anchors-bench" ]; then
 fi
 if [ "${1:-}" = "--dsl" ]; then
     # The demo's kernels through their generated launch_gpu, against plain Rust (both archs' PTX
-    # are in the build; the library picks sm_90a on a Hopper GPU), memcheck over them, then the
-    # bf16 matmul timed beside torch.matmul (cuBLAS) at the same size, in this call.
+    # are in the build; the library picks sm_90a on a Hopper GPU), then the tuned
+    # kernels timed beside torch.matmul (cuBLAS), a device copy and torch's own, then memcheck over the tests.
     export EJC_DEMO_DIR=$PWD/.gpu/ejc-demo
     ./.gpu/dsl_gpu_test --test-threads 1 --nocapture 2>&1 | tee "$OUT/dsl_gpu.log"
     rc=${PIPESTATUS[0]}
     echo "dsl gpu tests: exit $rc (seeds in dsl_gpu.log)" | tee -a "$OUT/summary.txt"
-    if command -v compute-sanitizer >/dev/null; then
-        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/dsl_gpu_test --test-threads 1 \
-            2>&1 | tail -4 | tee -a "$OUT/memcheck.log"
-        m=${PIPESTATUS[0]}
-        echo "memcheck dsl: exit $m" | tee -a "$OUT/summary.txt"
-        [ "$m" -eq 0 ] || rc=1
-    fi
     ./.gpu/dsl_gpu_test --ignored --nocapture dsl_timings 2>&1 | grep -E "TFLOP|GB/s|GPU|point" | tee -a "$OUT/summary.txt"
     python3 - <<'PY' 2>&1 | tee -a "$OUT/summary.txt"
 import torch
@@ -322,6 +315,13 @@ for dt in (torch.float32, torch.bfloat16):
         ms = do_bench(f, warmup=10, rep=100, return_mode="median")
         print(f"{name} {r}x{c} {str(dt).split('.')[-1]}: {ms:.3f} ms, {gb / ms:.0f} GB/s")
 PY
+    if command -v compute-sanitizer >/dev/null; then
+        timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 ./.gpu/dsl_gpu_test --test-threads 1 \
+            2>&1 | tail -4 | tee -a "$OUT/memcheck.log"
+        m=${PIPESTATUS[0]}
+        echo "memcheck dsl: exit $m" | tee -a "$OUT/summary.txt"
+        [ "$m" -eq 0 ] || rc=1
+    fi
     exit $rc
 fi
 if [ "${1:-}" = "--kernels" ]; then

@@ -154,8 +154,8 @@ impl DslBuild {
     /// configuration the PTX target's candidate policy offers ([`crate::ptx::candidates`]):
     /// tensor cores (`mma.sync`, `wgmma` on `sm_90a`) for products of 16-bit tiles, the
     /// CUDA cores for f32 products; the most warps the tiles' rows split over. The CPU
-    /// libraries are compiled as well. Flash kernels with mods
-    /// ([`DslBuild::flash`]) stay CPU-only for now.
+    /// libraries are compiled as well, and flash kernels with mods ([`DslBuild::flash`])
+    /// too (`DslLibrary::run_flash_gpu`).
     pub fn ptx(mut self, arch: Arch) -> DslBuild {
         if !self.archs.contains(&arch) {
             self.archs.push(arch);
@@ -348,9 +348,8 @@ impl DslBuild {
             }
         }
         for &arch in &self.archs {
-            // Kernels only: a flash kernel with mods runs through a flash call
-            // (`DslLibrary::run_flash`), which has no GPU form yet.
-            for (k, (id, m)) in kernels.iter().zip(&metas).filter(|(_, (_, m))| m.instance.dtype == "none") {
+            // Kernels, and flash kernels with mods (run by `DslLibrary::run_flash_gpu`).
+            for (k, (id, m)) in kernels.iter().zip(&metas) {
                 let cfgs = ptx_configs(k, arch, m.warps, m.stages)
                     .map_err(|e| CodegenError::Kernel { kernel: id.clone(), message: e })?;
                 let schedule = !m.warps.is_empty() || !m.stages.is_empty();

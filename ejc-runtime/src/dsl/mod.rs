@@ -461,6 +461,7 @@ impl DslLibrary {
     /// generated `launch_gpu` wrapper (for a kernel with a schedule space, its default
     /// point; [`DslLibrary::gpu_tuned_kernel`] has them all).
     pub fn gpu_kernel(&self, gpu: &Gpu, name: &str) -> Result<GpuKernel, GpuError> {
+        self.not_flash(name)?;
         let target = self.gpu_target(gpu, name)?;
         let a = self
             .loaded
@@ -475,6 +476,7 @@ impl DslLibrary {
     /// Kernel `name` from the build's artifact for `target` (`ptx:sm_80`, `ptx:sm_90a`,
     /// `mlir:gpu:sm_80` from `DslBuild::mlir`), at its default point.
     pub fn gpu_kernel_on(&self, gpu: &Gpu, name: &str, target: &str) -> Result<GpuKernel, GpuError> {
+        self.not_flash(name)?;
         let a = self.loaded.manifest.artifacts.iter().find(|a| a.kernel_id == name && a.target == target).ok_or_else(
             || {
                 let mut have: Vec<&str> = self
@@ -490,6 +492,16 @@ impl DslLibrary {
             },
         )?;
         self.load_gpu(gpu, a)
+    }
+
+    /// A flash kernel with mods runs through a flash call, not a kernel's launch.
+    fn not_flash(&self, name: &str) -> Result<(), GpuError> {
+        if self.loaded.manifest.artifacts.iter().any(|a| a.kernel_id == name && a.instance.dtype != "none") {
+            return Err(GpuError::Invalid(format!(
+                "`{name}` is a flash kernel with mods: run it with `DslLibrary::run_flash_gpu` (a flash call)"
+            )));
+        }
+        Ok(())
     }
 
     /// The PTX target of `name` this GPU runs best: `ptx:sm_90a` where it runs (the exact
@@ -551,6 +563,66 @@ impl DslLibrary {
         #[cfg(not(feature = "cuda"))]
         {
             let _ = a;
+            match gpu._none {}
+        }
+    }
+}
+
+impl DslLibrary {
+    /// Run flash kernel `name` (compiled with its mods by `DslBuild::flash`, for the GPU by
+    /// `DslBuild::ptx`) on `gpu`: `call` holds host tensors as for [`DslLibrary::run_flash`];
+    /// they are uploaded, checked like any flash call, the kernel runs (its aligned entry
+    /// where the tensors allow it), and `out` and `lse` come back into `call`.
+    pub fn run_flash_gpu(&self, gpu: &Gpu, name: &str, call: &mut Call) -> Result<(), GpuError> {
+        #[cfg(feature = "cuda")]
+        {
+            use ejc_ir::op::Operation;
+            let bad = |e: String| GpuError::Invalid(e);
+            let info = self.flash_info(name).map_err(|e| bad(e.to_string()))?;
+            let target = self.gpu_target(gpu, name)?;
+            let a = self
+                .loaded
+                .manifest
+                .artifacts
+                .iter()
+                .find(|a| a.kernel_id == name && a.target == target)
+                .ok_or_else(|| bad(format!("flash kernel `{name}` has no `{target}` artifact")))?;
+            let op = &ejc_ir::flash::op::FlashAttentionFwd;
+            let features = info.features.to_json();
+            let sizes = op.validate(&features, info.dtype, &a.instance.keys, call).map_err(bad)?;
+            let path = self.loaded.path_of(a);
+            let ptx = std::fs::read_to_string(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+            let threads = a.block.map(|b| b[0]).unwrap_or(128);
+            let kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
+            let aligned = match &a.aligned {
+                Some(al) => {
+                    let mut k = gpu.cuda.load(&ptx, &al.entry, threads, a.dynamic_shared_memory)?;
+                    k.tensor_maps = al.tensor_maps.clone();
+                    Some((k, al.clone()))
+                }
+                None => None,
+            };
+            let mut grid = Vec::new();
+            for e in &a.grid {
+                grid.push(ejc_ir::ir::GridExpr::parse(e).map_err(bad)?);
+            }
+            let spec = crate::cuda::CudaLaunchSpec {
+                kernel,
+                aligned,
+                params: crate::exec::param_sigs(&a.params).map_err(bad)?,
+                grid: [grid[0].clone(), grid[1].clone(), grid[2].clone()],
+                launch: ejc_ir::manifest::Launch::of("main"),
+            };
+            let dev = crate::cuda::upload_call(&gpu.cuda, call)?;
+            let plan = crate::cuda::CudaPlan::new(vec![spec], &[], &dev, &sizes, &a.config, &gpu.cuda)?;
+            plan.launch(&gpu.cuda)?;
+            gpu.cuda.synchronize()?;
+            crate::cuda::download_into(&gpu.cuda, &dev, &op.outputs(&features), call)?;
+            Ok(())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (name, call);
             match gpu._none {}
         }
     }

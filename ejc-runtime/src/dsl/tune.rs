@@ -415,6 +415,7 @@ impl DslLibrary {
     /// Kernel `name` on `gpu` with every point of its schedule space, for its generated
     /// `launch_gpu_tuned` wrapper: the points of the build's PTX for this GPU.
     pub fn gpu_tuned_kernel(&self, gpu: &super::Gpu, name: &str) -> Result<GpuTunedKernel, GpuError> {
+        self.not_flash(name)?;
         let target = self.gpu_target(gpu, name)?;
         let arts: Vec<&Artifact> =
             self.loaded.manifest.artifacts.iter().filter(|a| a.kernel_id == name && a.target == target).collect();

@@ -139,7 +139,7 @@ fn the_gpu_launch_checks_its_arguments() {
     assert!(matches!(e, GpuError::Invalid(_)), "{e}");
     assert!(e.to_string().contains("`softmax_f32`: `x` must be a f32 tensor of rank 2, got bf16"), "{e}");
     let e = library().gpu_kernel(&gpu, "flash_causal_window").err().unwrap().to_string();
-    assert!(e.contains("no PTX for this GPU"), "{e}");
+    assert!(e.contains("is a flash kernel with mods: run it with `DslLibrary::run_flash_gpu`"), "{e}");
     let e = library().gpu_kernel(&gpu, "nope").err().unwrap().to_string();
     assert!(e.contains("no kernel `nope`"), "{e}");
 }
@@ -279,6 +279,49 @@ fn the_mlir_ptx_on_the_gpu() {
     assert_close(&got, &rms_norm_ref(&x, &w, 1e-5), &format!("mlir gpu rms_norm_f32 seed={seed}"));
     let e = lib.gpu_kernel_on(&gpu, softmax_f32::NAME, "mlir:gpu:sm_90a").err().unwrap().to_string();
     assert!(e.contains("no `mlir:gpu:sm_90a` artifact") && e.contains("ptx:sm_80"), "{e}");
+}
+
+/// The flash kernels the build compiled with the crate's mods, on the GPU through a
+/// flash call (`run_flash_gpu`), against plain Rust attention with the mods applied.
+#[test]
+fn flash_with_mods_on_the_gpu() {
+    use ejc_dsl_demo::kernels::{alibi, causal_window, prefix_lm};
+    use ejc_ir::flash::inputs::{default_runtime, random_inputs};
+    use ejc_ir::flash::{Features, FlashShape};
+    use ejc_runtime::call::Call;
+    let Some(gpu) = gpu() else { return };
+    let seed = seed();
+    let f = Features::default();
+    for shape in ["2,77,77,4,2,64", "1,300,300,4,1,64"] {
+        let shape = FlashShape::parse(shape).unwrap();
+        let inputs = random_inputs(&f, DType::F32, &shape, seed);
+        let rt = default_runtime(&f, &shape, seed);
+        for name in ["flash_prefix_lm_alibi", "flash_causal_window"] {
+            let mut call = Call::from_host(&ejc_ir::flash::op::host_call(&f, &rt, &inputs));
+            library().run_flash_gpu(&gpu, name, &mut call).unwrap();
+            let got = call.host_tensor("out").unwrap().to_vec();
+            let want = if name == "flash_prefix_lm_alibi" {
+                attention_ref(
+                    &inputs.q,
+                    &inputs.k,
+                    &inputs.v,
+                    rt.softmax_scale,
+                    &|b, h, i, j| prefix_lm(b as i32, h as i32, i as i32, j as i32),
+                    &|s, b, h, i, j| alibi(s as f32, b as i32, h as i32, i as i32, j as i32) as f64,
+                )
+            } else {
+                attention_ref(
+                    &inputs.q,
+                    &inputs.k,
+                    &inputs.v,
+                    rt.softmax_scale,
+                    &|b, h, i, j| causal_window(b as i32, h as i32, i as i32, j as i32),
+                    &|s, _, _, _, _| s,
+                )
+            };
+            assert_close(&got, &want, &format!("gpu {name} shape={shape} seed={seed}"));
+        }
+    }
 }
 
 fn median_ms(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), GpuError>) -> f32 {

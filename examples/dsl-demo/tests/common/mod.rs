@@ -71,3 +71,41 @@ pub fn rms_norm_ref(x: &HostTensor, w: &HostTensor, eps: f64) -> Vec<f64> {
     }
     out
 }
+
+/// Plain attention in f64 with a mask function and a score function.
+pub fn attention_ref(
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    scale: f64,
+    mask: &dyn Fn(usize, usize, usize, usize) -> bool,
+    score: &dyn Fn(f64, usize, usize, usize, usize) -> f64,
+) -> Vec<f64> {
+    let (b_n, sq, hq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (sk, hkv) = (k.shape[1], k.shape[2]);
+    let mut out = vec![0.0; b_n * sq * hq * d];
+    for b in 0..b_n {
+        for h in 0..hq {
+            let hk = h / (hq / hkv);
+            for i in 0..sq {
+                let s: Vec<f64> = (0..sk)
+                    .map(|j| {
+                        if !mask(b, h, i, j) {
+                            return f64::NEG_INFINITY;
+                        }
+                        let dot: f64 = (0..d).map(|x| q.get(&[b, i, h, x]) * k.get(&[b, j, hk, x])).sum();
+                        score(dot * scale, b, h, i, j)
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let l: f64 = p.iter().sum();
+                for x in 0..d {
+                    let o: f64 = (0..sk).map(|j| p[j] * v.get(&[b, j, hk, x])).sum();
+                    out[((b * sq + i) * hq + h) * d + x] = o / l;
+                }
+            }
+        }
+    }
+    out
+}
