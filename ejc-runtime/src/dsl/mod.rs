@@ -463,35 +463,24 @@ impl DslLibrary {
     pub fn gpu_kernel(&self, gpu: &Gpu, name: &str) -> Result<GpuKernel, GpuError> {
         self.not_flash(name)?;
         let target = self.gpu_target(gpu, name)?;
-        let a = self
-            .loaded
-            .manifest
-            .artifacts
-            .iter()
-            .find(|a| a.kernel_id == name && a.target == target)
-            .ok_or_else(|| GpuError::Invalid(format!("kernel `{name}` has no `{target}` artifact")))?;
-        self.load_gpu(gpu, a)
+        self.gpu_kernel_on(gpu, name, &target)
     }
 
     /// Kernel `name` from the build's artifact for `target` (`ptx:sm_80`, `ptx:sm_90a`,
     /// `mlir:gpu:sm_80` from `DslBuild::mlir`), at its default point.
     pub fn gpu_kernel_on(&self, gpu: &Gpu, name: &str, target: &str) -> Result<GpuKernel, GpuError> {
         self.not_flash(name)?;
-        let a = self.loaded.manifest.artifacts.iter().find(|a| a.kernel_id == name && a.target == target).ok_or_else(
-            || {
-                let mut have: Vec<&str> = self
-                    .loaded
-                    .manifest
-                    .artifacts
-                    .iter()
-                    .filter(|a| a.kernel_id == name)
-                    .map(|a| a.target.as_str())
-                    .collect();
-                have.dedup();
-                GpuError::Invalid(format!("kernel `{name}` has no `{target}` artifact (it has: {})", have.join(", ")))
-            },
-        )?;
-        self.load_gpu(gpu, a)
+        self.load_gpu(gpu, self.gpu_artifact(name, target)?)
+    }
+
+    /// The artifact of `name` (its default point) for `target`.
+    fn gpu_artifact(&self, name: &str, target: &str) -> Result<&Artifact, GpuError> {
+        let arts = &self.loaded.manifest.artifacts;
+        arts.iter().find(|a| a.kernel_id == name && a.target == target).ok_or_else(|| {
+            let mut have: Vec<&str> = arts.iter().filter(|a| a.kernel_id == name).map(|a| a.target.as_str()).collect();
+            have.dedup();
+            GpuError::Invalid(format!("kernel `{name}` has no `{target}` artifact (it has: {})", have.join(", ")))
+        })
     }
 
     /// A flash kernel with mods runs through a flash call, not a kernel's launch.
@@ -541,23 +530,10 @@ impl DslLibrary {
     fn load_gpu(&self, gpu: &Gpu, a: &Artifact) -> Result<GpuKernel, GpuError> {
         #[cfg(feature = "cuda")]
         {
-            let path = self.loaded.path_of(a);
-            let ptx =
-                std::fs::read_to_string(&path).map_err(|e| GpuError::Invalid(format!("{}: {e}", path.display())))?;
-            let threads = a.block.map(|b| b[0]).unwrap_or(128);
-            let mut kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
-            // MLIR's GPU form keeps its tiles in global scratch (the launch appends it).
-            kernel.scratch_bytes = a.scratch_bytes;
+            let (kernel, aligned) = self.load_entries(gpu, a)?;
             // Scalars are not named at the launch: an aligned entry that assumes a positive
             // one (a folded softmax scale) is not used.
-            let aligned = match a.aligned.as_ref().filter(|al| al.positive.is_empty()) {
-                Some(al) => {
-                    let mut k = gpu.cuda.load(&ptx, &al.entry, threads, a.dynamic_shared_memory)?;
-                    k.tensor_maps = al.tensor_maps.clone();
-                    Some((k, al.clone()))
-                }
-                None => None,
-            };
+            let aligned = aligned.filter(|(_, al)| al.positive.is_empty());
             Ok(GpuKernel { kernel, aligned, cuda: gpu.cuda.clone(), target: a.target.clone() })
         }
         #[cfg(not(feature = "cuda"))]
@@ -565,6 +541,32 @@ impl DslLibrary {
             let _ = a;
             match gpu._none {}
         }
+    }
+
+    /// Artifact `a`'s general entry and its aligned one (with its tensor maps), loaded.
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::type_complexity)]
+    fn load_entries(
+        &self,
+        gpu: &Gpu,
+        a: &Artifact,
+    ) -> Result<(crate::cuda::CudaKernel, Option<(crate::cuda::CudaKernel, ejc_ir::manifest::AlignedEntry)>), GpuError>
+    {
+        let path = self.loaded.path_of(a);
+        let ptx = std::fs::read_to_string(&path).map_err(|e| GpuError::Invalid(format!("{}: {e}", path.display())))?;
+        let threads = a.block.map(|b| b[0]).unwrap_or(128);
+        let mut kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
+        // MLIR's GPU form keeps its tiles in global scratch (the launch appends it).
+        kernel.scratch_bytes = a.scratch_bytes;
+        let aligned = match &a.aligned {
+            Some(al) => {
+                let mut k = gpu.cuda.load(&ptx, &al.entry, threads, a.dynamic_shared_memory)?;
+                k.tensor_maps = al.tensor_maps.clone();
+                Some((k, al.clone()))
+            }
+            None => None,
+        };
+        Ok((kernel, aligned))
     }
 }
 
@@ -579,29 +581,11 @@ impl DslLibrary {
             use ejc_ir::op::Operation;
             let bad = |e: String| GpuError::Invalid(e);
             let info = self.flash_info(name).map_err(|e| bad(e.to_string()))?;
-            let target = self.gpu_target(gpu, name)?;
-            let a = self
-                .loaded
-                .manifest
-                .artifacts
-                .iter()
-                .find(|a| a.kernel_id == name && a.target == target)
-                .ok_or_else(|| bad(format!("flash kernel `{name}` has no `{target}` artifact")))?;
+            let a = self.gpu_artifact(name, &self.gpu_target(gpu, name)?)?;
             let op = &ejc_ir::flash::op::FlashAttentionFwd;
             let features = info.features.to_json();
             let sizes = op.validate(&features, info.dtype, &a.instance.keys, call).map_err(bad)?;
-            let path = self.loaded.path_of(a);
-            let ptx = std::fs::read_to_string(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
-            let threads = a.block.map(|b| b[0]).unwrap_or(128);
-            let kernel = gpu.cuda.load(&ptx, &a.entry, threads, a.dynamic_shared_memory)?;
-            let aligned = match &a.aligned {
-                Some(al) => {
-                    let mut k = gpu.cuda.load(&ptx, &al.entry, threads, a.dynamic_shared_memory)?;
-                    k.tensor_maps = al.tensor_maps.clone();
-                    Some((k, al.clone()))
-                }
-                None => None,
-            };
+            let (kernel, aligned) = self.load_entries(gpu, a)?;
             let mut grid = Vec::new();
             for e in &a.grid {
                 grid.push(ejc_ir::ir::GridExpr::parse(e).map_err(bad)?);
