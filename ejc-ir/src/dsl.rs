@@ -86,6 +86,51 @@ impl<T: Elem, const R: usize> Clone for Tensor<T, R> {
 }
 impl<T: Elem, const R: usize> Copy for Tensor<T, R> {}
 
+/// A tensor a mask or score mod reads, on the host: the mod's `Tensor<T, R>` parameters
+/// take this type in the host function (`#[ej_kernel(mask_mod)]` rewrites them), so the
+/// same body, `doc[q_idx]` or `doc[[b, q_idx]]`, runs as plain Rust: a row-major view
+/// of `data` with `shape`. Reading outside the shape panics on the host; in a kernel it
+/// reads 0 (see docs/dsl.md).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorView<'a, T, const R: usize> {
+    data: &'a [T],
+    shape: [usize; R],
+}
+
+impl<'a, T, const R: usize> TensorView<'a, T, R> {
+    /// A view of `data` (row-major, `shape`); panics when the lengths disagree.
+    pub fn new(data: &'a [T], shape: [usize; R]) -> Self {
+        let n: usize = shape.iter().product();
+        assert_eq!(data.len(), n, "TensorView: {} elements for shape {shape:?}", data.len());
+        TensorView { data, shape }
+    }
+    pub fn shape(&self) -> [usize; R] {
+        self.shape
+    }
+    fn offset(&self, idx: [i32; R]) -> usize {
+        let mut o = 0usize;
+        for (a, (&i, &n)) in idx.iter().zip(&self.shape).enumerate() {
+            assert!(i >= 0 && (i as usize) < n, "TensorView: index {i} on axis {a} of shape {:?}", self.shape);
+            o = o * n + i as usize;
+        }
+        o
+    }
+}
+
+impl<T> std::ops::Index<i32> for TensorView<'_, T, 1> {
+    type Output = T;
+    fn index(&self, i: i32) -> &T {
+        &self.data[self.offset([i])]
+    }
+}
+
+impl<T, const R: usize> std::ops::Index<[i32; R]> for TensorView<'_, T, R> {
+    type Output = T;
+    fn index(&self, idx: [i32; R]) -> &T {
+        &self.data[self.offset(idx)]
+    }
+}
+
 /// A tile of a kernel.
 #[derive(Debug)]
 pub struct Tile<T: Elem>(PhantomData<T>);
@@ -560,34 +605,210 @@ impl<'b> Dsl<'b> {
 /// A compile-time integer argument of a kernel attribute, readable by its body.
 pub type Const = i64;
 
-/// A mask mod: `fn(batch, head, q_idx, kv_idx) -> bool`, true = attend.
+/// A mask mod: `fn(batch, head, q_idx, kv_idx, tensors...) -> bool`, true = attend.
 #[derive(Clone, Copy)]
 pub struct MaskMod {
     pub name: &'static str,
-    /// Build the predicate from index values (scalars or tiles).
-    pub expand: fn(&mut Dsl, V, V, V, V) -> V,
+    /// Build the predicate in a flash kernel's key loop (indices and tensors in `ctx`).
+    pub expand: fn(&mut Dsl, &ModCtx) -> V,
     /// When the predicate is a conjunction of affine comparisons of `q_idx` and
     /// `kv_idx`, its terms (`ir::MaskTerm` with constant operands) — then the flash
     /// kernel skips blocks it hides. `None`: partial everywhere.
     pub affine: Option<&'static [(MaskTerm, i64)]>,
+    /// The tensors the mod reads (its parameters after the indices): they become
+    /// parameters of every flash kernel the mod is compiled into.
+    pub tensors: &'static [ModTensor],
 }
 
-/// A score mod: `fn(score, batch, head, q_idx, kv_idx) -> score`.
+/// A score mod: `fn(score, batch, head, q_idx, kv_idx, tensors...) -> score`.
 #[derive(Clone, Copy)]
 pub struct ScoreMod {
     pub name: &'static str,
-    pub expand: fn(&mut Dsl, V, V, V, V, V) -> V,
+    pub expand: fn(&mut Dsl, V, &ModCtx) -> V,
+    pub tensors: &'static [ModTensor],
+}
+
+/// What indexes one axis of a tensor a mod reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModRole {
+    /// The batch index `b` itself (the sequence's index in a varlen batch).
+    Batch,
+    /// The query head `h` itself.
+    Head,
+    /// `q_idx` itself: the block's query rows.
+    Query,
+    /// `kv_idx` itself: the block's keys.
+    Key,
+    /// Another scalar expression of `b`, `h` and constants (`slopes[h / 2]`).
+    Other,
+}
+
+impl ModRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModRole::Batch => "b",
+            ModRole::Head => "h",
+            ModRole::Query => "q_idx",
+            ModRole::Key => "kv_idx",
+            ModRole::Other => "expr",
+        }
+    }
+}
+
+/// A tensor a mod reads: `doc: Tensor<i32, 2>` read as `doc[[b, q_idx]]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModTensor {
+    pub name: &'static str,
+    pub dtype: DType,
+    pub rank: usize,
+    /// Per axis, what the mod's reads index it by (every read, in order; an axis read
+    /// by `q_idx` in one place and `kv_idx` in another lists both).
+    pub axes: &'static [&'static [ModRole]],
+}
+
+/// A mod's tensor as a build's manifest records it (`features.mod_tensors`), for the
+/// runtime's checks of a call.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ModTensorSpec {
+    pub name: String,
+    pub dtype: String,
+    pub rank: usize,
+    /// Per axis: `b`, `h`, `q_idx`, `kv_idx` or `expr` (what the mod's reads index it by).
+    pub axes: Vec<Vec<String>>,
+}
+
+impl From<&ModTensor> for ModTensorSpec {
+    fn from(t: &ModTensor) -> Self {
+        ModTensorSpec {
+            name: t.name.to_string(),
+            dtype: t.dtype.to_string(),
+            rank: t.rank,
+            axes: t.axes.iter().map(|a| a.iter().map(|r| r.as_str().to_string()).collect()).collect(),
+        }
+    }
+}
+
+/// Check a flash call's tensors for its mods: each present, of its dtype and rank, and
+/// long enough on every axis its reads index by `b`, `h`, `q_idx` or `kv_idx` (the
+/// batch, or the number of sequences of a varlen batch; the query heads; the query and
+/// key lengths, or the longest sequence). `sizes` are the flash operation's.
+pub fn check_mod_tensors(
+    kernel: &str,
+    specs: &[ModTensorSpec],
+    call: &dyn crate::op::CallView,
+    sizes: &crate::op::Sizes,
+) -> Result<(), String> {
+    let size = |names: &[&str]| names.iter().find_map(|n| sizes.get(*n).copied());
+    for t in specs {
+        let shape = t.axes.iter().map(|a| a.join("|")).collect::<Vec<_>>().join(", ");
+        let Some(info) = call.tensor(&t.name) else {
+            return Err(format!(
+                "`{kernel}`'s mods read a tensor `{}` ({}, [{shape}]), which the call does not provide",
+                t.name, t.dtype
+            ));
+        };
+        if info.dtype.to_string() != t.dtype || info.shape.len() != t.rank {
+            return Err(format!(
+                "argument `{}` (read by `{kernel}`'s mods) must be a {} tensor of rank {}, got {} of shape {:?}",
+                t.name, t.dtype, t.rank, info.dtype, info.shape
+            ));
+        }
+        for (axis, roles) in t.axes.iter().enumerate() {
+            for r in roles {
+                let need = match r.as_str() {
+                    "b" => size(&["num_seqs", "batch"]),
+                    "h" => size(&["heads_q"]),
+                    "q_idx" => size(&["max_seqlen_q", "seq_q"]),
+                    "kv_idx" => size(&["max_seqlen_k", "seq_k"]),
+                    _ => None,
+                };
+                if let Some(n) = need {
+                    if (info.shape[axis] as i64) < n {
+                        return Err(format!(
+                            "argument `{}` has shape {:?}; `{kernel}`'s mods index its axis {axis} by `{r}`, which \
+                             runs to {n}",
+                            t.name, info.shape
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One index of a mod's tensor read, as the generated expansion passes it.
+#[derive(Clone, Copy, Debug)]
+pub enum ModIndex {
+    /// `q_idx`: the block's query rows (the result gains a `[BM, 1]` axis).
+    Query,
+    /// `kv_idx`: the block's keys (a `[1, BN]` axis).
+    Key,
+    /// A scalar index.
+    At(V),
+}
+
+/// What a mod's expansion sees in a flash kernel's key loop: the indices (`b` and `h`
+/// scalars, `q_idx` a `[BM, 1]` tile, `kv_idx` a `[1, BN]` tile), where the block
+/// starts, and the tensors it reads (kernel parameters).
+#[derive(Clone, Debug)]
+pub struct ModCtx {
+    pub b: V,
+    pub h: V,
+    pub q_idx: V,
+    pub kv_idx: V,
+    /// The first query row and key of the block.
+    pub q0: V,
+    pub kv0: V,
+    pub block_m: usize,
+    pub block_n: usize,
+    pub tensors: Vec<(&'static str, V)>,
+}
+
+impl<'b> Dsl<'b> {
+    /// `tensor[idx]` in a mod: a scalar for scalar indices; `q_idx` and `kv_idx` read
+    /// the block's rows and keys (a `[BM, 1]`, `[1, BN]` or `[BM, BN]` tile). Reads past
+    /// the tensor's extent give 0 (those rows and keys are outside the sequence, where
+    /// the kernel masks the scores anyway, unless the tensor is shorter than it).
+    pub fn mod_read(&mut self, ctx: &ModCtx, tensor: &str, idx: &[ModIndex]) -> V {
+        let t = ctx
+            .tensors
+            .iter()
+            .find(|(n, _)| *n == tensor)
+            .map(|(_, v)| *v)
+            .unwrap_or_else(|| panic!("mod tensor `{tensor}` is not a parameter of this kernel"));
+        let mut axes = Vec::new();
+        let mut tile = Vec::new();
+        for (i, x) in idx.iter().enumerate() {
+            axes.push(match *x {
+                ModIndex::At(v) => BAxis::Index(v),
+                ModIndex::Query | ModIndex::Key => {
+                    tile.push(*x);
+                    let limit = Some(self.b.dim(t, i as u8));
+                    let (start, size) =
+                        if matches!(x, ModIndex::Query) { (ctx.q0, ctx.block_m) } else { (ctx.kv0, ctx.block_n) };
+                    BAxis::Range { start, size, limit }
+                }
+            });
+        }
+        let v = self.b.load(t, axes, 0.0);
+        match tile.as_slice() {
+            [ModIndex::Query] => self.b.expand_dims(v, 1),
+            [ModIndex::Key] => self.b.expand_dims(v, 0),
+            _ => v,
+        }
+    }
 }
 
 impl std::fmt::Debug for MaskMod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MaskMod({}, affine: {:?})", self.name, self.affine)
+        write!(f, "MaskMod({}, affine: {:?}, tensors: {:?})", self.name, self.affine, self.tensors)
     }
 }
 
 impl std::fmt::Debug for ScoreMod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ScoreMod({})", self.name)
+        write!(f, "ScoreMod({}, tensors: {:?})", self.name, self.tensors)
     }
 }
 

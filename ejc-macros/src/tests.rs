@@ -57,7 +57,17 @@ fn mod_expansion() {
             }
         },
     );
-    snap!("ej_kernel__expansion_mods", format!("{mask}\n// ----\n\n{score}"));
+    // A mod reading a tensor: its host function takes a `TensorView`, its expansion reads
+    // the block's rows and keys (`mod_read`), and `MOD.tensors` says what indexes each axis.
+    let doc = expanded(
+        quote!(mask_mod),
+        quote! {
+            pub fn document(b: i32, _h: i32, q_idx: i32, kv_idx: i32, doc: Tensor<i32, 2>) -> bool {
+                doc[[b, q_idx]] == doc[[b, kv_idx]]
+            }
+        },
+    );
+    snap!("ej_kernel__expansion_mods", format!("{mask}\n// ----\n\n{score}\n// ----\n\n{doc}"));
 }
 
 #[test]

@@ -33,6 +33,13 @@ fn main() {
             "flash_causal_window",
             flash(FlashHooks { mask_mod: Some(kernels::causal_window::MOD), score_mod: None }),
         )
+        .flash(
+            "flash_document_slopes",
+            flash(FlashHooks {
+                mask_mod: Some(kernels::document_causal::MOD),
+                score_mod: Some(kernels::alibi_slopes::MOD),
+            }),
+        )
         .compile()
         .unwrap_or_else(|e| panic!("compiling the #[ej_kernel] kernels failed: {e}"));
 }

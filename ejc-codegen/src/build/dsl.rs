@@ -281,6 +281,26 @@ impl DslBuild {
                     if let Some(s) = f.hooks.score_mod {
                         features.insert("score_mod".into(), s.name.into());
                     }
+                    // The tensors the mods read, for the runtime's checks of a call.
+                    let mut mod_tensors: Vec<ejc_ir::dsl::ModTensorSpec> = Vec::new();
+                    let lists = [f.hooks.mask_mod.map(|m| m.tensors), f.hooks.score_mod.map(|m| m.tensors)];
+                    for t in lists.into_iter().flatten().flatten() {
+                        let spec = ejc_ir::dsl::ModTensorSpec::from(t);
+                        match mod_tensors.iter_mut().find(|x| x.name == spec.name) {
+                            Some(x) => {
+                                for (a, roles) in x.axes.iter_mut().zip(spec.axes) {
+                                    a.extend(roles.into_iter().filter(|r| !a.contains(r)).collect::<Vec<_>>());
+                                }
+                            }
+                            None => mod_tensors.push(spec),
+                        }
+                    }
+                    if !mod_tensors.is_empty() {
+                        features.insert(
+                            "mod_tensors".into(),
+                            serde_json::to_value(&mod_tensors).expect("mod tensors serialise"),
+                        );
+                    }
                     let mut config = BTreeMap::new();
                     config.insert("block_m".to_string(), f.block_m as u32);
                     config.insert("block_n".to_string(), f.block_n as u32);

@@ -325,8 +325,19 @@ pub fn run_interp_with_stats(
     rt: &FlashRuntime,
     inputs: &FlashInputs,
 ) -> Result<(FlashOutputs, Stats), String> {
+    run_interp_with_args(kernel, rt, inputs, &[])
+}
+
+/// [`run_interp_with_stats`] with more named arguments (the tensors of mods that read
+/// tensors, e.g. `doc`).
+pub fn run_interp_with_args(
+    kernel: &Kernel,
+    rt: &FlashRuntime,
+    inputs: &FlashInputs,
+    extra: &[(&str, Arg)],
+) -> Result<(FlashOutputs, Stats), String> {
     let outputs = alloc_outputs(inputs);
-    let mut args = bind_args(kernel, rt, inputs, &outputs)?;
+    let mut args = bind_args_with(kernel, rt, inputs, &outputs, extra)?;
     let grid = launch_grid(kernel, inputs)?;
     let stats = launch_with_stats(kernel, &mut args, grid).map_err(|e| format!("interpreter: {e}"))?;
     let pos = |n: &str| kernel.params.iter().position(|p| p.name == n);

@@ -23,7 +23,7 @@ use std::f64::consts::LOG2_E;
 
 use super::features::{Features, SoftCap, Window};
 use crate::builder::{Axis, KernelBuilder};
-use crate::dsl::{Dsl, MaskMod, ScoreMod};
+use crate::dsl::{Dsl, MaskMod, ModCtx, ModTensor, ScoreMod};
 use crate::ir::{BinOp, CmpPred, Kernel, MaskTerm, UnOp, Value};
 use crate::types::DType;
 use crate::verify::VerifyError;
@@ -86,6 +86,41 @@ pub fn build_flash_kernel_with(
     hooks: &FlashHooks,
 ) -> Result<Kernel, VerifyError> {
     build_flash(name, f, dtype, head_dim.into(), block_m, block_n, hooks, Output::Forward)
+}
+
+/// The tensors the mods read, as parameters after the operation's own (one parameter
+/// per name: two mods reading `doc` share it, if they agree on its dtype and rank).
+fn mod_tensor_params(
+    b: &mut KernelBuilder,
+    name: &str,
+    hooks: &FlashHooks,
+    abi: &[&str],
+) -> Result<Vec<(&'static str, Value)>, VerifyError> {
+    let err = |message: String| VerifyError { kernel: name.to_string(), location: "while building".into(), message };
+    let mut out: Vec<(&'static str, Value, ModTensor)> = Vec::new();
+    let lists = [hooks.mask_mod.map(|m| m.tensors), hooks.score_mod.map(|m| m.tensors)];
+    for t in lists.into_iter().flatten().flatten() {
+        if abi.contains(&t.name) {
+            return Err(err(format!(
+                "the mod's tensor `{}` has the name of one of the flash kernel's own parameters; rename it",
+                t.name
+            )));
+        }
+        match out.iter().find(|(n, ..)| *n == t.name) {
+            Some((_, _, prev)) if prev.dtype != t.dtype || prev.rank != t.rank => {
+                return Err(err(format!(
+                    "both mods read a tensor `{}`, as {} rank {} and as {} rank {}; rename one",
+                    t.name, prev.dtype, prev.rank, t.dtype, t.rank
+                )))
+            }
+            Some(_) => {}
+            None => {
+                let v = b.param(t.name, crate::types::Type::Tensor(t.dtype, t.rank));
+                out.push((t.name, v, *t));
+            }
+        }
+    }
+    Ok(out.into_iter().map(|(n, v, _)| (n, v)).collect())
 }
 
 /// Split-KV's kernels take dense batches only: a varlen variant is an error.
@@ -153,7 +188,13 @@ fn build_flash(
     let split_kv = output == Output::SplitPartial;
     let mut b = KernelBuilder::new(name);
     let abi = if split_kv { abi_params_partial(f, dtype) } else { abi_params(f, dtype) };
-    let params: Vec<(&str, Value)> = abi.into_iter().map(|p| (p.name, b.param(p.name, p.ty))).collect();
+    // Tensors first, then the mods' tensors, then the scalars (the launch ABI passes
+    // every tensor before the scalars).
+    let (tensors, scalars): (Vec<_>, Vec<_>) = abi.into_iter().partition(|p| p.ty.is_tensor());
+    let mut params: Vec<(&str, Value)> = tensors.iter().map(|p| (p.name, b.param(p.name, p.ty.clone()))).collect();
+    let names: Vec<&str> = tensors.iter().chain(&scalars).map(|p| p.name).collect();
+    let mod_tensors = mod_tensor_params(&mut b, name, hooks, &names)?;
+    params.extend(scalars.iter().map(|p| (p.name, b.param(p.name, p.ty.clone()))));
     let param = |n: &str| {
         params
             .iter()
@@ -350,8 +391,22 @@ fn build_flash(
             let c = b.add(c, j0);
             b.expand_dims(c, 0)
         });
-        if let (Some(sm), Some(qi), Some(ki)) = (hooks.score_mod, q_idx, kv_idx) {
-            s = (sm.expand)(&mut Dsl::new(b), s, batch, head, qi, ki);
+        let ctx = match (q_idx, kv_idx) {
+            (Some(q_idx), Some(kv_idx)) => Some(ModCtx {
+                b: batch,
+                h: head,
+                q_idx,
+                kv_idx,
+                q0: i0,
+                kv0: j0,
+                block_m: bm,
+                block_n: bn,
+                tensors: mod_tensors.clone(),
+            }),
+            _ => None,
+        };
+        if let (Some(sm), Some(ctx)) = (hooks.score_mod, &ctx) {
+            s = (sm.expand)(&mut Dsl::new(b), s, ctx);
         }
         if let Some((inv, out)) = cap_factors {
             let x = match inv {
@@ -364,8 +419,8 @@ fn build_flash(
             s = b.mul(s, log2e);
         }
         s = b.mask_apply(s, i0, j0, &terms);
-        if let (Some(mm), None, Some(qi), Some(ki)) = (hooks.mask_mod, mask_mod_terms, q_idx, kv_idx) {
-            let visible = (mm.expand)(&mut Dsl::new(b), batch, head, qi, ki);
+        if let (Some(mm), None, Some(ctx)) = (hooks.mask_mod, mask_mod_terms, &ctx) {
+            let visible = (mm.expand)(&mut Dsl::new(b), ctx);
             s = b.select(visible, s, neg_inf);
         }
         if f.mask {

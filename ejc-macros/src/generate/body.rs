@@ -31,6 +31,109 @@ pub struct Scope {
     /// Whether `#[ej_kernel(helper)]` functions may be called (kernels and helpers; a
     /// mod is also a host function, where a helper cannot run).
     pub helpers: bool,
+    /// In a mod: its index names and the tensors it may index.
+    pub mods: Option<ModScope>,
+}
+
+/// A mod's names: the four indices and its tensors (name, rank); the reads the
+/// generator meets are recorded (per tensor, per axis, what indexes it).
+#[derive(Clone)]
+pub struct ModScope {
+    pub b: String,
+    pub h: String,
+    pub q: String,
+    pub kv: String,
+    pub tensors: Vec<(String, usize)>,
+    pub reads: std::rc::Rc<std::cell::RefCell<Vec<Read>>>,
+}
+
+/// One tensor read of a mod: the tensor and, per axis, what indexes it.
+pub type Read = (String, Vec<&'static str>);
+
+/// Whether `e` is integer arithmetic of the names in `ok` and the constants.
+fn scalar_index(e: &Expr_, ok: &[&str], scope: &Scope) -> bool {
+    match e {
+        Expr_::Int(..) => true,
+        Expr_::Var(id) => {
+            let n = id.to_string();
+            ok.contains(&n.as_str()) || scope.consts.contains_key(&n)
+        }
+        Expr_::Neg(x, _) => scalar_index(x, ok, scope),
+        Expr_::Bin(Bin::Add | Bin::Sub | Bin::Mul | Bin::Div | Bin::Rem, a, b, _) => {
+            scalar_index(a, ok, scope) && scalar_index(b, ok, scope)
+        }
+        _ => false,
+    }
+}
+
+/// `t[i]` / `t[[i, j]]` in a mod.
+fn mod_read(id: &syn::Ident, idx: &[Expr_], span: Span, scope: &Scope) -> syn::Result<TokenStream> {
+    let Some(m) = &scope.mods else {
+        return Err(err(
+            span,
+            "indexing is not supported in a kernel; use `load(tensor, [at(i), span(start, n, limit)])`",
+        ));
+    };
+    let n = id.to_string();
+    let Some((_, rank)) = m.tensors.iter().find(|t| t.0 == n) else {
+        return Err(err(id.span(), format!("`{n}` is not a tensor parameter of this mod; only those are indexed")));
+    };
+    if idx.len() != *rank {
+        let example = match rank {
+            1 => format!("`{n}[q_idx]`"),
+            2 => format!("`{n}[[b, q_idx]]`"),
+            3 => format!("`{n}[[b, h, q_idx]]`"),
+            _ => format!("`{n}[[b, h, q_idx, kv_idx]]`"),
+        };
+        let what = if *rank == 1 { "one index".to_string() } else { format!("{rank} indices") };
+        return Err(err(span, format!("`{n}` has rank {rank}: index it with {what}, e.g. {example}")));
+    }
+    let mut items = Vec::new();
+    let mut roles = Vec::new();
+    let (mut seen_q, mut seen_kv) = (false, false);
+    for e in idx {
+        let name = if let Expr_::Var(v) = e { Some(v.to_string()) } else { None };
+        let (item, role) = match name.as_deref() {
+            Some(x) if x == m.q && !seen_q && !seen_kv => {
+                seen_q = true;
+                (quote!(::ejc_ir::dsl::ModIndex::Query), "q_idx")
+            }
+            Some(x) if x == m.kv && !seen_kv => {
+                seen_kv = true;
+                (quote!(::ejc_ir::dsl::ModIndex::Key), "kv_idx")
+            }
+            Some(x) if x == m.q || x == m.kv => {
+                return Err(err(
+                    e.span(),
+                    "a tensor read indexes by `q_idx` at most once and by `kv_idx` at most once, `q_idx` on an \
+                     earlier axis than `kv_idx` (the read is a `[BM, BN]` tile)",
+                ))
+            }
+            _ => {
+                if !scalar_index(e, &[&m.b, &m.h], scope) {
+                    return Err(err(
+                        e.span(),
+                        format!(
+                            "a mod's tensor is indexed by `{}` or `{}` themselves, or by integer arithmetic of `{}`, \
+                             `{}` and constants",
+                            m.q, m.kv, m.b, m.h
+                        ),
+                    ));
+                }
+                let v = expr(e, scope)?;
+                let role = match name.as_deref() {
+                    Some(x) if x == m.b => "b",
+                    Some(x) if x == m.h => "h",
+                    _ => "expr",
+                };
+                (quote!(::ejc_ir::dsl::ModIndex::At({ #v })), role)
+            }
+        };
+        items.push(item);
+        roles.push(role);
+    }
+    m.reads.borrow_mut().push((n.clone(), roles));
+    Ok(quote_spanned!(span=> { let __i = [#(#items),*]; __d.mod_read(__ctx, #n, &__i) }))
 }
 
 fn err(span: Span, msg: impl Into<String>) -> syn::Error {
@@ -357,6 +460,12 @@ pub fn expr(e: &Expr_, scope: &Scope) -> syn::Result<TokenStream> {
         Expr_::Bool(b, _) => quote! { __d.boolean(#b) },
         Expr_::Var(id) => {
             let n = id.to_string();
+            if scope.mods.as_ref().is_some_and(|m| m.tensors.iter().any(|t| t.0 == n)) {
+                return Err(err(
+                    id.span(),
+                    format!("tensor `{n}` is read by indexing it: `{n}[q_idx]`, `{n}[[b, kv_idx]]`"),
+                ));
+            }
             if scope.tensors.contains(&n) {
                 return Err(err(id.span(), format!("tensor `{n}` is read with `load({n}, [...])`")));
             }
@@ -396,6 +505,7 @@ pub fn expr(e: &Expr_, scope: &Scope) -> syn::Result<TokenStream> {
         Expr_::Array(_, s) => {
             return Err(err(*s, "arrays only appear as the axes of load/store and the shape of full"))
         }
+        Expr_::Index(id, idx, span) => mod_read(id, idx, *span, scope)?,
         Expr_::If(c, ts, tt, es, et, _) => {
             let c = expr(c, scope)?;
             for list in [ts, es] {
@@ -418,6 +528,7 @@ pub fn expr(e: &Expr_, scope: &Scope) -> syn::Result<TokenStream> {
                 locals: scope.locals.clone(),
                 tile_conditions: scope.tile_conditions,
                 helpers: scope.helpers,
+                mods: scope.mods.clone(),
             };
             inner.locals.push(Vec::new());
             let tstmts = stmts(ts, &mut inner)?;

@@ -96,6 +96,7 @@ pub fn generate(f: &ItemFn, attr: &Attr, body: &[Stmt], tail: Option<&Expr_>) ->
         locals: vec![values.iter().map(|v| v.to_string()).collect()],
         tile_conditions: false,
         helpers: true,
+        mods: None,
     };
     let code = stmts(body, &mut scope)?;
     let value = match tail {

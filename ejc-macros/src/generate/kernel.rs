@@ -151,6 +151,7 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt]) -> syn
             locals: vec![Vec::new()],
             tile_conditions: false,
             helpers: true,
+            mods: None,
         };
         let code = stmts(body, &mut scope).map_err(|e| {
             if i == 0 {

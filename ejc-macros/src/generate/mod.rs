@@ -122,6 +122,10 @@ pub fn fallback(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     });
     if kind != Kind::Kernel {
+        let mut f = f;
+        if matches!(kind, Kind::MaskMod | Kind::ScoreMod) {
+            mods::host_signature(&mut f);
+        }
         return quote!(#[allow(unused)] #f);
     }
     let mut sig = f.sig.clone();

@@ -13,10 +13,10 @@ use proc_macro2::TokenStream;
 use quote::quote;
 use syn::ItemFn;
 
-use super::body::{expr, stmts, Scope};
+use super::body::{expr, stmts, ModScope, Scope};
 use crate::parse::attr::{Attr, Kind};
 use crate::parse::body::{Bin, Expr_, Stmt};
-use crate::parse::signature::Param;
+use crate::parse::signature::{Elem, Param, ParamTy};
 
 /// `a·q + b·kv + c`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -88,28 +88,111 @@ fn term(e: &Expr_, q: &str, kv: &str, consts: &HashMap<String, i64>) -> Option<V
     }
 }
 
+/// On the host, a tensor a mod reads is a `TensorView` (`doc[q_idx]` indexes it): the
+/// function's `Tensor<T, R>` parameters become `ejc_ir::dsl::TensorView<'_, T, R>`.
+pub fn host_signature(func: &mut ItemFn) {
+    for input in func.sig.inputs.iter_mut() {
+        let syn::FnArg::Typed(pt) = input else { continue };
+        let syn::Type::Path(p) = &*pt.ty else { continue };
+        let Some(last) = p.path.segments.last() else { continue };
+        if last.ident != "Tensor" {
+            continue;
+        }
+        let syn::PathArguments::AngleBracketed(args) = &last.arguments else { continue };
+        if args.args.len() != 2 {
+            continue;
+        }
+        let (t, r) = (&args.args[0], &args.args[1]);
+        *pt.ty = syn::parse_quote!(::ejc_ir::dsl::TensorView<'_, #t, #r>);
+    }
+}
+
 pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: &Expr_) -> syn::Result<TokenStream> {
     let name = &f.sig.ident;
     let name_str = name.to_string();
     let vis = &f.vis;
     let consts: HashMap<String, i64> = attr.consts.iter().map(|c| (c.name.to_string(), c.value)).collect();
+    // The index parameters (after `score` in a score mod), then the tensors.
+    let first = if attr.kind == Kind::ScoreMod { 1 } else { 0 };
+    let index_names: Vec<String> = params[first..first + 4].iter().map(|p| p.name.to_string()).collect();
+    let tensor_params: Vec<(&Param, Elem, usize)> = params[first + 4..]
+        .iter()
+        .filter_map(|p| match p.ty {
+            ParamTy::Tensor { elem, rank } => Some((p, elem, rank)),
+            ParamTy::Scalar(_) => None,
+        })
+        .collect();
+    let mods = ModScope {
+        b: index_names[0].clone(),
+        h: index_names[1].clone(),
+        q: index_names[2].clone(),
+        kv: index_names[3].clone(),
+        tensors: tensor_params.iter().map(|(p, _, r)| (p.name.to_string(), *r)).collect(),
+        reads: Default::default(),
+    };
     let mut scope = Scope {
         consts: consts.clone(),
         tensors: Vec::new(),
-        readonly: params.iter().map(|p| p.name.to_string()).collect(),
+        readonly: params[..first + 4].iter().map(|p| p.name.to_string()).collect(),
         locals: vec![Vec::new()],
         tile_conditions: true,
         helpers: false,
+        mods: Some(mods.clone()),
     };
     let code = stmts(body, &mut scope)?;
     let value = expr(tail, &scope)?;
-    let names: Vec<&syn::Ident> = params.iter().map(|p| &p.name).collect();
+    let v = quote!(::ejc_ir::ir::Value);
     let const_values = attr.consts.iter().map(|c| {
         let (n, v) = (&c.name, c.value);
         quote! { let #n: ::ejc_ir::ir::Value = __d.int(#v); }
     });
-    let v = quote!(::ejc_ir::ir::Value);
-    let expand_params = names.iter().map(|n| quote!(#n: #v));
+    let index_idents: Vec<&syn::Ident> = params[first..first + 4].iter().map(|p| &p.name).collect();
+    let [ib, ih, iq, ikv] = [index_idents[0], index_idents[1], index_idents[2], index_idents[3]];
+    let bind_indices = quote! {
+        let #ib: #v = __ctx.b;
+        let #ih: #v = __ctx.h;
+        let #iq: #v = __ctx.q_idx;
+        let #ikv: #v = __ctx.kv_idx;
+    };
+    let score_param = if attr.kind == Kind::ScoreMod {
+        let s = &params[0].name;
+        quote!(#s: #v,)
+    } else {
+        quote!()
+    };
+
+    // What every axis of every tensor is indexed by (for the runtime's shape checks).
+    let reads = mods.reads.borrow();
+    let tensor_items = tensor_params.iter().map(|(p, elem, rank)| {
+        let n = p.name.to_string();
+        let d = syn::Ident::new(elem.dtype(), proc_macro2::Span::call_site());
+        let axes = (0..*rank).map(|a| {
+            let mut roles: Vec<&str> = Vec::new();
+            for (t, r) in reads.iter() {
+                if *t == n && !roles.contains(&r[a]) {
+                    roles.push(r[a]);
+                }
+            }
+            let roles = roles.iter().map(|r| {
+                let id = syn::Ident::new(
+                    match *r {
+                        "b" => "Batch",
+                        "h" => "Head",
+                        "q_idx" => "Query",
+                        "kv_idx" => "Key",
+                        _ => "Other",
+                    },
+                    proc_macro2::Span::call_site(),
+                );
+                quote!(::ejc_ir::dsl::ModRole::#id)
+            });
+            quote!(&[#(#roles),*])
+        });
+        quote! {
+            ::ejc_ir::dsl::ModTensor { name: #n, dtype: ::ejc_ir::types::DType::#d, rank: #rank, axes: &[#(#axes),*] }
+        }
+    });
+    let tensors = quote!(tensors: &[#(#tensor_items),*]);
 
     let (ty, variant, extra) = if attr.kind == Kind::MaskMod {
         // Affine analysis only on a body that is a single expression.
@@ -128,9 +211,9 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: 
             }
             None => quote!(::core::option::Option::None),
         };
-        (quote!(::ejc_ir::dsl::MaskMod), quote!(MaskMod), quote!(, affine: #affine))
+        (quote!(::ejc_ir::dsl::MaskMod), quote!(MaskMod), quote!(, affine: #affine, #tensors))
     } else {
-        (quote!(::ejc_ir::dsl::ScoreMod), quote!(ScoreMod), quote!())
+        (quote!(::ejc_ir::dsl::ScoreMod), quote!(ScoreMod), quote!(, #tensors))
     };
 
     // The function itself, constants declared inside.
@@ -141,6 +224,7 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: 
     });
     let stmts_orig = &f.block.stmts;
     func.block = syn::parse_quote!({ #(#decls)* #(#stmts_orig)* });
+    host_signature(&mut func);
 
     Ok(quote! {
         #[allow(clippy::all)]
@@ -157,7 +241,8 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: 
 
             #[doc(hidden)]
             #[allow(unused_mut, unused_variables, non_snake_case, unused_braces)]
-            pub fn __ejc_expand(__d: &mut ::ejc_ir::dsl::Dsl, #(#expand_params),*) -> #v {
+            pub fn __ejc_expand(__d: &mut ::ejc_ir::dsl::Dsl, #score_param __ctx: &::ejc_ir::dsl::ModCtx) -> #v {
+                #bind_indices
                 #(#const_values)*
                 #code
                 #value

@@ -113,6 +113,8 @@ pub enum Expr_ {
     Cast(Box<Expr_>, Elem, Span),
     If(Box<Expr_>, Vec<Stmt>, Box<Expr_>, Vec<Stmt>, Box<Expr_>, Span),
     Array(Vec<Expr_>, Span),
+    /// `t[i]` / `t[[i, j]]`: a mod reading a tensor (kernels use `load`).
+    Index(syn::Ident, Vec<Expr_>, Span),
 }
 
 impl Expr_ {
@@ -121,7 +123,7 @@ impl Expr_ {
             Expr_::Int(_, s) | Expr_::Float(_, s) | Expr_::Bool(_, s) | Expr_::Neg(_, s) | Expr_::Not(_, s) => *s,
             Expr_::Var(i) => i.span(),
             Expr_::Bin(_, _, _, s) | Expr_::Call(_, _, s) | Expr_::Method(_, _, _, _, s) | Expr_::Cast(_, _, s) => *s,
-            Expr_::If(.., s) | Expr_::Array(_, s) | Expr_::Helper(_, _, s) => *s,
+            Expr_::If(.., s) | Expr_::Array(_, s) | Expr_::Helper(_, _, s) | Expr_::Index(_, _, s) => *s,
         }
     }
 }
@@ -482,8 +484,18 @@ pub fn expr(e: &Expr) -> syn::Result<Expr_> {
         Expr::Reference(_) => {
             return Err(err(span, "references are not part of the DSL (tiles and tensors are passed by value)"))
         }
-        Expr::Index(_) => {
-            return Err(err(span, "indexing is not supported; use `load(tensor, [at(i), span(start, n, limit)])`"))
+        Expr::Index(ix) => {
+            let Expr::Path(p) = &*ix.expr else {
+                return Err(err(ix.expr.span(), "only a tensor parameter is indexed: `doc[q_idx]`"));
+            };
+            let Some(id) = p.path.get_ident() else {
+                return Err(err(ix.expr.span(), "only a tensor parameter is indexed: `doc[q_idx]`"));
+            };
+            let idx = match &*ix.index {
+                Expr::Array(a) => a.elems.iter().map(expr).collect::<syn::Result<_>>()?,
+                one => vec![expr(one)?],
+            };
+            Expr_::Index(id.clone(), idx, span)
         }
         Expr::Struct(_) | Expr::Tuple(_) => return Err(err(span, "structs and tuples are not part of the DSL")),
         Expr::Unsafe(_) => return Err(err(span, "`unsafe` is not part of the DSL")),

@@ -143,8 +143,8 @@ pub fn parse(f: &ItemFn, kind: Kind) -> syn::Result<Vec<Param>> {
                 (5, "fn(score: f32, b: i32, h: i32, q_idx: i32, kv_idx: i32) -> f32", "f32")
             };
             let ok_ret = matches!(&sig.output, ReturnType::Type(_, t) if quote::quote!(#t).to_string() == ret);
-            let ok_params = params.len() == n
-                && params.iter().enumerate().all(|(i, p)| {
+            let ok_params = params.len() >= n
+                && params[..n].iter().enumerate().all(|(i, p)| {
                     let want = if kind == Kind::ScoreMod && i == 0 { Elem::F32 } else { Elem::I32 };
                     matches!(p.ty, ParamTy::Scalar(e) if e == want)
                 });
@@ -152,10 +152,32 @@ pub fn parse(f: &ItemFn, kind: Kind) -> syn::Result<Vec<Param>> {
                 return Err(syn::Error::new_spanned(
                     &f.sig,
                     format!(
-                        "a {} has the signature `{what}`",
+                        "a {} has the signature `{what}`, optionally followed by the tensors it reads \
+                         (`doc: Tensor<i32, 1>`)",
                         if kind == Kind::MaskMod { "mask mod" } else { "score mod" }
                     ),
                 ));
+            }
+            // The tensors a mod reads: host-representable elements (the mod is also a
+            // plain Rust function over `TensorView`s).
+            for (p, input) in params[n..].iter().zip(sig.inputs.iter().skip(n)) {
+                match p.ty {
+                    ParamTy::Tensor { elem: Elem::F32 | Elem::I32 | Elem::U32 | Elem::Bool, .. } => {}
+                    ParamTy::Tensor { .. } => {
+                        return Err(syn::Error::new_spanned(
+                            input,
+                            "a mod's tensor holds f32, i32, u32 or bool (the mod also runs on the host, which has \
+                             no bf16/f16 arithmetic)",
+                        ))
+                    }
+                    ParamTy::Scalar(_) => {
+                        return Err(syn::Error::new_spanned(
+                            input,
+                            "after its indices a mod takes only tensors (`doc: Tensor<i32, 1>`); a constant is an \
+                             attribute argument (`#[ej_kernel(mask_mod, prefix = 16)]`)",
+                        ))
+                    }
+                }
             }
         }
     }

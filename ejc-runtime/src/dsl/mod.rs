@@ -43,6 +43,8 @@ pub struct FlashKernelInfo {
     pub block_m: usize,
     pub mask_mod: Option<String>,
     pub score_mod: Option<String>,
+    /// The tensors the mods read (a call passes them by these names).
+    pub mod_tensors: Vec<ejc_ir::dsl::ModTensorSpec>,
 }
 
 pub struct DslLibrary {
@@ -130,6 +132,10 @@ impl DslLibrary {
         let name_of = |v: Option<serde_json::Value>| v.and_then(|v| v.as_str().map(str::to_string));
         let mask_mod = name_of(f.remove("mask_mod"));
         let score_mod = name_of(f.remove("score_mod"));
+        let mod_tensors = match f.remove("mod_tensors") {
+            Some(v) => serde_json::from_value(v).map_err(|e| invalid(format!("`{name}`: bad mod_tensors: {e}")))?,
+            None => Vec::new(),
+        };
         Ok(FlashKernelInfo {
             features: Features::from_json(&f).map_err(invalid)?,
             dtype: a.instance.dtype.parse().map_err(invalid)?,
@@ -137,6 +143,7 @@ impl DslLibrary {
             block_m: a.config.get("block_m").copied().unwrap_or(0) as usize,
             mask_mod,
             score_mod,
+            mod_tensors,
         })
     }
 
@@ -150,6 +157,7 @@ impl DslLibrary {
         let op = &ejc_ir::flash::op::FlashAttentionFwd;
         let keys = a.instance.keys.clone();
         let sizes = op.validate(&info.features.to_json(), info.dtype, &keys, call).map_err(invalid)?;
+        ejc_ir::dsl::check_mod_tensors(name, &info.mod_tensors, call, &sizes).map_err(invalid)?;
         let kernel = self.kernel(name)?;
         let grid = {
             let mut g = Vec::new();
@@ -585,6 +593,7 @@ impl DslLibrary {
             let op = &ejc_ir::flash::op::FlashAttentionFwd;
             let features = info.features.to_json();
             let sizes = op.validate(&features, info.dtype, &a.instance.keys, call).map_err(bad)?;
+            ejc_ir::dsl::check_mod_tensors(name, &info.mod_tensors, call, &sizes).map_err(bad)?;
             let (kernel, aligned) = self.load_entries(gpu, a)?;
             let mut grid = Vec::new();
             for e in &a.grid {

@@ -121,6 +121,20 @@ pub fn causal_window(_b: i32, _h: i32, q_idx: i32, kv_idx: i32) -> bool {
     kv_idx <= q_idx && q_idx - kv_idx < WINDOW
 }
 
+/// Document masking, FlexAttention's most common mod: a query sees the keys of its own
+/// document, up to itself. `doc[[b, i]]` is the document of token `i` of batch entry `b`
+/// (a tensor the flash kernel takes as a parameter named `doc`).
+#[ej_kernel(mask_mod)]
+pub fn document_causal(b: i32, _h: i32, q_idx: i32, kv_idx: i32, doc: Tensor<i32, 2>) -> bool {
+    doc[[b, q_idx]] == doc[[b, kv_idx]] && kv_idx <= q_idx
+}
+
+/// ALiBi with learned (or any) per-head slopes, read from a tensor `slopes[h]`.
+#[ej_kernel(score_mod)]
+pub fn alibi_slopes(score: f32, _b: i32, h: i32, q_idx: i32, kv_idx: i32, slopes: Tensor<f32, 1>) -> f32 {
+    score - slopes[h] * (q_idx - kv_idx) as f32
+}
+
 /// ALiBi: scores fall linearly with distance, with per-head slopes `2^(-8(h+1)/HEADS)`.
 #[ej_kernel(score_mod, heads = 4)]
 pub fn alibi(score: f32, _b: i32, h: i32, q_idx: i32, kv_idx: i32) -> f32 {

@@ -3,14 +3,16 @@
 //! (`EJC_TEST_SEED` replays). Tolerances are DESIGN.md's (f32: ‖Δ‖/‖ref‖ ≤ 1e-5).
 
 use ejc_dsl_demo::kernels::{
-    accumulate, accumulate_config, alibi, causal_window, matmul_bf16, matmul_bf16_config, matmul_f16, prefix_lm,
-    rms_norm_bf16, rms_norm_bf16_config, rms_norm_f32, rms_norm_f32_config, scaled_matmul, softmax_bf16, softmax_f32,
+    accumulate, accumulate_config, alibi, alibi_slopes, causal_window, document_causal, matmul_bf16,
+    matmul_bf16_config, matmul_f16, prefix_lm, rms_norm_bf16, rms_norm_bf16_config, rms_norm_f32, rms_norm_f32_config,
+    scaled_matmul, softmax_bf16, softmax_f32,
 };
 use ejc_dsl_demo::library;
 use ejc_ir::flash::inputs::{default_runtime, random_inputs};
 use ejc_ir::flash::reference::{reference_with_mods, Mods};
 use ejc_ir::flash::Features;
 use ejc_ir::flash::FlashShape;
+use ejc_ir::interp::Arg;
 use ejc_ir::ir::MaskTerm;
 use ejc_ir::tensor::HostTensor;
 use ejc_ir::types::DType;
@@ -151,6 +153,137 @@ fn flash_with_affine_mask_mod_matches_the_reference() {
     assert_close(&lse.to_vec(), &want.lse.to_vec(), &format!("flash + causal_window lse seed={seed}"));
 }
 
+/// `flash_document_slopes`'s IR as build.rs compiles it (f32, d 64, 32 x 32), after the
+/// pass pipeline.
+fn flash_document_slopes_ir() -> ejc_ir::ir::Kernel {
+    let hooks = ejc_ir::flash::FlashHooks { mask_mod: Some(document_causal::MOD), score_mod: Some(alibi_slopes::MOD) };
+    let k =
+        ejc_ir::flash::build_flash_kernel_with("doc", &Features::default(), DType::F32, 64, 32, 32, &hooks).unwrap();
+    ejc_ir::passes::run_pipeline(&k, &ejc_ir::passes::default_pipeline()).unwrap()
+}
+
+/// Run a flash kernel's IR compiled by MLIR for this CPU on `call` (the runtime's host
+/// plan binds the call's tensors by name, the mods' ones included).
+fn run_through_mlir(ir: &ejc_ir::ir::Kernel, f: &Features, call: &mut Call) {
+    use ejc_ir::op::Operation;
+    struct Launch(ejc_codegen::mlir::exec::CpuKernel);
+    impl ejc_runtime::exec::HostLaunch for Launch {
+        unsafe fn launch(
+            &self,
+            tensors: &[ejc_ir::cpu_abi::EjcTensor],
+            scalars: &[u64],
+            grid: [i64; 3],
+            threads: usize,
+        ) -> Result<(), String> {
+            self.0.launch(tensors, scalars, grid, threads).map_err(|e| e.to_string())
+        }
+    }
+    let kernel = Launch(ejc_codegen::mlir::exec::CpuKernel::compile(ir).unwrap());
+    let op = &ejc_ir::flash::op::FlashAttentionFwd;
+    let keys = std::collections::BTreeMap::from([("head_dim".to_string(), 64u32)]);
+    let sizes = op.validate(&f.to_json(), DType::F32, &keys, call).unwrap();
+    let spec = ejc_runtime::exec::HostLaunchSpec {
+        kernel: &kernel,
+        params: ejc_ir::op::ParamSig::of_kernel(ir),
+        grid: ir.grid.clone(),
+        launch: ejc_ir::manifest::Launch::of("main"),
+    };
+    let mut plan = ejc_runtime::exec::HostPlan::new(&[spec], &[], call, &sizes, &Default::default()).unwrap();
+    plan.run(call, 2).unwrap();
+}
+
+#[test]
+fn flash_with_mods_reading_tensors_matches_the_reference() {
+    // FlexAttention's document mask, `doc[[b, q_idx]] == doc[[b, kv_idx]]` (and causal),
+    // with ALiBi slopes read per head: the mods read tensors the call passes as `doc` and
+    // `slopes`; the reference runs the same functions on the host.
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let f = Features::default();
+    for shape in ["2,77,77,4,2,64", "1,150,150,2,1,64"] {
+        let shape = FlashShape::parse(shape).unwrap();
+        let (b, s, h) = (shape.batch, shape.seq_q, shape.heads_q);
+        let doc = random_documents(&mut rng, b, s, 40);
+        let slopes = random_slopes(&mut rng, h);
+        let inputs = random_inputs(&f, DType::F32, &shape, seed);
+        let rt = default_runtime(&f, &shape, seed);
+        let mut host = ejc_ir::flash::op::host_call(&f, &rt, &inputs);
+        host.tensors
+            .insert("doc".into(), HostTensor::from_vec(DType::I32, &[b, s], doc.iter().map(|&x| x as f64).collect()));
+        host.tensors.insert(
+            "slopes".into(),
+            HostTensor::from_vec(DType::F32, &[h], slopes.iter().map(|&x| x as f64).collect()),
+        );
+        let mut call = Call::from_host(&host);
+        library().run_flash("flash_document_slopes", &mut call, 2).unwrap();
+        let docs = ejc_ir::dsl::TensorView::new(&doc, [b, s]);
+        let sl = ejc_ir::dsl::TensorView::new(&slopes, [h]);
+        let mask = |b: i64, h: i64, i: i64, j: i64| document_causal(b as i32, h as i32, i as i32, j as i32, docs);
+        let score = |x: f64, b: i64, h: i64, i: i64, j: i64| {
+            alibi_slopes(x as f32, b as i32, h as i32, i as i32, j as i32, sl) as f64
+        };
+        let want = reference_with_mods(&f, &rt, &inputs, &Mods { mask: Some(&mask), score: Some(&score) }).unwrap();
+        // The same kernel's IR on the interpreter and through MLIR to this CPU.
+        let ir = flash_document_slopes_ir();
+        let extra = [
+            ("doc", Arg::Tensor(host.tensors["doc"].clone())),
+            ("slopes", Arg::Tensor(host.tensors["slopes"].clone())),
+        ];
+        let (interp, _) = ejc_ir::flash::abi::run_interp_with_args(&ir, &rt, &inputs, &extra).unwrap();
+        let mut mlir_call = Call::from_host(&host);
+        run_through_mlir(&ir, &f, &mut mlir_call);
+        for (what, got) in [("interp", interp.out.to_vec()), ("mlir", mlir_call.host_tensor("out").unwrap().to_vec())] {
+            assert_close(
+                &got,
+                &want.out.to_vec(),
+                &format!("{what} flash + document_causal + alibi_slopes {shape} seed={seed}"),
+            );
+        }
+        let (out, lse) = (call.host_tensor("out").unwrap(), call.host_tensor("lse").unwrap());
+        assert_close(
+            &out.to_vec(),
+            &want.out.to_vec(),
+            &format!("flash + document_causal + alibi_slopes out {shape} seed={seed}"),
+        );
+        assert_close(
+            &lse.to_vec(),
+            &want.lse.to_vec(),
+            &format!("flash + document_causal + alibi_slopes lse {shape} seed={seed}"),
+        );
+    }
+    // A call without the tensors, or with them too short, is refused with what is needed.
+    let shape = FlashShape::parse("1,50,50,2,1,64").unwrap();
+    let inputs = random_inputs(&f, DType::F32, &shape, seed);
+    let rt = default_runtime(&f, &shape, seed);
+    let mut host = ejc_ir::flash::op::host_call(&f, &rt, &inputs);
+    let run = |host: &ejc_ir::op::HostCall| {
+        library().run_flash("flash_document_slopes", &mut Call::from_host(host), 1).unwrap_err().to_string()
+    };
+    let e = run(&host);
+    assert!(e.contains("mods read a tensor `doc` (i32, [b, q_idx|kv_idx]), which the call does not provide"), "{e}");
+    host.tensors.insert("doc".into(), HostTensor::full(DType::I32, &[1, 49], 0.0));
+    host.tensors.insert("slopes".into(), HostTensor::full(DType::F32, &[2], 0.5));
+    let e = run(&host);
+    assert!(
+        e.contains(
+            "`doc` has shape [1, 49]; `flash_document_slopes`'s mods index its axis 1 by `q_idx`, which runs to 50"
+        ),
+        "{e}"
+    );
+    host.tensors.insert("doc".into(), HostTensor::full(DType::F32, &[1, 50], 0.0));
+    let e = run(&host);
+    assert!(
+        e.contains("argument `doc` (read by `flash_document_slopes`'s mods) must be a i32 tensor of rank 2"),
+        "{e}"
+    );
+    // The mods' reads, as the runtime checks them.
+    let t = document_causal::MOD.tensors;
+    assert_eq!((t.len(), t[0].name, t[0].dtype, t[0].rank), (1, "doc", DType::I32, 2));
+    use ejc_ir::dsl::ModRole::*;
+    assert_eq!(t[0].axes, &[&[Batch][..], &[Query, Key][..]]);
+    assert_eq!(alibi_slopes::MOD.tensors[0].axes, &[&[Head][..]]);
+}
+
 #[test]
 fn launch_checks_its_arguments() {
     let kernel = library().kernel(softmax_f32::NAME).unwrap();
@@ -189,7 +322,9 @@ fn everything_is_registered_and_built() {
         [
             "accumulate",
             "alibi",
+            "alibi_slopes",
             "causal_window",
+            "document_causal",
             "matmul_bf16",
             "matmul_f16",
             "prefix_lm",
@@ -205,6 +340,7 @@ fn everything_is_registered_and_built() {
         [
             "accumulate",
             "flash_causal_window",
+            "flash_document_slopes",
             "flash_prefix_lm_alibi",
             "matmul_bf16",
             "matmul_f16",
@@ -235,6 +371,7 @@ fn everything_is_registered_and_built() {
     let kernels = [
         "accumulate",
         "flash_causal_window",
+        "flash_document_slopes",
         "flash_prefix_lm_alibi",
         "matmul_bf16",
         "matmul_f16",

@@ -324,6 +324,49 @@ fn flash_with_mods_on_the_gpu() {
     }
 }
 
+/// Mods that read tensors (`doc[[b, q_idx]]`, `slopes[h]`) on the GPU: the tensors are
+/// parameters of the flash kernel, passed in the call.
+#[test]
+fn flash_with_mods_reading_tensors_on_the_gpu() {
+    use ejc_dsl_demo::kernels::{alibi_slopes, document_causal};
+    use ejc_ir::dsl::TensorView;
+    use ejc_ir::flash::inputs::{default_runtime, random_inputs};
+    use ejc_ir::flash::{Features, FlashShape};
+    use ejc_runtime::call::Call;
+    let Some(gpu) = gpu() else { return };
+    let seed = seed();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let f = Features::default();
+    for shape in ["2,77,77,4,2,64", "1,300,300,4,1,64"] {
+        let shape = FlashShape::parse(shape).unwrap();
+        let (b, s, h) = (shape.batch, shape.seq_q, shape.heads_q);
+        let doc = random_documents(&mut rng, b, s, 70);
+        let slopes = random_slopes(&mut rng, h);
+        let inputs = random_inputs(&f, DType::F32, &shape, seed);
+        let rt = default_runtime(&f, &shape, seed);
+        let mut host = ejc_ir::flash::op::host_call(&f, &rt, &inputs);
+        host.tensors
+            .insert("doc".into(), HostTensor::from_vec(DType::I32, &[b, s], doc.iter().map(|&x| x as f64).collect()));
+        host.tensors.insert(
+            "slopes".into(),
+            HostTensor::from_vec(DType::F32, &[h], slopes.iter().map(|&x| x as f64).collect()),
+        );
+        let mut call = Call::from_host(&host);
+        library().run_flash_gpu(&gpu, "flash_document_slopes", &mut call).unwrap();
+        let got = call.host_tensor("out").unwrap().to_vec();
+        let (docs, sl) = (TensorView::new(&doc, [b, s]), TensorView::new(&slopes, [h]));
+        let want = attention_ref(
+            &inputs.q,
+            &inputs.k,
+            &inputs.v,
+            rt.softmax_scale,
+            &|b, h, i, j| document_causal(b as i32, h as i32, i as i32, j as i32, docs),
+            &|x, b, h, i, j| alibi_slopes(x as f32, b as i32, h as i32, i as i32, j as i32, sl) as f64,
+        );
+        assert_close(&got, &want, &format!("gpu flash_document_slopes shape={shape} seed={seed}"));
+    }
+}
+
 fn median_ms(gpu: &Gpu, run: &mut dyn FnMut() -> Result<(), GpuError>) -> f32 {
     for _ in 0..3 {
         run().unwrap();

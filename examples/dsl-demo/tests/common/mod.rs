@@ -109,3 +109,26 @@ pub fn attention_ref(
     }
     out
 }
+
+/// Random documents for the `document_causal` mod: per batch entry, token `i`'s document
+/// id (nondecreasing, lengths 1..=max_len), `[B, S]` row-major.
+pub fn random_documents(rng: &mut StdRng, batch: usize, seq: usize, max_len: usize) -> Vec<i32> {
+    let mut ids = Vec::with_capacity(batch * seq);
+    for _ in 0..batch {
+        let (mut doc, mut left) = (0, rng.random_range(1..=max_len));
+        for _ in 0..seq {
+            if left == 0 {
+                doc += 1;
+                left = rng.random_range(1..=max_len);
+            }
+            ids.push(doc);
+            left -= 1;
+        }
+    }
+    ids
+}
+
+/// Per-head ALiBi-like slopes in (0, 0.5).
+pub fn random_slopes(rng: &mut StdRng, heads: usize) -> Vec<f32> {
+    (0..heads).map(|_| rng.random_range(0.01f32..0.5)).collect()
+}
