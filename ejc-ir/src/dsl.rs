@@ -611,10 +611,13 @@ pub struct MaskMod {
     pub name: &'static str,
     /// Build the predicate in a flash kernel's key loop (indices and tensors in `ctx`).
     pub expand: fn(&mut Dsl, &ModCtx) -> V,
-    /// When the predicate is a conjunction of affine comparisons of `q_idx` and
-    /// `kv_idx`, its terms (`ir::MaskTerm` with constant operands) — then the flash
-    /// kernel skips blocks it hides. `None`: partial everywhere.
+    /// The conjuncts of the predicate that are affine comparisons of `q_idx` and
+    /// `kv_idx`, as terms (`ir::MaskTerm` with constant operands): the flash kernel skips
+    /// the blocks they hide. `None`: no such conjunct (every block is visited).
     pub affine: Option<&'static [(MaskTerm, i64)]>,
+    /// Whether `affine` is the whole predicate; if not (`doc[q_idx] == doc[kv_idx] &&
+    /// kv_idx <= q_idx`), the predicate is also applied per element on every visited block.
+    pub exact: bool,
     /// The tensors the mod reads (its parameters after the indices): they become
     /// parameters of every flash kernel the mod is compiled into.
     pub tensors: &'static [ModTensor],
@@ -802,7 +805,11 @@ impl<'b> Dsl<'b> {
 
 impl std::fmt::Debug for MaskMod {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MaskMod({}, affine: {:?}, tensors: {:?})", self.name, self.affine, self.tensors)
+        write!(
+            f,
+            "MaskMod({}, affine: {:?}, exact: {}, tensors: {:?})",
+            self.name, self.affine, self.exact, self.tensors
+        )
     }
 }
 

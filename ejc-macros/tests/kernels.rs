@@ -127,6 +127,13 @@ pub fn prefix(_b: i32, _h: i32, q_idx: i32, kv_idx: i32) -> bool {
     kv_idx <= q_idx || kv_idx < PREFIX
 }
 
+/// Causal and a checkerboard: the causal conjunct is affine (blocks above the diagonal
+/// are skipped), the other is applied per element on the blocks visited.
+#[ej_kernel(mask_mod)]
+pub fn causal_checker(_b: i32, _h: i32, q_idx: i32, kv_idx: i32) -> bool {
+    kv_idx <= q_idx && (q_idx + kv_idx) % 3 != 0
+}
+
 #[ej_kernel(mask_mod)]
 pub fn checker(_b: i32, _h: i32, q_idx: i32, kv_idx: i32) -> bool {
     let d = q_idx - kv_idx;
@@ -150,6 +157,12 @@ fn affine_mask_mods_become_exact_mask_terms() {
     for m in [strided::MOD, per_head::MOD, prefix::MOD, checker::MOD] {
         assert!(m.affine.is_none(), "{}", m.name);
     }
+    for m in [causal::MOD, window::MOD, first_keys::MOD] {
+        assert!(m.exact, "{}", m.name);
+    }
+    // A conjunction with an affine part: that part becomes terms, the mod stays per element.
+    let m = causal_checker::MOD;
+    assert_eq!((m.affine, m.exact), (Some(&[(ejc_ir::ir::MaskTerm::ColLeRow, 0)][..]), false));
 }
 
 #[ej_kernel(score_mod, heads = 4)]
@@ -213,6 +226,13 @@ fn mods_in_a_flash_kernel_match_the_reference_and_affine_ones_skip_blocks() {
     run(Some((prefix::MOD, prefix)), Some((alibi::MOD, alibi)), seed);
     run(Some((checker::MOD, checker)), Some((tanh_cap::MOD, tanh_cap)), seed);
     run(Some((causal::MOD, causal)), Some((tanh_cap::MOD, tanh_cap)), seed);
+    // The causal conjunct skips the blocks above the diagonal; the rest is still applied.
+    let causal_only = run(Some((causal::MOD, causal)), None, seed);
+    let partly = run(Some((causal_checker::MOD, causal_checker)), None, seed);
+    assert_eq!(partly, causal_only, "causal && checker visits the causal blocks");
+    let whole = run(Some((MaskMod { affine: None, ..causal_checker::MOD }, causal_checker)), None, seed);
+    assert_eq!(whole, dense);
+    assert!(partly * 3 < dense * 2, "causal && checker: {partly} dots, dense: {dense}");
 }
 
 /// The natural operators (issue 18): `+=` on a tile, `<` / `>=` between tiles and

@@ -34,8 +34,9 @@ use super::abi::{abi_params, abi_params_partial, grid, grid_partial, NUM_SPLITS}
 /// `#[ej_kernel(score_mod)]`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FlashHooks {
-    /// ANDed with the variant's masks. An affine mod becomes analysable mask terms
-    /// (blocks it hides are skipped); any other is applied per element on every block.
+    /// ANDed with the variant's masks. Its affine conjuncts become analysable mask terms
+    /// (blocks they hide are skipped); the rest of it, if any, is applied per element
+    /// on every visited block.
     pub mask_mod: Option<MaskMod>,
     /// Applied to the scores after scale and bias, before the soft cap and the masks.
     pub score_mod: Option<ScoreMod>,
@@ -320,7 +321,7 @@ fn build_flash(
     }
     terms.extend(band_terms(&mut b, f, &param, shift, seq_q, seq_k));
 
-    // A mask mod that is a conjunction of affine terms joins the analysable mask.
+    // A mask mod's affine conjuncts join the analysable mask.
     let mask_mod_terms = hooks.mask_mod.and_then(|m| m.affine);
     if let Some(affine) = mask_mod_terms {
         for (t, x) in affine {
@@ -419,7 +420,8 @@ fn build_flash(
             s = b.mul(s, log2e);
         }
         s = b.mask_apply(s, i0, j0, &terms);
-        if let (Some(mm), None, Some(ctx)) = (hooks.mask_mod, mask_mod_terms, &ctx) {
+        let per_element = hooks.mask_mod.filter(|m| m.affine.is_none() || !m.exact);
+        if let (Some(mm), Some(ctx)) = (per_element, &ctx) {
             let visible = (mm.expand)(&mut Dsl::new(b), ctx);
             s = b.select(visible, s, neg_inf);
         }

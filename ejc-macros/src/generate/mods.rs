@@ -107,6 +107,17 @@ pub fn host_signature(func: &mut ItemFn) {
     }
 }
 
+/// The operands of a conjunction (`a && b && c`), in order.
+fn conjuncts<'e>(e: &'e Expr_, out: &mut Vec<&'e Expr_>) {
+    match e {
+        Expr_::Bin(Bin::And | Bin::BitAnd, a, b, _) => {
+            conjuncts(a, out);
+            conjuncts(b, out);
+        }
+        other => out.push(other),
+    }
+}
+
 pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: &Expr_) -> syn::Result<TokenStream> {
     let name = &f.sig.ident;
     let name_str = name.to_string();
@@ -195,11 +206,23 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: 
     let tensors = quote!(tensors: &[#(#tensor_items),*]);
 
     let (ty, variant, extra) = if attr.kind == Kind::MaskMod {
-        // Affine analysis only on a body that is a single expression.
-        let terms = if body.is_empty() {
-            term(tail, &params[2].name.to_string(), &params[3].name.to_string(), &consts)
+        // Affine analysis only on a body that is a single expression: its affine
+        // conjuncts become mask terms; `exact` when they are the whole predicate.
+        let (q, kv) = (params[2].name.to_string(), params[3].name.to_string());
+        let (terms, exact) = if body.is_empty() {
+            let mut parts = Vec::new();
+            conjuncts(tail, &mut parts);
+            let mut terms = Vec::new();
+            let mut exact = true;
+            for c in parts {
+                match term(c, &q, &kv, &consts) {
+                    Some(t) => terms.extend(t),
+                    None => exact = false,
+                }
+            }
+            ((!terms.is_empty() || exact).then_some(terms), exact)
         } else {
-            None
+            (None, false)
         };
         let affine = match terms {
             Some(t) => {
@@ -211,7 +234,7 @@ pub fn generate(f: &ItemFn, attr: &Attr, params: &[Param], body: &[Stmt], tail: 
             }
             None => quote!(::core::option::Option::None),
         };
-        (quote!(::ejc_ir::dsl::MaskMod), quote!(MaskMod), quote!(, affine: #affine, #tensors))
+        (quote!(::ejc_ir::dsl::MaskMod), quote!(MaskMod), quote!(, affine: #affine, exact: #exact, #tensors))
     } else {
         (quote!(::ejc_ir::dsl::ScoreMod), quote!(ScoreMod), quote!(, #tensors))
     };

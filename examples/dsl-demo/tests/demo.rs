@@ -276,6 +276,9 @@ fn flash_with_mods_reading_tensors_matches_the_reference() {
         e.contains("argument `doc` (read by `flash_document_slopes`'s mods) must be a i32 tensor of rank 2"),
         "{e}"
     );
+    // The causal conjunct is affine: the kernel skips the blocks above the diagonal and
+    // applies the document test per element on the others.
+    assert_eq!(document_causal::MOD.affine, Some(&[(MaskTerm::ColLeRow, 0)][..]));
     // The mods' reads, as the runtime checks them.
     let t = document_causal::MOD.tensors;
     assert_eq!((t.len(), t[0].name, t[0].dtype, t[0].rank), (1, "doc", DType::I32, 2));
