@@ -537,6 +537,37 @@ fn blocksparse_candidates_pair_layout_and_attention_of_one_tiling() {
     for (out, rel, _) in compare_outputs(op, &f, &got, &want) {
         assert!(rel <= 1e-5, "{} {:?}: {out} rel_err {rel:e}", r.plan, r.config);
     }
+    // A call that gives its layout (built on the host for 16 x 32): only that tiling's
+    // candidate takes it, its layout kernel is skipped, and the result still matches.
+    let mut rt = Runtime::new(RuntimeOptions {
+        kernels: vec![kernels.clone()],
+        cache_dir: Some(cache.clone()),
+        ..Default::default()
+    })
+    .unwrap();
+    let (count, idx) = ejc_ir::ops::blocksparse::op::host_layout(&f, &host, 16, 32).unwrap();
+    let mut given = host.clone();
+    given.tensors.insert("block_count".into(), count);
+    given.tensors.insert("block_idx".into(), idx);
+    let mut call = Call::from_host(&given);
+    let r = rt.call("blocksparse_attention", &f, &mut call, &CallOptions::default()).unwrap();
+    assert_eq!((r.config.get("block_m"), r.config.get("block_n")), (Some(&16), Some(&32)), "{:?}", r.config);
+    let mut got = host.clone();
+    for name in op.outputs(&f) {
+        got.tensors.insert(name.into(), call.host_tensor(name).unwrap());
+    }
+    for (out, rel, _) in compare_outputs(op, &f, &got, &want) {
+        assert!(rel <= 1e-5, "given layout {:?}: {out} rel_err {rel:e}", r.config);
+    }
+    // A layout for a tiling no candidate has.
+    let (count, idx) = ejc_ir::ops::blocksparse::op::host_layout(&f, &host, 64, 64).unwrap();
+    given.tensors.insert("block_count".into(), count);
+    given.tensors.insert("block_idx".into(), idx);
+    let e = rt
+        .call("blocksparse_attention", &f, &mut Call::from_host(&given), &CallOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no built candidate of `blocksparse_attention` takes the layout this call gives"), "{e}");
     for d in [dir, kernels, cache] {
         let _ = std::fs::remove_dir_all(d);
     }

@@ -93,6 +93,11 @@ pub struct Temporary {
     /// plan writes every element it reads).
     #[serde(default = "fill_none", skip_serializing_if = "is_fill_none")]
     pub fill: String,
+    /// Whether a call may give it (a precomputed block-sparse layout): a call tensor of
+    /// its name, dtype and shape is then used instead, and the launches that only
+    /// produce given temporaries are skipped (`ejc_ir::op::given_temporaries`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub given: bool,
 }
 
 fn fill_none() -> String {
@@ -121,12 +126,16 @@ pub struct Launch {
     /// them touch disjoint elements of what either one writes (docs/abi.md, "Plans").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<Vec<usize>>,
+    /// The temporaries this launch writes, where a call may give them instead (see
+    /// [`Temporary::given`]): when the call gives every one, the launch is skipped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub produces: Vec<String>,
 }
 
 impl Launch {
     /// A launch of `role` with no bindings, after every earlier launch.
     pub fn of(role: &str) -> Launch {
-        Launch { role: role.into(), bind: BTreeMap::new(), after: None }
+        Launch { role: role.into(), bind: BTreeMap::new(), after: None, produces: Vec::new() }
     }
 }
 

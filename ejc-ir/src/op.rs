@@ -593,6 +593,112 @@ pub fn grid_of(grid: &[GridExpr; 3], symbols: &Sizes) -> Result<[i64; 3], String
     Ok(g)
 }
 
+/// A plan's temporaries and launches for one call, after the temporaries the call gives
+/// (a precomputed layout, [`Temporary::given`]).
+#[derive(Clone, Debug)]
+pub struct GivenPlan {
+    /// The temporaries still to allocate.
+    pub temporaries: Vec<Temporary>,
+    /// Per launch of the plan: `None` where it is skipped (it only produces given
+    /// temporaries), else the launch with its `after` list renumbered over the kept ones.
+    pub launches: Vec<Option<Launch>>,
+    /// The names of the temporaries the call gives.
+    pub given: Vec<String>,
+}
+
+/// Which of a plan's temporaries `tensor` (the call's tensors) gives: each one the plan
+/// marks `given` and the call holds under its name, checked against the dtype and shape
+/// the plan would allocate under `symbols` (sizes and configuration: a layout is built for
+/// one tiling); the launches that produce only given temporaries are skipped. An error
+/// names what the tiling needs, or a given temporary that a kept launch would overwrite.
+pub fn given_temporaries(
+    temporaries: &[Temporary],
+    launches: &[Launch],
+    tensor: &dyn Fn(&str) -> Option<TensorInfo>,
+    symbols: &Sizes,
+) -> Result<GivenPlan, String> {
+    let mut kept = Vec::new();
+    let mut given = Vec::new();
+    for t in temporaries {
+        match (t.given, tensor(&t.name)) {
+            (true, Some(info)) => {
+                let (dtype, shape) = temporary_shape(t, symbols, |n| tensor(n).map(|x| x.dtype))?;
+                if info.dtype != dtype || info.shape != shape {
+                    let tiling: Vec<String> = ["block_m", "block_n"]
+                        .iter()
+                        .filter_map(|k| symbols.get(*k).map(|v| format!("{k}={v}")))
+                        .collect();
+                    return Err(format!(
+                        "argument `{}` (a precomputed layout) is {} of shape {:?}; with this call's sizes and the \
+                         tiling {} it must be {dtype} of shape {shape:?}",
+                        t.name,
+                        info.dtype,
+                        info.shape,
+                        tiling.join(", ")
+                    ));
+                }
+                given.push(t.name.clone());
+            }
+            _ => kept.push(t.clone()),
+        }
+    }
+    if given.is_empty() {
+        return Ok(GivenPlan { temporaries: kept, launches: launches.iter().cloned().map(Some).collect(), given });
+    }
+    let skip: Vec<bool> =
+        launches.iter().map(|l| !l.produces.is_empty() && l.produces.iter().all(|p| given.contains(p))).collect();
+    for (l, s) in launches.iter().zip(&skip) {
+        if let (false, Some(p)) = (s, l.produces.iter().find(|p| given.contains(p))) {
+            let all = l.produces.join("`, `");
+            return Err(format!(
+                "the call gives `{p}` but not all of what launch `{}` produces with it (`{all}`): give all of them \
+                 or none",
+                l.role
+            ));
+        }
+    }
+    // A kept launch waiting on a skipped one waits on what that one waited on.
+    let waits = crate::manifest::launch_waits(launches)?;
+    let mut index = vec![None; launches.len()];
+    let mut n = 0;
+    for (i, s) in skip.iter().enumerate() {
+        if !s {
+            index[i] = Some(n);
+            n += 1;
+        }
+    }
+    fn resolve(i: usize, skip: &[bool], waits: &[Vec<usize>], index: &[Option<usize>], out: &mut Vec<usize>) {
+        if skip[i] {
+            for &j in &waits[i] {
+                resolve(j, skip, waits, index, out);
+            }
+        } else if let Some(k) = index[i] {
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+    }
+    let launches = launches
+        .iter()
+        .zip(&skip)
+        .map(|(l, &s)| {
+            (!s).then(|| {
+                let mut l = l.clone();
+                if let Some(after) = &l.after {
+                    let mut out = Vec::new();
+                    for &j in after {
+                        resolve(j, &skip, &waits, &index, &mut out);
+                    }
+                    out.sort_unstable();
+                    l.after = Some(out);
+                }
+                l
+            })
+        })
+        .collect();
+    Ok(GivenPlan { temporaries: kept, launches, given })
+}
+
 /// Run a plan on the interpreter: temporaries allocated (NaN-filled, so an element the
 /// plan reads before writing shows), kernels launched in order on `call`'s tensors.
 pub fn run_plan_interp(
@@ -625,21 +731,27 @@ pub fn run_plan_interp_in(
     config: &Config,
     order: LaunchOrder,
 ) -> Result<(), String> {
+    let syms = symbols(sizes, config);
+    let info = |n: &str| {
+        call.tensors.get(n).map(|t| TensorInfo { dtype: t.dtype, shape: t.shape.clone(), strides: t.strides.clone() })
+    };
+    let given = given_temporaries(&plan.temporaries, &plan.launches, &info, &syms)?;
+    let launches: Vec<Launch> = given.launches.into_iter().flatten().collect();
+    let temporaries = given.temporaries;
     let order: Vec<usize> = match order {
         LaunchOrder::Listed => {
-            crate::manifest::launch_waits(&plan.launches)?;
-            (0..plan.launches.len()).collect()
+            crate::manifest::launch_waits(&launches)?;
+            (0..launches.len()).collect()
         }
-        LaunchOrder::Late => crate::manifest::late_order(&plan.launches)?,
+        LaunchOrder::Late => crate::manifest::late_order(&launches)?,
     };
-    let syms = symbols(sizes, config);
     let mut temps: BTreeMap<String, HostTensor> = BTreeMap::new();
-    for t in &plan.temporaries {
+    for t in &temporaries {
         let (dtype, shape) = temporary_shape(t, &syms, |n| call.tensors.get(n).map(|x| x.dtype))?;
         let fill = if t.fill == "zero" { 0.0 } else { f64::NAN };
         temps.insert(t.name.clone(), HostTensor::full(dtype, &shape, fill));
     }
-    for launch in order.iter().map(|&i| &plan.launches[i]) {
+    for launch in order.iter().map(|&i| &launches[i]) {
         let k = kernels.get(&launch.role).ok_or_else(|| format!("no kernel for role `{}`", launch.role))?;
         let params = ParamSig::of_kernel(k);
         let lookup = |n: &str| {
@@ -649,7 +761,7 @@ pub fn run_plan_interp_in(
                 strides: t.strides.clone(),
             })
         };
-        let bound = bind(&params, launch, &plan.temporaries, &lookup, &call.scalars, &syms)?;
+        let bound = bind(&params, launch, &temporaries, &lookup, &call.scalars, &syms)?;
         let grid = grid_of(&k.grid, &syms)?;
         let mut args = Vec::new();
         for b in &bound {
@@ -889,6 +1001,7 @@ mod tests {
             dtype: "like:queries".into(),
             shape: vec!["heads_kv".into(), "mul(tokens, 2)".into()],
             fill: "zero".into(),
+            given: false,
         };
         let sizes = Sizes::from([("heads_kv".to_string(), 3), ("tokens".to_string(), 5)]);
         let bf16 = |n: &str| (n == "queries").then_some(DType::BF16);

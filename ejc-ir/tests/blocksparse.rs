@@ -18,6 +18,7 @@ use ejc_ir::ir::GridExpr;
 use ejc_ir::manifest::Launch;
 use ejc_ir::op::{self, compare_outputs, run_plan_interp, Config, Operation, PlanDecl, Sizes};
 use ejc_ir::ops::blocksparse::mask::MaskExpr;
+use ejc_ir::ops::blocksparse::op::host_layout;
 use ejc_ir::ops::blocksparse::reference::{visible, BsFeatures, BsInputs};
 use ejc_ir::spec::{self, Spec, Variant};
 use ejc_ir::tensor::HostTensor;
@@ -85,7 +86,11 @@ fn run_layout(
         shared_axes: vec![],
     };
     run_plan_interp(&plan, &ks, call, sizes, &tile).unwrap();
-    let (count, idx) = (&call.tensors["block_count"], &call.tensors["block_idx"]);
+    lists(&call.tensors["block_count"], &call.tensors["block_idx"])
+}
+
+/// A layout's lists, per query block.
+fn lists(count: &HostTensor, idx: &HostTensor) -> Vec<Lists> {
     let last = idx.shape[3] - 1;
     let mut out = Vec::new();
     for lb in 0..count.shape[0] {
@@ -142,6 +147,10 @@ fn the_layout_lists_exactly_the_full_and_partial_blocks() {
         let (mut n_full, mut n_part, mut n_skip) = (0, 0, 0);
         for (bm, bn) in [(16u32, 32u32), (64, 16)] {
             let got = run_layout(&spec, variant, &mut call, &sizes, (bm, bn));
+            // The host's layout (what a call may give instead) is the kernel's.
+            let host = op::HostCall { tensors: call.tensors.clone(), scalars: call.scalars.clone() };
+            let (count, idx) = host_layout(&variant.features, &host, bm as usize, bn as usize).unwrap();
+            assert_eq!(lists(&count, &idx), got, "{} m{bm} n{bn}: host_layout", variant.name);
             let (bm, bn) = (bm as usize, bn as usize);
             for ((lb, lh, qb), full, part) in got {
                 let (mut want_full, mut want_part) = (Vec::new(), Vec::new());
@@ -217,6 +226,61 @@ fn a_layout_that_lies_gives_a_wrong_result() {
     run_plan_interp(&op().plans(&spec, &variant.features)[0], &ks, &mut call, &sizes, &tile).unwrap();
     let (_, rel, _) = compare_outputs(op(), &variant.features, &call, &want)[0];
     assert!(rel < 1e-5, "the true layout: rel {rel:e}");
+}
+
+/// A call that gives the layout (the seed's `qkv_layouts`): the plan skips its layout
+/// kernel and follows the given one. The host's layout matches the reference; a lying
+/// one (every listed block called full) gives a wrong result, which shows the given
+/// layout is what the kernel read; a layout built for another tiling is refused.
+#[test]
+fn a_call_may_give_the_layout() {
+    let spec = spec();
+    let seed = seed();
+    let dims = &op().check_dims(&keys())[0];
+    for name in ["strided", "document"] {
+        let variant = spec.variant(name).unwrap();
+        let mut call = op().random_call(&variant.features, DType::F32, dims, seed).unwrap();
+        let sizes = op().validate(&variant.features, DType::F32, &keys(), &call).unwrap();
+        let want = op().reference(&variant.features, &call).unwrap();
+        let ks = kernels(&spec, variant, DType::F32, 32, 32);
+        let tile = Config::from([("block_m".to_string(), 32), ("block_n".to_string(), 32)]);
+        let plan = &op().plans(&spec, &variant.features)[0];
+        let (count, idx) = host_layout(&variant.features, &call, 32, 32).unwrap();
+        call.tensors.insert("block_count".into(), count.clone());
+        call.tensors.insert("block_idx".into(), idx.clone());
+        run_plan_interp(plan, &ks, &mut call, &sizes, &tile).unwrap();
+        let (_, rel, _) = compare_outputs(op(), &variant.features, &call, &want)[0];
+        assert!(rel < 1e-5, "{name}, the host's layout given: rel {rel:e} seed={seed}");
+        // Every listed block moved to the front, as if full.
+        let (mut lying_count, mut lying_idx) = (count.clone(), idx.clone());
+        for ((lb, lh, qb), full, part) in lists(&count, &idx) {
+            let all: Vec<i64> = full.iter().chain(&part).copied().collect();
+            lying_count.set(&[lb, lh, qb, 0], all.len() as f64);
+            lying_count.set(&[lb, lh, qb, 1], 0.0);
+            for (t, kb) in all.iter().enumerate() {
+                lying_idx.set(&[lb, lh, qb, t], *kb as f64);
+            }
+        }
+        call.tensors.insert("block_count".into(), lying_count);
+        call.tensors.insert("block_idx".into(), lying_idx);
+        run_plan_interp(plan, &ks, &mut call, &sizes, &tile).unwrap();
+        let (_, rel, _) = compare_outputs(op(), &variant.features, &call, &want)[0];
+        assert!(rel > 1e-2, "{name}: the given lying layout was not what ran (rel {rel:e}) seed={seed}");
+        // Built for 64 x 32, given to a 32 x 32 plan.
+        let (count64, idx64) = host_layout(&variant.features, &call, 64, 32).unwrap();
+        call.tensors.insert("block_count".into(), count64);
+        call.tensors.insert("block_idx".into(), idx64);
+        let e = run_plan_interp(plan, &ks, &mut call, &sizes, &tile).unwrap_err();
+        assert!(
+            e.contains("argument `block_count` (a precomputed layout)") && e.contains("block_m=32, block_n=32"),
+            "{e}"
+        );
+        // Half a layout is refused.
+        call.tensors.insert("block_count".into(), count.clone());
+        call.tensors.remove("block_idx");
+        let e = run_plan_interp(plan, &ks, &mut call, &sizes, &tile).unwrap_err();
+        assert!(e.contains("give all of them or none"), "{e}");
+    }
 }
 
 #[test]

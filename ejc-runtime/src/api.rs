@@ -46,8 +46,34 @@ fn candidates<'r>(
     op: &dyn Operation,
     fam: &crate::registry::Family<'r>,
     o: &CallOptions,
+    call: &Call,
+    sizes: &ejc_ir::op::Sizes,
 ) -> Result<Vec<Candidate<'r>>, ApiError> {
-    let all = fam.candidates();
+    let mut all = fam.candidates();
+    // A call that gives a plan's temporaries (a precomputed block-sparse layout) fixes
+    // the tiling they were built for: only the candidates of that tiling can take it.
+    let info = |n: &str| call.tensors.get(n).map(crate::call::Tensor::info);
+    let gives = all.iter().any(|c| c.plan.plan.temporaries.iter().any(|t| t.given && info(&t.name).is_some()));
+    if gives {
+        let mut why = None;
+        all.retain(|c| {
+            let syms = ejc_ir::op::symbols(sizes, &c.config);
+            match ejc_ir::op::given_temporaries(&c.plan.plan.temporaries, &c.plan.plan.launches, &info, &syms) {
+                Ok(_) => true,
+                Err(e) => {
+                    why.get_or_insert(e);
+                    false
+                }
+            }
+        });
+        if all.is_empty() {
+            return Err(ApiError::Call(format!(
+                "no built candidate of `{}` takes the layout this call gives: {}",
+                op.name(),
+                why.unwrap_or_default()
+            )));
+        }
+    }
     if !o.deterministic {
         return Ok(all);
     }
@@ -287,7 +313,7 @@ impl Runtime {
             let fam = registry.families(query)?.remove(0);
             let dtype = fam.instance.dtype.parse().map_err(ApiError::Unsupported)?;
             let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, call).map_err(ApiError::Call)?;
-            let cands = candidates(op, &fam, o)?;
+            let cands = candidates(op, &fam, o, call, &sizes)?;
             let ids: Vec<String> = cands.iter().map(|c| c.id()).collect();
             let device = cpu_fingerprint();
             // The thread count is part of what was measured: a winner on one thread need
@@ -378,7 +404,7 @@ impl Runtime {
             })?;
             let dtype = fam.instance.dtype.parse().map_err(ApiError::Unsupported)?;
             let sizes = op.validate(&fam.features, dtype, &fam.instance.keys, dev_call).map_err(ApiError::Call)?;
-            let cands = candidates(op, &fam, o)?;
+            let cands = candidates(op, &fam, o, dev_call, &sizes)?;
             let ids: Vec<String> = cands.iter().map(|c| c.id()).collect();
             let device = cuda.fingerprint();
             let key = self.key(&device, op, &fam, wanted, dtype, &sizes, &ids);

@@ -727,6 +727,17 @@ impl CudaPlan {
     ) -> Result<CudaPlan, CudaError> {
         let bad = |m: String| CudaError::Invalid(m);
         let syms = symbols(sizes, config);
+        // Temporaries the call gives (a precomputed layout): not allocated, and the
+        // launches that only produce them skipped.
+        let info = |n: &str| call.tensors.get(n).map(Tensor::info);
+        let plan_launches: Vec<Launch> = specs.iter().map(|s| s.launch.clone()).collect();
+        let given = ejc_ir::op::given_temporaries(temporaries, &plan_launches, &info, &syms).map_err(bad)?;
+        let specs: Vec<CudaLaunchSpec> = specs
+            .into_iter()
+            .zip(given.launches)
+            .filter_map(|(s, l)| l.map(|launch| CudaLaunchSpec { launch, ..s }))
+            .collect();
+        let temporaries = &given.temporaries[..];
         let mut temps = Vec::new();
         let mut views: std::collections::BTreeMap<String, DevTensor> = std::collections::BTreeMap::new();
         for t in temporaries {

@@ -144,6 +144,24 @@ impl<'k> HostPlan<'k> {
         config: &ejc_ir::op::Config,
     ) -> Result<HostPlan<'k>, ExecError> {
         let syms = symbols(sizes, config);
+        // Temporaries the call gives (a precomputed layout): not allocated, and the
+        // launches that only produce them skipped.
+        let info = |n: &str| call.tensors.get(n).map(Tensor::info);
+        let launches: Vec<Launch> = specs.iter().map(|s| s.launch.clone()).collect();
+        let given = ejc_ir::op::given_temporaries(temporaries, &launches, &info, &syms).map_err(invalid)?;
+        let kept: Vec<HostLaunchSpec<'k>> = specs
+            .iter()
+            .zip(given.launches)
+            .filter_map(|(s, l)| {
+                l.map(|launch| HostLaunchSpec {
+                    kernel: s.kernel,
+                    params: s.params.clone(),
+                    grid: s.grid.clone(),
+                    launch,
+                })
+            })
+            .collect();
+        let (specs, temporaries) = (&kept[..], &given.temporaries[..]);
         let mut temps = BTreeMap::new();
         for t in temporaries {
             let (dtype, shape) =

@@ -171,6 +171,7 @@ impl Operation for FlashAttentionBwd {
             dtype: "f32".into(),
             shape: shape.iter().map(|s| s.to_string()).collect(),
             fill: "none".into(),
+            given: false,
         };
         let stats = ["batch", "heads_q", "seq_q"];
         Plan::ALL

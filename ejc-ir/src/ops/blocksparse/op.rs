@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::kernels::{build, param_docs, BsKernel, Role, LAYOUT_TENSORS};
 use super::mask::{self, MaskExpr};
-use super::reference::{random_inputs, reference, BsFeatures, BsInputs, BsShape};
+use super::reference::{random_inputs, reference, visible, BsFeatures, BsInputs, BsShape};
 use crate::flash::op::{decode_head_dim_pairs, head_dim_keys, head_dim_v, qv_keys};
 use crate::ir::Kernel;
 use crate::manifest::{Launch, Temporary};
@@ -332,6 +332,69 @@ pub(super) fn scale_and_cap(f: &BsFeatures, call: &HostCall) -> Result<(f64, Opt
 }
 
 /// A call's inputs as the reference takes them.
+/// A call's block layout built on the host, for the tiling `block_m` × `block_n`: the
+/// `block_count [LB, LH, NQ, 2]` and `block_idx [LB, LH, NQ, NK]` (i32) the plan's
+/// `layout` kernel would write (module docs of `kernels`: full blocks in order from slot
+/// 0, partial ones in order from slot NK − 1 down; unused slots 0), by evaluating the
+/// variant's element mask (`reference::visible`) on every block. A call that gives
+/// them under those names skips the layout kernel: a layout built once for a static
+/// mask, or kept across calls that share segment ids, is reused (the seed's
+/// `qkv_layouts`). The layout decides which keys are read: one that drops a visible
+/// block, or calls a partial block full, gives a wrong result.
+pub fn host_layout(
+    f: &op::Features,
+    call: &HostCall,
+    block_m: usize,
+    block_n: usize,
+) -> Result<(HostTensor, HostTensor), String> {
+    if block_m == 0 || block_n == 0 {
+        return Err("block_m and block_n must be positive".into());
+    }
+    let bf = features(f)?;
+    let x = inputs_of(call)?;
+    let (b, h, sq) = (x.query.shape[0], x.query.shape[1], x.query.shape[2]);
+    let sk = x.key.shape[2];
+    let lb_n = if bf.data_dependent() { b } else { 1 };
+    let lh_n = if bf.per_head() { h } else { 1 };
+    let (nq, nk) = (sq.div_ceil(block_m), sk.div_ceil(block_n));
+    let mut count = HostTensor::full(DType::I32, &[lb_n, lh_n, nq, 2], 0.0);
+    let mut idx = HostTensor::full(DType::I32, &[lb_n, lh_n, nq, nk], 0.0);
+    for lb in 0..lb_n {
+        for lh in 0..lh_n {
+            for qb in 0..nq {
+                let rows = qb * block_m..((qb + 1) * block_m).min(sq);
+                let (mut full, mut part) = (Vec::new(), Vec::new());
+                for kb in 0..nk {
+                    let cols = kb * block_n..(kb + 1) * block_n;
+                    let inside = cols.end <= sk;
+                    let (mut any, mut all) = (false, inside);
+                    for i in rows.clone() {
+                        for j in cols.start..cols.end.min(sk) {
+                            let v = visible(&bf, &x, lb, lh, i, j);
+                            any |= v;
+                            all &= v;
+                        }
+                    }
+                    if all && any {
+                        full.push(kb);
+                    } else if any {
+                        part.push(kb);
+                    }
+                }
+                count.set(&[lb, lh, qb, 0], full.len() as f64);
+                count.set(&[lb, lh, qb, 1], part.len() as f64);
+                for (t, kb) in full.iter().enumerate() {
+                    idx.set(&[lb, lh, qb, t], *kb as f64);
+                }
+                for (t, kb) in part.iter().enumerate() {
+                    idx.set(&[lb, lh, qb, nk - 1 - t], *kb as f64);
+                }
+            }
+        }
+    }
+    Ok((count, idx))
+}
+
 pub fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {
     let need = |n: &str| call.tensors.get(n).cloned().ok_or_else(|| format!("the call has no `{n}`"));
     let opt = |n: &str| call.tensors.get(n).cloned();
@@ -428,6 +491,7 @@ impl Operation for BlockSparse {
                 dtype: "i32".into(),
                 shape: shape(last),
                 fill: "none".into(),
+                given: true,
             })
             .collect();
         vec![PlanDecl {
@@ -437,7 +501,15 @@ impl Operation for BlockSparse {
                 RoleDecl { name: "main", tile_axes: tile, fixed: Config::new() },
             ],
             temporaries,
-            launches: vec![Launch::of("layout"), Launch::of("main")],
+            // A call may give the layout (built by `host_layout`, or kept from an
+            // earlier call): the `layout` launch is then skipped.
+            launches: vec![
+                Launch {
+                    produces: LAYOUT_TENSORS.iter().map(|(n, _)| n.to_string()).collect(),
+                    ..Launch::of("layout")
+                },
+                Launch::of("main"),
+            ],
             runtime_axes: vec![],
             shared_axes: vec!["block_m", "block_n", "num_warps"],
         }]

@@ -167,6 +167,7 @@ impl Operation for BlockSparseBwd {
             dtype: dtype.into(),
             shape: shape.iter().map(|s| s.to_string()).collect(),
             fill: fill.into(),
+            given: false,
         };
         let (nq, nk) = ("cdiv(seq_q, block_m)", "cdiv(seq_k, block_n)");
         let mut temporaries: Vec<Temporary> = LAYOUT_TENSORS

@@ -354,6 +354,7 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
         dtype: "f32".into(),
         shape: shape.iter().map(|s| s.to_string()).collect(),
         fill: "zero".into(),
+        given: false,
     };
     let rows = ["heads_kv", "mul(total_tokens, group)", "head_dim"];
     let lens = || {
@@ -363,7 +364,12 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
             BTreeMap::new()
         }
     };
-    let launch = |role: &str, bind: BTreeMap<String, String>| Launch { role: role.into(), bind, after: None };
+    let launch = |role: &str, bind: BTreeMap<String, String>| Launch {
+        role: role.into(),
+        bind,
+        after: None,
+        produces: Vec::new(),
+    };
     let role = |name: &'static str, tile_axes: Vec<&'static str>, fixed: Config| RoleDecl { name, tile_axes, fixed };
     // `classed` (split = false, classed = true): main twice, sequences of at most SMALL_ROWS
     // packed rows (decodes) on one 16-row warp, the others with the tuned tiling.
@@ -407,6 +413,7 @@ pub(crate) fn rpa_plans(spec: &Spec, sinks: bool, write: bool) -> Vec<PlanDecl> 
                 dtype: "i32".into(),
                 shape: vec!["add(num_seqs, 1)".into()],
                 fill: "zero".into(),
+                given: false,
             });
         }
         if split && classed {
