@@ -201,19 +201,8 @@ fn flash_with_mods_reading_tensors_matches_the_reference() {
     let mut rng = StdRng::seed_from_u64(seed);
     let f = Features::default();
     for shape in ["2,77,77,4,2,64", "1,150,150,2,1,64"] {
-        let shape = FlashShape::parse(shape).unwrap();
+        let DocumentCall { shape, inputs, rt, host, doc, slopes } = document_call(&mut rng, shape, 40, seed);
         let (b, s, h) = (shape.batch, shape.seq_q, shape.heads_q);
-        let doc = random_documents(&mut rng, b, s, 40);
-        let slopes = random_slopes(&mut rng, h);
-        let inputs = random_inputs(&f, DType::F32, &shape, seed);
-        let rt = default_runtime(&f, &shape, seed);
-        let mut host = ejc_ir::flash::op::host_call(&f, &rt, &inputs);
-        host.tensors
-            .insert("doc".into(), HostTensor::from_vec(DType::I32, &[b, s], doc.iter().map(|&x| x as f64).collect()));
-        host.tensors.insert(
-            "slopes".into(),
-            HostTensor::from_vec(DType::F32, &[h], slopes.iter().map(|&x| x as f64).collect()),
-        );
         let mut call = Call::from_host(&host);
         library().run_flash("flash_document_slopes", &mut call, 2).unwrap();
         let docs = ejc_ir::dsl::TensorView::new(&doc, [b, s]);

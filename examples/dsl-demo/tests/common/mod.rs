@@ -132,3 +132,32 @@ pub fn random_documents(rng: &mut StdRng, batch: usize, seq: usize, max_len: usi
 pub fn random_slopes(rng: &mut StdRng, heads: usize) -> Vec<f32> {
     (0..heads).map(|_| rng.random_range(0.01f32..0.5)).collect()
 }
+
+/// A flash call for `flash_document_slopes` (f32, default features): random inputs of
+/// `shape`, random documents of up to `max_doc` tokens as `doc [B, S]` and per-head
+/// `slopes [H]` among the call's tensors.
+pub struct DocumentCall {
+    pub shape: ejc_ir::flash::FlashShape,
+    pub inputs: ejc_ir::flash::problem::FlashInputs,
+    pub rt: ejc_ir::flash::problem::FlashRuntime,
+    pub host: ejc_ir::op::HostCall,
+    pub doc: Vec<i32>,
+    pub slopes: Vec<f32>,
+}
+
+pub fn document_call(rng: &mut StdRng, shape: &str, max_doc: usize, seed: u64) -> DocumentCall {
+    use ejc_ir::flash::inputs::{default_runtime, random_inputs};
+    let f = ejc_ir::flash::Features::default();
+    let shape = ejc_ir::flash::FlashShape::parse(shape).unwrap();
+    let (b, s, h) = (shape.batch, shape.seq_q, shape.heads_q);
+    let doc = random_documents(rng, b, s, max_doc);
+    let slopes = random_slopes(rng, h);
+    let inputs = random_inputs(&f, DType::F32, &shape, seed);
+    let rt = default_runtime(&f, &shape, seed);
+    let mut host = ejc_ir::flash::op::host_call(&f, &rt, &inputs);
+    let ints = doc.iter().map(|&x| x as f64).collect();
+    host.tensors.insert("doc".into(), HostTensor::from_vec(DType::I32, &[b, s], ints));
+    let floats = slopes.iter().map(|&x| x as f64).collect();
+    host.tensors.insert("slopes".into(), HostTensor::from_vec(DType::F32, &[h], floats));
+    DocumentCall { shape, inputs, rt, host, doc, slopes }
+}
