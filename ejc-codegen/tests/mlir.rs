@@ -19,22 +19,6 @@ use ejc_ir::types::{DType, Type};
 use rayon::prelude::*;
 
 /// The MLIR CPU kernel, as the runtime's plan executor launches it.
-struct Launch<'a>(&'a CpuKernel);
-
-impl ejc_runtime::exec::HostLaunch for Launch<'_> {
-    unsafe fn launch(
-        &self,
-        tensors: &[ejc_ir::cpu_abi::EjcTensor],
-        scalars: &[u64],
-        grid: [i64; 3],
-        threads: usize,
-    ) -> Result<(), String> {
-        self.0.launch(tensors, scalars, grid, threads).map_err(|e| e.to_string())
-    }
-}
-
-/// Run `k` (compiled from `ir`) through the MLIR CPU path on `shape` and compare with
-/// the reference.
 fn check(k: &CpuKernel, ir: &Kernel, v: &Variant, dtype: DType, shape: &str, seed: u64) {
     let label = format!("{} shape={shape} seed={seed}", k.name);
     let shape = FlashShape::parse(shape).unwrap();
@@ -43,7 +27,7 @@ fn check(k: &CpuKernel, ir: &Kernel, v: &Variant, dtype: DType, shape: &str, see
     let rt = default_runtime(f, &shape, seed);
     let want = reference(f, &rt, &inputs).unwrap();
     let params = ejc_ir::op::ParamSig::of_kernel(ir);
-    let (out, lse) = common::run_flash(&Launch(k), params, ir.grid.clone(), f, dtype, &inputs, &rt, 2)
+    let (out, lse) = common::run_flash(k, params, ir.grid.clone(), f, dtype, &inputs, &rt, 2)
         .unwrap_or_else(|e| panic!("{label}: {e}"));
     for (what, g, w) in [("out", &out, &want.out), ("lse", &lse, &want.lse)] {
         let (rel, max_abs) = compare(&g.to_vec(), &w.to_vec());
@@ -427,7 +411,7 @@ fn cpu_form_runs_split_kv_partial_then_combine() {
         let combine = CpuKernel::compile(&c).unwrap_or_else(|e| panic!("{e}"));
         for shape in ["2,77,93,4,2,64", "1,1,23,2,2,64", "1,19,140,8,2,64"] {
             for num_splits in [1, 3, 64] {
-                let ks = [(&Launch(&partial) as _, &p), (&Launch(&combine) as _, &c)];
+                let ks = [(&partial as _, &p), (&combine as _, &c)];
                 check_split_kv(&spec, v, dtype, ks, shape, seed, num_splits, 2);
             }
         }

@@ -43,6 +43,22 @@ pub struct EjcTensor {
     pub strides: [i64; 4],
 }
 
+/// Something that runs a CPU kernel's grid over [`EjcTensor`] descriptors: a CPU
+/// library's entry (ejc-runtime), a kernel compiled by MLIR (ejc-codegen). Plans launch
+/// through it (`ejc_runtime::exec::HostPlan`).
+pub trait HostLaunch {
+    /// # Safety
+    /// `tensors` and `scalars` must match the kernel's parameters, every tensor's
+    /// shape and strides must stay inside its memory, outputs must not overlap inputs.
+    unsafe fn launch(
+        &self,
+        tensors: &[EjcTensor],
+        scalars: &[u64],
+        grid: [i64; 3],
+        threads: usize,
+    ) -> Result<(), String>;
+}
+
 /// Largest tensor rank the ABI carries.
 pub const MAX_RANK: usize = 4;
 

@@ -65,19 +65,7 @@ pub fn param_sigs(params: &[AbiParamInfo]) -> Result<Vec<ParamSig>, String> {
         .collect()
 }
 
-/// Something that runs a CPU kernel's grid (a library's entry, a JIT-compiled one).
-pub trait HostLaunch {
-    /// # Safety
-    /// `tensors` and `scalars` must match the kernel's parameters, every tensor's
-    /// shape and strides must stay inside its memory, outputs must not overlap inputs.
-    unsafe fn launch(
-        &self,
-        tensors: &[EjcTensor],
-        scalars: &[u64],
-        grid: [i64; 3],
-        threads: usize,
-    ) -> Result<(), String>;
-}
+pub use ejc_ir::cpu_abi::HostLaunch;
 
 impl HostLaunch for CpuKernel {
     unsafe fn launch(

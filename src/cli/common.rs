@@ -403,19 +403,7 @@ pub fn unsupported_backend(backend: &str) -> Option<Outcome> {
 }
 
 /// A kernel compiled for the host by MLIR, as a plan launches it.
-struct MlirLaunch(ejc_codegen::mlir::exec::CpuKernel);
-
-impl HostLaunch for MlirLaunch {
-    unsafe fn launch(
-        &self,
-        tensors: &[ejc_ir::cpu_abi::EjcTensor],
-        scalars: &[u64],
-        grid: [i64; 3],
-        threads: usize,
-    ) -> Result<(), String> {
-        self.0.launch(tensors, scalars, grid, threads).map_err(|e| e.to_string())
-    }
-}
+type MlirLaunch = ejc_codegen::mlir::exec::CpuKernel;
 
 /// A plan's kernels ready to run on one host back end.
 pub enum Prepared {
@@ -469,7 +457,7 @@ impl Prepared {
                         .map_err(|e| Outcome::Error(format!("error: {e}")))?;
                     seconds += c.compile_seconds;
                     cached &= c.cached;
-                    out.insert(role, (MlirLaunchBox(Box::new(MlirLaunch(c))), k));
+                    out.insert(role, (MlirLaunchBox(Box::new(c)), k));
                 }
                 Ok(Prepared::Mlir { kernels: out, threads, seconds, cached })
             }

@@ -64,6 +64,18 @@ fn engine_err(k: &Kernel, m: impl Into<String>) -> MlirError {
     MlirError::Engine { kernel: k.name.clone(), message: m.into() }
 }
 
+impl ejc_ir::cpu_abi::HostLaunch for CpuKernel {
+    unsafe fn launch(
+        &self,
+        tensors: &[EjcTensor],
+        scalars: &[u64],
+        grid: [i64; 3],
+        threads: usize,
+    ) -> Result<(), String> {
+        CpuKernel::launch(self, tensors, scalars, grid, threads).map_err(|e| e.to_string())
+    }
+}
+
 impl CpuKernel {
     /// Translate, lower and compile `k`, or load it from the on-disk cache
     /// ([`super::cache_dir`]; without one, it is compiled every time).

@@ -166,19 +166,7 @@ fn flash_document_slopes_ir() -> ejc_ir::ir::Kernel {
 /// plan binds the call's tensors by name, the mods' ones included).
 fn run_through_mlir(ir: &ejc_ir::ir::Kernel, f: &Features, call: &mut Call) {
     use ejc_ir::op::Operation;
-    struct Launch(ejc_codegen::mlir::exec::CpuKernel);
-    impl ejc_runtime::exec::HostLaunch for Launch {
-        unsafe fn launch(
-            &self,
-            tensors: &[ejc_ir::cpu_abi::EjcTensor],
-            scalars: &[u64],
-            grid: [i64; 3],
-            threads: usize,
-        ) -> Result<(), String> {
-            self.0.launch(tensors, scalars, grid, threads).map_err(|e| e.to_string())
-        }
-    }
-    let kernel = Launch(ejc_codegen::mlir::exec::CpuKernel::compile(ir).unwrap());
+    let kernel = ejc_codegen::mlir::exec::CpuKernel::compile(ir).unwrap();
     let op = &ejc_ir::flash::op::FlashAttentionFwd;
     let keys = std::collections::BTreeMap::from([("head_dim".to_string(), 64u32)]);
     let sizes = op.validate(&f.to_json(), DType::F32, &keys, call).unwrap();
