@@ -135,6 +135,55 @@ fn the_transposed_layout_lists_the_query_blocks_of_each_key_block() {
     }
 }
 
+/// A backward call may give the forward's lists and the blocks' classes
+/// (`host_layout_classes`): the layout kernel is skipped, the transposed lists are built
+/// from the given classes, and the gradients match the reference; a lying layout (every
+/// listed block called full) does not, which shows the given one is what ran.
+#[test]
+fn a_backward_call_may_give_the_layout() {
+    use ejc_ir::op::compare_outputs;
+    use ejc_ir::ops::blocksparse::op::host_layout_classes;
+    let (spec, seed) = (spec(), seed());
+    let dims = &op().check_dims(&keys())[0];
+    let variant = spec.variant("strided").unwrap();
+    let mut call = op().random_call(&variant.features, DType::F32, dims, seed).unwrap();
+    let sizes = op().validate(&variant.features, DType::F32, &keys(), &call).unwrap();
+    let want = op().reference(&variant.features, &call).unwrap();
+    let ks = kernels(&spec, variant, DType::F32, 32, 32);
+    let plan = &op().plans(&spec, &variant.features)[0];
+    let (count, idx, class) = host_layout_classes(&variant.features, &call, 32, 32).unwrap();
+    for (n, t) in [("block_count", &count), ("block_idx", &idx), ("block_class", &class)] {
+        call.tensors.insert(n.into(), t.clone());
+    }
+    run_plan_interp(plan, &ks, &mut call, &sizes, &tile(32, 32)).unwrap();
+    let tol = op::tolerance(DType::F32);
+    for (name, rel, _) in compare_outputs(op(), &variant.features, &call, &want) {
+        assert!(rel <= tol, "the host's layout given: {name} rel {rel:e} seed={seed}");
+    }
+    // Every listed block called full: the kernels skip the partial blocks' mask.
+    let (mut lying_count, mut lying_idx, mut lying_class) = (count.clone(), idx.clone(), class.clone());
+    let last = idx.shape[3] - 1;
+    for qb in 0..count.shape[2] {
+        let n = |i: usize| count.get(&[0, 0, qb, i]) as usize;
+        let all: Vec<f64> = (0..n(0))
+            .map(|t| idx.get(&[0, 0, qb, t]))
+            .chain((0..n(1)).map(|t| idx.get(&[0, 0, qb, last - t])))
+            .collect();
+        lying_count.set(&[0, 0, qb, 0], all.len() as f64);
+        lying_count.set(&[0, 0, qb, 1], 0.0);
+        for (t, kb) in all.iter().enumerate() {
+            lying_idx.set(&[0, 0, qb, t], *kb);
+            lying_class.set(&[0, 0, qb, *kb as usize], 2.0);
+        }
+    }
+    for (n, t) in [("block_count", lying_count), ("block_idx", lying_idx), ("block_class", lying_class)] {
+        call.tensors.insert(n.into(), t);
+    }
+    run_plan_interp(plan, &ks, &mut call, &sizes, &tile(32, 32)).unwrap();
+    let worst = compare_outputs(op(), &variant.features, &call, &want).into_iter().map(|c| c.1).fold(0.0, f64::max);
+    assert!(worst > 1e-2, "a lying given layout still matched (rel {worst:e}) seed={seed}");
+}
+
 fn inputs(call: &op::HostCall) -> BsInputs {
     ejc_ir::ops::blocksparse::op::inputs_of(call).unwrap()
 }

@@ -347,6 +347,18 @@ pub fn host_layout(
     block_m: usize,
     block_n: usize,
 ) -> Result<(HostTensor, HostTensor), String> {
+    host_layout_classes(f, call, block_m, block_n).map(|(count, idx, _)| (count, idx))
+}
+
+/// [`host_layout`] and `block_class [LB, LH, NQ, NK]` (i32: 2 full, 1 partial, 0
+/// skipped), the three tensors a backward call (`blocksparse_attention_bwd`) may give
+/// instead of running its layout kernel (its transposed lists are still built from them).
+pub fn host_layout_classes(
+    f: &op::Features,
+    call: &HostCall,
+    block_m: usize,
+    block_n: usize,
+) -> Result<(HostTensor, HostTensor, HostTensor), String> {
     if block_m == 0 || block_n == 0 {
         return Err("block_m and block_n must be positive".into());
     }
@@ -359,6 +371,7 @@ pub fn host_layout(
     let (nq, nk) = (sq.div_ceil(block_m), sk.div_ceil(block_n));
     let mut count = HostTensor::full(DType::I32, &[lb_n, lh_n, nq, 2], 0.0);
     let mut idx = HostTensor::full(DType::I32, &[lb_n, lh_n, nq, nk], 0.0);
+    let mut class = HostTensor::full(DType::I32, &[lb_n, lh_n, nq, nk], 0.0);
     for lb in 0..lb_n {
         for lh in 0..lh_n {
             for qb in 0..nq {
@@ -377,8 +390,10 @@ pub fn host_layout(
                     }
                     if all && any {
                         full.push(kb);
+                        class.set(&[lb, lh, qb, kb], 2.0);
                     } else if any {
                         part.push(kb);
+                        class.set(&[lb, lh, qb, kb], 1.0);
                     }
                 }
                 count.set(&[lb, lh, qb, 0], full.len() as f64);
@@ -392,7 +407,7 @@ pub fn host_layout(
             }
         }
     }
-    Ok((count, idx))
+    Ok((count, idx, class))
 }
 
 pub fn inputs_of(call: &HostCall) -> Result<BsInputs, String> {

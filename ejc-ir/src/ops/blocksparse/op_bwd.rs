@@ -170,13 +170,16 @@ impl Operation for BlockSparseBwd {
             given: false,
         };
         let (nq, nk) = ("cdiv(seq_q, block_m)", "cdiv(seq_k, block_n)");
+        // The forward's lists and each block's class may be given by the call (built by
+        // `host_layout_classes`): the layout kernel is then skipped.
+        let given = |t: Temporary| Temporary { given: true, ..t };
         let mut temporaries: Vec<Temporary> = LAYOUT_TENSORS
             .iter()
             .zip(["2", nk])
-            .map(|((name, _), last)| temp(name, "i32", &["layout_batch", "layout_heads", nq, last], "none"))
+            .map(|((name, _), last)| given(temp(name, "i32", &["layout_batch", "layout_heads", nq, last], "none")))
             .collect();
         // Blocks the layout kernel does not visit are skipped: class 0 from the fill.
-        temporaries.push(temp("block_class", "i32", &["layout_batch", "layout_heads", nq, nk], "zero"));
+        temporaries.push(given(temp("block_class", "i32", &["layout_batch", "layout_heads", nq, nk], "zero")));
         temporaries.push(temp("kv_count", "i32", &["layout_batch", "layout_kv_heads", nk, "2"], "none"));
         temporaries.push(temp("kv_idx", "i32", &["layout_batch", "layout_heads", nk, nq], "none"));
         temporaries.push(temp("delta", "f32", &["batch", "heads_q", "seq_q"], "none"));
@@ -192,7 +195,14 @@ impl Operation for BlockSparseBwd {
                 RoleDecl { name: r.name(), tile_axes, fixed }
             })
             .collect();
-        let launches = roles.iter().map(|r| Launch::of(r.name)).collect();
+        let produced: Vec<String> = temporaries.iter().filter(|t| t.given).map(|t| t.name.clone()).collect();
+        let launches = roles
+            .iter()
+            .map(|r| match r.name {
+                "layout" => Launch { produces: produced.clone(), ..Launch::of(r.name) },
+                _ => Launch::of(r.name),
+            })
+            .collect();
         vec![PlanDecl {
             name: "layout",
             roles,
