@@ -283,8 +283,7 @@ impl DslBuild {
                     }
                     // The tensors the mods read, for the runtime's checks of a call.
                     let mut mod_tensors: Vec<ejc_ir::dsl::ModTensorSpec> = Vec::new();
-                    let lists = [f.hooks.mask_mod.map(|m| m.tensors), f.hooks.score_mod.map(|m| m.tensors)];
-                    for t in lists.into_iter().flatten().flatten() {
+                    for t in f.hooks.mod_tensors() {
                         let spec = ejc_ir::dsl::ModTensorSpec::from(t);
                         match mod_tensors.iter_mut().find(|x| x.name == spec.name) {
                             Some(x) => {

@@ -42,6 +42,14 @@ pub struct FlashHooks {
     pub score_mod: Option<ScoreMod>,
 }
 
+impl FlashHooks {
+    /// The tensors the mods read, the mask mod's first (a name may appear twice).
+    pub fn mod_tensors(&self) -> impl Iterator<Item = &'static ModTensor> {
+        let lists = [self.mask_mod.map(|m| m.tensors), self.score_mod.map(|m| m.tensors)];
+        lists.into_iter().flatten().flatten()
+    }
+}
+
 /// The head dims of a flash kernel: of q and k (`qk`), and of v and the output (`v`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeadDims {
@@ -99,8 +107,7 @@ fn mod_tensor_params(
 ) -> Result<Vec<(&'static str, Value)>, VerifyError> {
     let err = |message: String| VerifyError { kernel: name.to_string(), location: "while building".into(), message };
     let mut out: Vec<(&'static str, Value, ModTensor)> = Vec::new();
-    let lists = [hooks.mask_mod.map(|m| m.tensors), hooks.score_mod.map(|m| m.tensors)];
-    for t in lists.into_iter().flatten().flatten() {
+    for t in hooks.mod_tensors() {
         if abi.contains(&t.name) {
             return Err(err(format!(
                 "the mod's tensor `{}` has the name of one of the flash kernel's own parameters; rename it",
